@@ -1,0 +1,7 @@
+//! kpx control plane: sources → cluster model → per-node views → delta xDS.
+
+pub mod model;
+pub mod publisher;
+pub mod source;
+pub mod view;
+pub mod xds;

@@ -1,0 +1,109 @@
+//! `kpx-controlplane`: wiring only. Configuration is parsed here; the work
+//! happens in the library.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
+use kpx_controlplane::source::{self, SourceSpec};
+use kpx_controlplane::{publisher, xds};
+use tokio::sync::watch;
+
+#[derive(Parser, Debug)]
+#[command(name = "kpx-controlplane", version, about = "kpx control plane: serves per-node Service views over delta xDS")]
+struct Args {
+    /// Where cluster state comes from: `[NAME=]file:DIR` (a folder of manifests). Repeatable.
+    #[arg(long = "source", required = true, value_name = "SOURCE")]
+    sources: Vec<SourceSpec>,
+    /// gRPC address (delta ADS and health).
+    #[arg(long, default_value = "0.0.0.0:18000")]
+    listen: SocketAddr,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "human")]
+    log_format: LogFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+        }
+    };
+    init_logs(args.log_format);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kpx-controlplane: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let mut sources = BTreeMap::new();
+    for spec in &args.sources {
+        if sources.insert(spec.cluster.clone(), source::spawn(spec)).is_some() {
+            anyhow::bail!("--source: cluster name {:?} given twice", spec.cluster);
+        }
+    }
+    let (snapshot_tx, snapshot_rx) = watch::channel(None);
+    tokio::spawn(publisher::run(sources, snapshot_tx));
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<AggregatedDiscoveryServiceServer<xds::server::AdsServer>>()
+        .await;
+    let ads = AggregatedDiscoveryServiceServer::new(xds::server::AdsServer::new(snapshot_rx))
+        .max_decoding_message_size(64 << 20);
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    tracing::info!(listen = %args.listen, "serving delta xDS");
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+        .add_service(health_service)
+        .add_service(ads)
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown())
+        .await
+        .context("gRPC server failed")
+}
+
+async fn shutdown() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
+    }
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,113 @@
+//! The file source: a folder of Kubernetes manifests, read whole at start and
+//! again whenever a file in it changes (polled; a change is seen within
+//! [`POLL_PERIOD`]). Unusable documents are logged with file, document and
+//! field, and skipped.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+
+use super::manifest::{self, Object};
+use crate::model::{ClusterState, ObjectKey};
+
+pub const POLL_PERIOD: Duration = Duration::from_millis(250);
+
+/// What identifies a folder's content without reading it: each file's path, size and mtime.
+type Fingerprint = BTreeMap<PathBuf, (u64, Option<SystemTime>)>;
+
+pub async fn run(cluster: String, dir: PathBuf, tx: watch::Sender<Option<Arc<ClusterState>>>) {
+    let mut last: Option<Fingerprint> = None;
+    loop {
+        match fingerprint(&dir) {
+            Ok(print) if last.as_ref() != Some(&print) => {
+                let started = std::time::Instant::now();
+                let state = read_files(&cluster, &print);
+                tracing::info!(
+                    cluster,
+                    dir = %dir.display(),
+                    services = state.services.len(),
+                    endpoint_slices = state.slices.len(),
+                    nodes = state.nodes.len(),
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "manifests read"
+                );
+                tx.send_if_modified(|current| {
+                    let changed = current.as_deref() != Some(&state);
+                    if changed {
+                        *current = Some(Arc::new(state));
+                    }
+                    changed
+                });
+                last = Some(print);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                if last.is_some() || tx.borrow().is_none() {
+                    tracing::warn!(cluster, dir = %dir.display(), error = %e, "cannot list manifest folder");
+                }
+                last = None;
+            }
+        }
+        tokio::time::sleep(POLL_PERIOD).await;
+    }
+}
+
+fn is_manifest(path: &Path) -> bool {
+    matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json"))
+}
+
+fn fingerprint(dir: &Path) -> std::io::Result<Fingerprint> {
+    let mut print = Fingerprint::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if !is_manifest(&path) {
+            continue;
+        }
+        // A file removed between listing and stat simply drops out.
+        if let Ok(meta) = std::fs::metadata(&path) {
+            if meta.is_file() {
+                print.insert(path, (meta.len(), meta.modified().ok()));
+            }
+        }
+    }
+    Ok(print)
+}
+
+/// Reads every manifest of the folder into one state; later definitions of the same object win.
+fn read_files(cluster: &str, files: &Fingerprint) -> ClusterState {
+    let mut state = ClusterState::default();
+    for path in files.keys() {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(cluster, file = %path.display(), error = %e, "cannot read manifest");
+                continue;
+            }
+        };
+        for result in manifest::parse(&text) {
+            match result {
+                Ok(Object::Service(s)) => {
+                    state.services.insert(s.key.clone(), s);
+                }
+                Ok(Object::EndpointSlice(s)) => {
+                    let key = ObjectKey { namespace: s.namespace.clone(), name: s.name.clone() };
+                    state.slices.insert(key, s);
+                }
+                Ok(Object::Node(n)) => {
+                    state.nodes.insert(n.name.clone(), n);
+                }
+                Err(e) => tracing::error!(
+                    cluster,
+                    file = %path.display(),
+                    document = e.document,
+                    field = %e.field,
+                    "skipping manifest document: {e}"
+                ),
+            }
+        }
+    }
+    state
+}

@@ -1,0 +1,447 @@
+//! Ordinary Kubernetes manifests (YAML or JSON, several documents per file,
+//! `kind: List` too) read into the [`crate::model`]. A document that cannot be
+//! used is a [`ManifestError`] naming the document and the field; the other
+//! documents are still read.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use kpx_proto::types::Protocol;
+use serde::Deserialize;
+
+use crate::model::{
+    EndpointSlice, Node, ObjectKey, Service, ServicePort, ServiceType, SliceEndpoint, SlicePort,
+};
+
+/// One object read from a manifest.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Object {
+    Service(Service),
+    EndpointSlice(EndpointSlice),
+    Node(Node),
+}
+
+/// Why a document was skipped: `document` counts from 0 in its file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("document {document}{object}: {field}: {reason}")]
+pub struct ManifestError {
+    pub document: usize,
+    /// ` (Kind ns/name)` when known, for the message.
+    pub object: String,
+    pub field: String,
+    pub reason: String,
+}
+
+/// Reads every document of a manifest file. Documents of other kinds
+/// (Deployments, ConfigMaps, …) are ignored.
+pub fn parse(text: &str) -> Vec<Result<Object, ManifestError>> {
+    let mut out = Vec::new();
+    for (document, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let value = match serde_yaml::Value::deserialize(de) {
+            Ok(v) => v,
+            Err(e) => {
+                out.push(Err(ManifestError {
+                    document,
+                    object: String::new(),
+                    field: "<document>".into(),
+                    reason: format!("not YAML: {e}"),
+                }));
+                // The YAML stream cannot be resynchronised after a syntax error.
+                break;
+            }
+        };
+        read_value(document, value, &mut out);
+    }
+    out
+}
+
+fn read_value(document: usize, value: serde_yaml::Value, out: &mut Vec<Result<Object, ManifestError>>) {
+    if value.is_null() {
+        return;
+    }
+    let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_owned();
+    let fail = |object: String, field: String, reason: String| ManifestError { document, object, field, reason };
+    match kind.as_str() {
+        "List" | "ServiceList" | "EndpointSliceList" | "NodeList" => {
+            if let Some(items) = value.get("items").and_then(|i| i.as_sequence()) {
+                for item in items.clone() {
+                    read_value(document, item, out);
+                }
+            }
+        }
+        "Service" => out.push(typed::<ServiceManifest>(value, "Service").and_then(|(m, label)| {
+            service(m).map(Object::Service).map_err(|(field, reason)| fail(label, field, reason))
+        }).map_err(|e| ManifestError { document, ..e })),
+        "EndpointSlice" => out.push(
+            typed::<EndpointSliceManifest>(value, "EndpointSlice")
+                .and_then(|(m, label)| {
+                    endpoint_slice(m)
+                        .map(Object::EndpointSlice)
+                        .map_err(|(field, reason)| fail(label, field, reason))
+                })
+                .map_err(|e| ManifestError { document, ..e }),
+        ),
+        "Node" => out.push(
+            typed::<NodeManifest>(value, "Node")
+                .and_then(|(m, label)| node(m).map(Object::Node).map_err(|(field, reason)| fail(label, field, reason)))
+                .map_err(|e| ManifestError { document, ..e }),
+        ),
+        _ => {}
+    }
+}
+
+/// Deserializes a document, naming the field path on error.
+fn typed<T: for<'de> Deserialize<'de>>(
+    value: serde_yaml::Value,
+    kind: &str,
+) -> Result<(T, String), ManifestError> {
+    let name = value
+        .get("metadata")
+        .map(|m| {
+            let name = m.get("name").and_then(|n| n.as_str()).unwrap_or("?");
+            match m.get("namespace").and_then(|n| n.as_str()) {
+                Some(ns) => format!("{ns}/{name}"),
+                None if kind == "Node" => name.to_owned(),
+                None => format!("default/{name}"),
+            }
+        })
+        .unwrap_or_else(|| "?".into());
+    let label = format!(" ({kind} {name})");
+    match serde_path_to_error::deserialize::<_, T>(value) {
+        Ok(m) => Ok((m, label)),
+        Err(e) => Err(ManifestError {
+            document: 0,
+            object: label,
+            field: e.path().to_string(),
+            reason: e.into_inner().to_string(),
+        }),
+    }
+}
+
+#[derive(Deserialize)]
+struct Metadata {
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+}
+
+impl Metadata {
+    fn key(&self) -> ObjectKey {
+        ObjectKey { namespace: self.namespace.clone().unwrap_or_else(|| "default".into()), name: self.name.clone() }
+    }
+}
+
+#[derive(Deserialize)]
+struct ServiceManifest {
+    metadata: Metadata,
+    #[serde(default)]
+    spec: ServiceSpec,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct ServiceSpec {
+    #[serde(rename = "type")]
+    service_type: Option<String>,
+    #[serde(rename = "clusterIP")]
+    cluster_ip: Option<String>,
+    #[serde(rename = "clusterIPs")]
+    cluster_ips: Option<Vec<String>>,
+    #[serde(default)]
+    ports: Vec<ServicePortSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ServicePortSpec {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    protocol: Option<String>,
+    port: i64,
+}
+
+type FieldError = (String, String);
+
+fn protocol(field: String, text: Option<&str>) -> Result<Protocol, FieldError> {
+    match text.unwrap_or("TCP") {
+        "TCP" => Ok(Protocol::Tcp),
+        "UDP" => Ok(Protocol::Udp),
+        "SCTP" => Ok(Protocol::Sctp),
+        other => Err((field, format!("unknown protocol {other:?} (TCP, UDP or SCTP)"))),
+    }
+}
+
+fn port(field: String, value: i64) -> Result<u16, FieldError> {
+    match u16::try_from(value) {
+        Ok(p) if p != 0 => Ok(p),
+        _ => Err((field, format!("{value} is not a port (1-65535)"))),
+    }
+}
+
+fn ip(field: String, text: &str) -> Result<IpAddr, FieldError> {
+    text.parse().map_err(|_| (field, format!("{text:?} is not an IP address")))
+}
+
+fn service(m: ServiceManifest) -> Result<Service, FieldError> {
+    let spec = m.spec;
+    let service_type = match spec.service_type.as_deref().unwrap_or("ClusterIP") {
+        "ClusterIP" => ServiceType::ClusterIp,
+        "NodePort" => ServiceType::NodePort,
+        "LoadBalancer" => ServiceType::LoadBalancer,
+        "ExternalName" => ServiceType::ExternalName,
+        other => return Err(("spec.type".into(), format!("unknown Service type {other:?}"))),
+    };
+    let mut cluster_ips = Vec::new();
+    let headless = |t: &str| t.is_empty() || t == "None";
+    match (&spec.cluster_ips, &spec.cluster_ip) {
+        (Some(ips), _) if !ips.is_empty() => {
+            for (i, text) in ips.iter().enumerate() {
+                if !headless(text) {
+                    cluster_ips.push(ip(format!("spec.clusterIPs[{i}]"), text)?);
+                }
+            }
+        }
+        (_, Some(text)) if !headless(text) => cluster_ips.push(ip("spec.clusterIP".into(), text)?),
+        _ => {}
+    }
+    if cluster_ips.len() == 2 && cluster_ips[0].is_ipv4() == cluster_ips[1].is_ipv4() {
+        return Err(("spec.clusterIPs".into(), "two addresses of the same family".into()));
+    }
+    let ports = spec
+        .ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            Ok(ServicePort {
+                name: p.name.clone().unwrap_or_default(),
+                protocol: protocol(format!("spec.ports[{i}].protocol"), p.protocol.as_deref())?,
+                port: port(format!("spec.ports[{i}].port"), p.port)?,
+            })
+        })
+        .collect::<Result<Vec<_>, FieldError>>()?;
+    Ok(Service {
+        key: m.metadata.key(),
+        service_type,
+        cluster_ips,
+        ports,
+        proxy_name: m.metadata.labels.get("service.kubernetes.io/service-proxy-name").cloned(),
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EndpointSliceManifest {
+    metadata: Metadata,
+    address_type: String,
+    #[serde(default)]
+    endpoints: Vec<EndpointSpec>,
+    #[serde(default)]
+    ports: Option<Vec<EndpointPortSpec>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EndpointSpec {
+    addresses: Vec<String>,
+    #[serde(default)]
+    conditions: Conditions,
+    #[serde(default)]
+    node_name: Option<String>,
+    #[serde(default)]
+    zone: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct Conditions {
+    ready: Option<bool>,
+    serving: Option<bool>,
+    terminating: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct EndpointPortSpec {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    protocol: Option<String>,
+    #[serde(default)]
+    port: Option<i64>,
+}
+
+fn endpoint_slice(m: EndpointSliceManifest) -> Result<EndpointSlice, FieldError> {
+    let key = m.metadata.key();
+    let service_name = m
+        .metadata
+        .labels
+        .get("kubernetes.io/service-name")
+        .cloned()
+        .ok_or_else(|| ("metadata.labels".to_owned(), "no kubernetes.io/service-name label".to_owned()))?;
+    let want_v4 = match m.address_type.as_str() {
+        "IPv4" => true,
+        "IPv6" => false,
+        // FQDN slices carry no addresses a proxy can use.
+        "FQDN" => {
+            return Ok(EndpointSlice {
+                namespace: key.namespace,
+                name: key.name,
+                service_name,
+                ports: vec![],
+                endpoints: vec![],
+            })
+        }
+        other => return Err(("addressType".into(), format!("unknown address type {other:?}"))),
+    };
+    let mut ports = Vec::new();
+    for (i, p) in m.ports.unwrap_or_default().iter().enumerate() {
+        // A port without a number means "all ports", which a Service proxy cannot use.
+        let Some(number) = p.port else { continue };
+        ports.push(SlicePort {
+            name: p.name.clone().unwrap_or_default(),
+            protocol: protocol(format!("ports[{i}].protocol"), p.protocol.as_deref())?,
+            port: port(format!("ports[{i}].port"), number)?,
+        });
+    }
+    let mut endpoints = Vec::new();
+    for (i, e) in m.endpoints.iter().enumerate() {
+        let mut addresses = Vec::new();
+        for (j, text) in e.addresses.iter().enumerate() {
+            let field = format!("endpoints[{i}].addresses[{j}]");
+            let address = ip(field.clone(), text)?;
+            if address.is_ipv4() != want_v4 {
+                return Err((field, format!("{address} does not match addressType {}", m.address_type)));
+            }
+            addresses.push(address);
+        }
+        let ready = e.conditions.ready.unwrap_or(true);
+        endpoints.push(SliceEndpoint {
+            addresses,
+            ready,
+            serving: e.conditions.serving.unwrap_or(ready),
+            terminating: e.conditions.terminating.unwrap_or(false),
+            node_name: e.node_name.clone(),
+            zone: e.zone.clone(),
+        });
+    }
+    Ok(EndpointSlice { namespace: key.namespace, name: key.name, service_name, ports, endpoints })
+}
+
+#[derive(Deserialize)]
+struct NodeManifest {
+    metadata: Metadata,
+    #[serde(default)]
+    spec: NodeSpec,
+    #[serde(default)]
+    status: NodeStatus,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct NodeSpec {
+    #[serde(rename = "podCIDR")]
+    pod_cidr: Option<String>,
+    #[serde(rename = "podCIDRs")]
+    pod_cidrs: Option<Vec<String>>,
+}
+
+#[derive(Deserialize, Default)]
+struct NodeStatus {
+    #[serde(default)]
+    addresses: Vec<NodeAddress>,
+}
+
+#[derive(Deserialize)]
+struct NodeAddress {
+    #[serde(rename = "type")]
+    address_type: String,
+    address: String,
+}
+
+fn node(m: NodeManifest) -> Result<Node, FieldError> {
+    let mut addresses = Vec::new();
+    for (i, a) in m.status.addresses.iter().enumerate() {
+        if a.address_type == "InternalIP" || a.address_type == "ExternalIP" {
+            addresses.push(ip(format!("status.addresses[{i}].address"), &a.address)?);
+        }
+    }
+    let cidr = |field: String, text: &str| {
+        text.parse::<IpNet>().map_err(|_| (field, format!("{text:?} is not a CIDR")))
+    };
+    let mut pod_cidrs = Vec::new();
+    match (&m.spec.pod_cidrs, &m.spec.pod_cidr) {
+        (Some(list), _) if !list.is_empty() => {
+            for (i, text) in list.iter().enumerate() {
+                pod_cidrs.push(cidr(format!("spec.podCIDRs[{i}]"), text)?);
+            }
+        }
+        (_, Some(text)) => pod_cidrs.push(cidr("spec.podCIDR".into(), text)?),
+        _ => {}
+    }
+    Ok(Node {
+        name: m.metadata.name,
+        addresses,
+        pod_cidrs,
+        zone: m.metadata.labels.get("topology.kubernetes.io/zone").cloned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80, targetPort: http}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: shop
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.1.5]
+  conditions: {ready: true}
+  nodeName: n1
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: ignored}
+"#;
+
+    #[test]
+    fn reads_services_slices_and_skips_other_kinds() {
+        let objects: Vec<_> = parse(GOOD).into_iter().collect::<Result<_, _>>().expect("valid");
+        assert_eq!(objects.len(), 2);
+        let Object::Service(svc) = &objects[0] else { panic!("first is a Service") };
+        assert_eq!(svc.key.to_string(), "shop/web");
+        assert_eq!(svc.ports[0].port, 80);
+        let Object::EndpointSlice(slice) = &objects[1] else { panic!("second is a slice") };
+        assert_eq!(slice.service_name, "web");
+        assert_eq!(slice.ports[0].port, 8080);
+    }
+
+    #[test]
+    fn a_bad_document_names_its_field_and_the_rest_is_read() {
+        let text = "kind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 70000}]}\n---\n\
+                    kind: Service\nmetadata: {name: b}\nspec: {clusterIP: 10.96.0.2, ports: [{port: 80}]}\n---\n\
+                    kind: Service\nmetadata: {name: c}\nspec: {ports: [{port: eighty}]}\n";
+        let results = parse(text);
+        assert_eq!(results.len(), 3);
+        let err = results[0].as_ref().expect_err("port out of range");
+        assert_eq!((err.document, err.field.as_str()), (0, "spec.ports[0].port"));
+        assert!(err.to_string().contains("Service default/a"), "{err}");
+        assert!(results[1].is_ok());
+        let err = results[2].as_ref().expect_err("port not a number");
+        assert_eq!((err.document, err.field.as_str()), (2, "spec.ports[0].port"));
+    }
+}

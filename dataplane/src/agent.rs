@@ -1,0 +1,97 @@
+//! The apply pipeline for one delta: validate → desired state → backend
+//! (one atomic kernel transaction) → store commit (flushed) → ACK. A failure
+//! anywhere is a NACK with the reason; kernel and store keep the last good state.
+
+use std::time::{Duration, Instant};
+
+use crate::backend::Backend;
+use crate::state::{Delta, NodeState, RawResource};
+use crate::store::Store;
+
+pub struct Agent {
+    node_name: String,
+    state: NodeState,
+    backend: Box<dyn Backend>,
+    store: Store,
+}
+
+/// The result of applying one response.
+#[derive(Debug)]
+pub struct Applied {
+    pub resources: usize,
+    pub removed: usize,
+    pub elapsed: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("invalid: {0}")]
+    Invalid(#[from] crate::state::InvalidDelta),
+    #[error("{backend} backend: {source}")]
+    Backend { backend: &'static str, source: crate::backend::BackendError },
+    #[error("{0}")]
+    Store(#[from] crate::store::StoreError),
+}
+
+impl Agent {
+    /// Loads the stored state and programs the kernel from it, before any control plane answers.
+    pub fn start(node_name: String, mut backend: Box<dyn Backend>, store: Store) -> anyhow::Result<Agent> {
+        let state = match store.load()? {
+            Ok(state) => state,
+            Err(damaged) => {
+                tracing::error!(%damaged, "stored state is damaged; starting empty and asking the control plane for everything");
+                let empty = NodeState::default();
+                store.replace_all(&empty)?;
+                empty
+            }
+        };
+        let started = Instant::now();
+        backend
+            .full_sync(&state)
+            .map_err(|e| anyhow::anyhow!("{} backend: programming the stored state failed: {e}", backend.name()))?;
+        tracing::info!(
+            services = state.services.len(),
+            node_config = state.node.is_some(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "programmed stored state"
+        );
+        Ok(Agent { node_name, state, backend, store })
+    }
+
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    pub fn state(&self) -> &NodeState {
+        &self.state
+    }
+
+    /// Applies one response of `type_url`.
+    pub fn apply(
+        &mut self,
+        type_url: &str,
+        resources: Vec<RawResource>,
+        removed: Vec<String>,
+    ) -> Result<Applied, ApplyError> {
+        let started = Instant::now();
+        let delta = Delta::validate(&self.node_name, type_url, resources, removed)?;
+        let (resources, removed) = (delta.resource_count(), delta.removed_services.len());
+        let (changes, undo) = self.state.apply(delta);
+        if changes.is_empty() {
+            return Ok(Applied { resources, removed, elapsed: started.elapsed() });
+        }
+        if let Err(source) = self.backend.apply(&self.state, &changes) {
+            self.state.undo(undo);
+            return Err(ApplyError::Backend { backend: self.backend.name(), source });
+        }
+        if let Err(e) = self.store.commit(&self.state, &changes) {
+            // The kernel moved ahead of the store: put both back to the last good state.
+            self.state.undo(undo);
+            if let Err(resync) = self.backend.full_sync(&self.state) {
+                tracing::error!(error = %resync, "could not restore the last good rules after a store failure");
+            }
+            return Err(e.into());
+        }
+        Ok(Applied { resources, removed, elapsed: started.elapsed() })
+    }
+}

@@ -1,0 +1,52 @@
+//! The one seam between the node's desired state and the kernel.
+//!
+//! A backend receives the whole desired [`NodeState`] and what changed since
+//! its last successful apply, and makes the kernel match in one atomic step.
+//! After a failure it must not trust its idea of the kernel: the next apply is
+//! a full sync.
+
+pub mod nftables;
+
+use crate::state::{ChangeSet, NodeState};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("{tool} refused the update: {message}")]
+    Refused { tool: &'static str, message: String },
+    #[error("cannot run {tool}: {source}")]
+    Spawn { tool: &'static str, source: std::io::Error },
+}
+
+pub trait Backend: Send {
+    fn name(&self) -> &'static str;
+
+    /// Makes the kernel match `desired`; `changes` says what differs from the
+    /// last successful apply. All or nothing.
+    fn apply(&mut self, desired: &NodeState, changes: &ChangeSet) -> Result<(), BackendError>;
+
+    /// Programs everything from scratch, atomically.
+    fn full_sync(&mut self, desired: &NodeState) -> Result<(), BackendError>;
+
+    /// Removes everything this backend owns, and nothing else.
+    fn cleanup(&mut self) -> Result<(), BackendError>;
+
+    /// The rules as programmed, in the tool's own text.
+    fn dump(&mut self) -> Result<String, BackendError>;
+}
+
+/// The backends a node agent can drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    Nftables,
+    Iptables,
+    Ipvs,
+}
+
+impl BackendKind {
+    pub fn create(self) -> Result<Box<dyn Backend>, String> {
+        match self {
+            BackendKind::Nftables => Ok(Box::new(nftables::NftablesBackend::new(nftables::NftProcess))),
+            other => Err(format!("--backend {other:?}: not available in this build yet (use nftables)")),
+        }
+    }
+}

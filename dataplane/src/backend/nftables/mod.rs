@@ -1,0 +1,76 @@
+//! The nftables backend: kpx's own `inet kpx` table, where every lookup is a
+//! map lookup (O(1) in the number of Services) and one endpoint change is a
+//! handful of element updates.
+//!
+//! [`render`] turns a Service into the elements it needs (pure, tested as
+//! text); [`ruleset`] keeps what is programmed and diffs it into one
+//! transaction; [`runner`] is the only code that touches the kernel.
+
+pub mod render;
+pub mod ruleset;
+pub mod runner;
+
+pub use runner::{NftProcess, NftRunner};
+
+use crate::backend::{Backend, BackendError};
+use crate::state::{ChangeSet, NodeState};
+
+use ruleset::Programmed;
+
+pub struct NftablesBackend<R: NftRunner> {
+    runner: R,
+    /// What the kernel holds, as far as we know; `None` after a failure or before the first sync.
+    programmed: Option<Programmed>,
+}
+
+impl<R: NftRunner> NftablesBackend<R> {
+    pub fn new(runner: R) -> Self {
+        NftablesBackend { runner, programmed: None }
+    }
+}
+
+impl<R: NftRunner + Send> Backend for NftablesBackend<R> {
+    fn name(&self) -> &'static str {
+        "nftables"
+    }
+
+    fn apply(&mut self, desired: &NodeState, changes: &ChangeSet) -> Result<(), BackendError> {
+        let Some(programmed) = self.programmed.as_mut() else {
+            return self.full_sync(desired);
+        };
+        if changes.node {
+            return self.full_sync(desired);
+        }
+        let plan = programmed.plan(desired, changes);
+        if plan.is_empty() {
+            return Ok(());
+        }
+        match self.runner.run(&plan.script) {
+            Ok(()) => {
+                programmed.commit(plan);
+                Ok(())
+            }
+            Err(e) => {
+                self.programmed = None;
+                Err(e)
+            }
+        }
+    }
+
+    fn full_sync(&mut self, desired: &NodeState) -> Result<(), BackendError> {
+        let (programmed, script) = Programmed::full(desired);
+        self.programmed = None;
+        self.runner.run(&script)?;
+        self.programmed = Some(programmed);
+        Ok(())
+    }
+
+    fn cleanup(&mut self) -> Result<(), BackendError> {
+        self.programmed = None;
+        self.runner.run(&render::cleanup_script())
+    }
+
+    fn dump(&mut self) -> Result<String, BackendError> {
+        self.runner.list_table()
+    }
+}

@@ -1,0 +1,250 @@
+//! What kpx believes its table holds, and the transaction that takes it to a
+//! new desired state. A plan touches only the Services that changed.
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::render::{self, Element, Family, ServiceRules};
+use crate::state::{ChangeSet, NodeState};
+
+#[derive(Debug, Default)]
+pub struct Programmed {
+    /// The elements programmed for each Service (entries it lost to another Service left out).
+    services: HashMap<String, ServiceRules>,
+    /// Which Service owns each `vip . proto . port` entry.
+    owners: HashMap<(Family, String), String>,
+    /// How many Services use each shared element.
+    shared: HashMap<Element, usize>,
+    pick_chains: BTreeSet<(Family, usize)>,
+}
+
+/// A transaction and the bookkeeping to record once the kernel accepted it.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub script: String,
+    services: Vec<(String, Option<ServiceRules>)>,
+    shared: Vec<(Element, usize)>,
+    new_pick_chains: BTreeSet<(Family, usize)>,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.script.is_empty()
+    }
+}
+
+impl Programmed {
+    /// The transaction that replaces kpx's table with one holding `desired`.
+    pub fn full(desired: &NodeState) -> (Programmed, String) {
+        let empty = Programmed::default();
+        let all = ChangeSet { services: desired.services.keys().cloned().collect(), node: false };
+        let plan = empty.plan(desired, &all);
+        let mut script = render::skeleton();
+        script.push_str(&plan.script);
+        let mut programmed = empty;
+        programmed.commit(plan);
+        (programmed, script)
+    }
+
+    /// The transaction for the Services in `changes`, from what is programmed now.
+    pub fn plan(&self, desired: &NodeState, changes: &ChangeSet) -> Plan {
+        let mut deletes: BTreeSet<Element> = BTreeSet::new();
+        let mut adds: BTreeSet<Element> = BTreeSet::new();
+        let mut shared_delta: HashMap<Element, isize> = HashMap::new();
+        let mut owners_now: HashMap<(Family, String), Option<&str>> = HashMap::new();
+        let mut plan = Plan::default();
+        // Entries of changed Services are released first, so a Service can take over a freed address.
+        for name in &changes.services {
+            if let Some(old) = self.services.get(name) {
+                for entry in &old.entries {
+                    if self.owners.get(entry) == Some(name) {
+                        owners_now.insert(entry.clone(), None);
+                    }
+                }
+            }
+        }
+        for name in &changes.services {
+            let old = self.services.get(name);
+            let new = desired.services.get(name).map(|s| {
+                let mut rules = render::service_rules(&s.value);
+                let mut taken = Vec::new();
+                for entry in &rules.entries {
+                    let owner = match owners_now.get(entry) {
+                        Some(now) => *now,
+                        None => self.owners.get(entry).map(String::as_str),
+                    };
+                    match owner {
+                        Some(owner) if owner != name => {
+                            tracing::warn!(
+                                service = %name,
+                                owner,
+                                entry = %entry.1,
+                                "address and port already used by another Service; not programmed for this one"
+                            );
+                        }
+                        _ => taken.push(entry.clone()),
+                    }
+                }
+                for entry in &taken {
+                    owners_now.insert(entry.clone(), Some(name.as_str()));
+                }
+                rules.elements.retain(|(entry, e)| taken.iter().any(|t| &t.1 == entry && t.0 == family(e)));
+                rules.entries = taken;
+                rules
+            });
+            let old_elements: BTreeSet<&Element> = old.iter().flat_map(|r| r.elements.iter().map(|(_, e)| e)).collect();
+            let new_elements: BTreeSet<&Element> = new.iter().flat_map(|r| r.elements.iter().map(|(_, e)| e)).collect();
+            deletes.extend(old_elements.difference(&new_elements).map(|e| (*e).clone()));
+            adds.extend(new_elements.difference(&old_elements).map(|e| (*e).clone()));
+            for e in old.iter().flat_map(|r| &r.shared) {
+                *shared_delta.entry(e.clone()).or_default() -= 1;
+            }
+            for e in new.iter().flat_map(|r| &r.shared) {
+                *shared_delta.entry(e.clone()).or_default() += 1;
+            }
+            if let Some(rules) = &new {
+                plan.new_pick_chains.extend(rules.pick_chains.difference(&self.pick_chains));
+            }
+            plan.services.push((name.clone(), new));
+        }
+        for (element, delta) in shared_delta {
+            let before = self.shared.get(&element).copied().unwrap_or(0);
+            let after = before.saturating_add_signed(delta);
+            if before == 0 && after > 0 {
+                adds.insert(element.clone());
+            } else if before > 0 && after == 0 {
+                deletes.insert(element.clone());
+            }
+            if before != after {
+                plan.shared.push((element, after));
+            }
+        }
+        // An element whose key is both deleted and added is a value change: delete, then add.
+        for (family, n) in &plan.new_pick_chains {
+            plan.script.push_str(&render::pick_chain(*family, *n));
+        }
+        render::element_commands(&mut plan.script, "delete", &deletes);
+        render::element_commands(&mut plan.script, "add", &adds);
+        plan
+    }
+
+    /// Records a plan the kernel accepted.
+    pub fn commit(&mut self, plan: Plan) {
+        for (name, rules) in plan.services {
+            if let Some(old) = self.services.remove(&name) {
+                for entry in old.entries {
+                    if self.owners.get(&entry) == Some(&name) {
+                        self.owners.remove(&entry);
+                    }
+                }
+            }
+            if let Some(rules) = rules {
+                for entry in &rules.entries {
+                    self.owners.insert(entry.clone(), name.clone());
+                }
+                self.services.insert(name, rules);
+            }
+        }
+        for (element, count) in plan.shared {
+            if count == 0 {
+                self.shared.remove(&element);
+            } else {
+                self.shared.insert(element, count);
+            }
+        }
+        self.pick_chains.extend(plan.new_pick_chains);
+    }
+}
+
+fn family(e: &Element) -> Family {
+    match e.collection {
+        render::Collection::ServiceIps(f)
+        | render::Collection::Endpoints(f)
+        | render::Collection::NoEndpoints(f)
+        | render::Collection::Hairpin(f) => f,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::Versioned;
+    use kpx_proto::types::{Endpoint, Protocol, ServicePort, ServiceView};
+
+    fn state(services: &[(&str, &str, &[&str])]) -> NodeState {
+        let mut s = NodeState::default();
+        for (name, vip, endpoints) in services {
+            let view = ServiceView {
+                cluster: "c".into(),
+                namespace: "ns".into(),
+                name: (*name).into(),
+                cluster_ips: vec![vip.parse().expect("ip")],
+                ports: vec![ServicePort {
+                    name: String::new(),
+                    protocol: Protocol::Tcp,
+                    port: 80,
+                    endpoints: endpoints
+                        .iter()
+                        .map(|a| Endpoint {
+                            address: a.parse().expect("ip"),
+                            port: 8080,
+                            node_name: String::new(),
+                            terminating: false,
+                        })
+                        .collect(),
+                }],
+            };
+            s.services.insert(view.resource_name(), Versioned { version: endpoints.join(","), value: view });
+        }
+        s
+    }
+
+    fn changed(names: &[&str]) -> ChangeSet {
+        ChangeSet { services: names.iter().map(|n| format!("c/ns/{n}")).collect(), node: false }
+    }
+
+    #[test]
+    fn one_endpoint_change_touches_only_that_service() {
+        let before = state(&[("a", "10.96.0.1", &["10.0.0.1", "10.0.0.2"]), ("b", "10.96.0.2", &["10.0.0.9"])]);
+        let (mut programmed, _) = Programmed::full(&before);
+        let after = state(&[("a", "10.96.0.1", &["10.0.0.1", "10.0.0.3"]), ("b", "10.96.0.2", &["10.0.0.9"])]);
+        let plan = programmed.plan(&after, &changed(&["a"]));
+        assert_eq!(
+            plan.script,
+            "delete element inet kpx endpoints-v4 { 10.96.0.1 . tcp . 80 . 1 }\n\
+             delete element inet kpx hairpin-v4 { 10.0.0.2 . 10.0.0.2 }\n\
+             add element inet kpx endpoints-v4 { 10.96.0.1 . tcp . 80 . 1 : 10.0.0.3 . 8080 }\n\
+             add element inet kpx hairpin-v4 { 10.0.0.3 . 10.0.0.3 }\n"
+        );
+        programmed.commit(plan);
+        assert!(programmed.plan(&after, &changed(&["a"])).is_empty(), "nothing left to do");
+    }
+
+    #[test]
+    fn shared_hairpin_elements_are_counted_and_pick_chains_created_once() {
+        let (mut programmed, script) = Programmed::full(&state(&[("a", "10.96.0.1", &["10.0.0.1"])]));
+        assert!(script.contains("add chain inet kpx pick-v4-1\n"));
+        let both = state(&[("a", "10.96.0.1", &["10.0.0.1"]), ("b", "10.96.0.2", &["10.0.0.1"])]);
+        let plan = programmed.plan(&both, &changed(&["b"]));
+        assert!(!plan.script.contains("hairpin"), "already there: {}", plan.script);
+        assert!(!plan.script.contains("add chain"), "pick-v4-1 exists: {}", plan.script);
+        programmed.commit(plan);
+        let only_b = state(&[("b", "10.96.0.2", &["10.0.0.1"])]);
+        let plan = programmed.plan(&only_b, &changed(&["a"]));
+        assert!(!plan.script.contains("hairpin"), "still used by b: {}", plan.script);
+        programmed.commit(plan);
+        let plan = programmed.plan(&NodeState::default(), &changed(&["b"]));
+        assert!(plan.script.contains("delete element inet kpx hairpin-v4 { 10.0.0.1 . 10.0.0.1 }"));
+    }
+
+    #[test]
+    fn an_address_used_twice_is_programmed_once() {
+        let both = state(&[("a", "10.96.0.1", &["10.0.0.1"]), ("b", "10.96.0.1", &["10.0.0.2"])]);
+        let (mut programmed, script) = Programmed::full(&both);
+        assert_eq!(script.matches("10.96.0.1 . tcp . 80 :").count(), 1, "{script}");
+        // When the owner goes, the other Service takes the address over once it changes.
+        let only_b = state(&[("b", "10.96.0.1", &["10.0.0.2"])]);
+        let plan = programmed.plan(&only_b, &changed(&["a", "b"]));
+        assert!(plan.script.contains("add element inet kpx endpoints-v4 { 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080 }"), "{}", plan.script);
+        programmed.commit(plan);
+    }
+}

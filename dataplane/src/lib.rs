@@ -1,0 +1,9 @@
+//! kpx node agent: delta xDS client → validated state → sled → kernel backend.
+//!
+//! Knows nothing about Kubernetes: it only ever sees kpx's own resources.
+
+pub mod agent;
+pub mod backend;
+pub mod state;
+pub mod store;
+pub mod xds_client;

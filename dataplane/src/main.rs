@@ -1,0 +1,124 @@
+//! `kpx-dataplane`: wiring only.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use kpx_dataplane::agent::Agent;
+use kpx_dataplane::backend::BackendKind;
+use kpx_dataplane::store::Store;
+use kpx_dataplane::xds_client;
+
+#[derive(Parser, Debug)]
+#[command(name = "kpx-dataplane", version, about = "kpx node agent: programs the kernel from delta xDS")]
+struct Args {
+    /// This node's name (the xDS node id).
+    #[arg(long, required_unless_present = "cleanup")]
+    node_name: Option<String>,
+    /// The control plane's gRPC URL, e.g. http://127.0.0.1:18000.
+    #[arg(long, required_unless_present = "cleanup")]
+    control_plane: Option<String>,
+    /// Which kernel facility to program.
+    #[arg(long, value_enum, default_value = "nftables")]
+    backend: BackendKind,
+    /// Where the accepted state is kept (sled).
+    #[arg(long, required_unless_present = "cleanup")]
+    state_dir: Option<PathBuf>,
+    /// Remove everything kpx programmed, then exit.
+    #[arg(long)]
+    cleanup: bool,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "human")]
+    log_format: LogFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+        }
+    };
+    init_logs(args.log_format);
+    let mut backend = match args.backend.create() {
+        Ok(b) => b,
+        Err(message) => {
+            eprintln!("kpx-dataplane: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.cleanup {
+        return match backend.cleanup() {
+            Ok(()) => {
+                tracing::info!(backend = backend.name(), "removed everything kpx programmed");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                tracing::error!("cleanup failed: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    // clap guarantees these when --cleanup is absent.
+    let (Some(node_name), Some(control_plane), Some(state_dir)) = (args.node_name, args.control_plane, args.state_dir)
+    else {
+        eprintln!("kpx-dataplane: --node-name, --control-plane and --state-dir are required");
+        return ExitCode::from(2);
+    };
+    if let Err(e) = tonic::transport::Endpoint::from_shared(control_plane.clone()) {
+        eprintln!("kpx-dataplane: --control-plane {control_plane:?}: not a URL: {e}");
+        return ExitCode::from(2);
+    }
+    if let Err(e) = std::fs::create_dir_all(&state_dir) {
+        eprintln!("kpx-dataplane: --state-dir {}: {e}", state_dir.display());
+        return ExitCode::from(2);
+    }
+    let result = (|| -> anyhow::Result<()> {
+        let store = Store::open(&state_dir)?;
+        let agent = Agent::start(node_name, backend, store)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+        runtime.block_on(async {
+            tokio::select! {
+                _ = xds_client::run(control_plane, agent) => {},
+                _ = shutdown() => {},
+            }
+        });
+        Ok(())
+    })();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+async fn shutdown() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
+    }
+    tracing::info!("shutting down; rules stay in place (use --cleanup to remove them)");
+}

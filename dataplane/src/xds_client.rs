@@ -1,0 +1,123 @@
+//! The delta ADS client: subscribes to kpx's resource types with the versions
+//! the node already has, applies each response through the [`Agent`], and
+//! ACKs or NACKs it. Reconnects with exponential backoff and jitter.
+
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use rand::Rng;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::agent::Agent;
+use crate::state::{Kind, RawResource};
+
+const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+/// gRPC status code INVALID_ARGUMENT, carried in NACKs.
+const INVALID_ARGUMENT: i32 = 3;
+
+/// Runs forever: connect, stream, and on any failure back off and resume.
+pub async fn run(control_plane: String, mut agent: Agent) {
+    let mut backoff = INITIAL_BACKOFF;
+    loop {
+        match stream_once(&control_plane, &mut agent).await {
+            Ok(()) => {
+                tracing::warn!(control_plane, "control plane closed the stream");
+                backoff = INITIAL_BACKOFF;
+            }
+            Err(StreamEnd { error, established }) => {
+                if established {
+                    backoff = INITIAL_BACKOFF;
+                }
+                tracing::warn!(control_plane, error = %error, retry_in_ms = backoff.as_millis() as u64, "control plane unreachable; rules stay as they are");
+            }
+        }
+        let jitter = rand::rng().random_range(0.5..1.5);
+        tokio::time::sleep(backoff.mul_f64(jitter)).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+struct StreamEnd {
+    error: anyhow::Error,
+    established: bool,
+}
+
+fn subscription(agent: &Agent, kind: Kind) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        node: Some(Node { id: agent.node_name().to_owned(), ..Default::default() }),
+        type_url: kind.type_url().to_owned(),
+        initial_resource_versions: agent.state().versions(kind).into_iter().collect(),
+        ..Default::default()
+    }
+}
+
+async fn stream_once(control_plane: &str, agent: &mut Agent) -> Result<(), StreamEnd> {
+    let fail = |established: bool| move |e: anyhow::Error| StreamEnd { error: e, established };
+    let mut client = AggregatedDiscoveryServiceClient::connect(control_plane.to_owned())
+        .await
+        .map_err(|e| fail(false)(anyhow::anyhow!("connect: {e}")))?
+        .max_decoding_message_size(256 << 20);
+    let (tx, rx) = mpsc::channel(16);
+    for kind in Kind::ALL {
+        tx.send(subscription(agent, kind)).await.map_err(|_| fail(false)(anyhow::anyhow!("request channel closed")))?;
+    }
+    let mut inbound = client
+        .delta_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .map_err(|e| fail(false)(anyhow::anyhow!("open stream: {}", e.message())))?
+        .into_inner();
+    tracing::info!(
+        control_plane,
+        services = agent.state().services.len(),
+        "stream open; resuming with the versions this node has"
+    );
+    loop {
+        let response = match inbound.message().await {
+            Ok(Some(r)) => r,
+            Ok(None) => return Ok(()),
+            Err(status) => return Err(fail(true)(anyhow::anyhow!("stream: {}", status.message()))),
+        };
+        let reply = tokio::task::block_in_place(|| handle(agent, response));
+        tx.send(reply).await.map_err(|_| fail(true)(anyhow::anyhow!("request channel closed")))?;
+    }
+}
+
+/// Applies one response and builds its ACK or NACK.
+fn handle(agent: &mut Agent, response: DeltaDiscoveryResponse) -> DeltaDiscoveryRequest {
+    let type_url = response.type_url.clone();
+    let resources = response
+        .resources
+        .into_iter()
+        .map(|r| {
+            let (type_url, body) = r.resource.map(|a| (a.type_url, a.value)).unwrap_or_default();
+            RawResource { name: r.name, version: r.version, type_url, body }
+        })
+        .collect();
+    let mut reply = DeltaDiscoveryRequest {
+        type_url: type_url.clone(),
+        response_nonce: response.nonce.clone(),
+        ..Default::default()
+    };
+    match agent.apply(&type_url, resources, response.removed_resources) {
+        Ok(applied) => {
+            tracing::info!(
+                type_url,
+                nonce = response.nonce,
+                resources = applied.resources,
+                removed = applied.removed,
+                elapsed_us = applied.elapsed.as_micros() as u64,
+                "delta applied"
+            );
+        }
+        Err(e) => {
+            tracing::error!(type_url, nonce = response.nonce, error = %e, "delta refused (NACK); keeping the last good state");
+            reply.error_detail = Some(RpcStatus { code: INVALID_ARGUMENT, message: e.to_string(), details: vec![] });
+        }
+    }
+    reply
+}
