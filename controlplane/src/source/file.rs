@@ -14,6 +14,8 @@ use super::manifest::{self, Object};
 use crate::model::{ClusterState, ObjectKey};
 
 pub const POLL_PERIOD: Duration = Duration::from_millis(250);
+/// How long a changed folder must stay unchanged before it is read.
+const SETTLE: Duration = Duration::from_millis(100);
 
 /// What identifies a folder's content without reading it: each file's path, size and mtime.
 type Fingerprint = BTreeMap<PathBuf, (u64, Option<SystemTime>)>;
@@ -23,6 +25,11 @@ pub async fn run(cluster: String, dir: PathBuf, tx: watch::Sender<Option<Arc<Clu
     loop {
         match fingerprint(&dir) {
             Ok(print) if last.as_ref() != Some(&print) => {
+                // Let a writer finish: read only once the folder has been still for a moment.
+                tokio::time::sleep(SETTLE).await;
+                if fingerprint(&dir).ok().as_ref() != Some(&print) {
+                    continue;
+                }
                 let started = std::time::Instant::now();
                 let state = read_files(&cluster, &print);
                 tracing::info!(

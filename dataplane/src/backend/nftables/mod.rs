@@ -42,6 +42,9 @@ impl<R: NftRunner + Send> Backend for NftablesBackend<R> {
             return self.full_sync(desired);
         }
         let plan = programmed.plan(desired, changes);
+        if plan.needs_full_sync {
+            return self.full_sync(desired);
+        }
         if plan.is_empty() {
             return Ok(());
         }

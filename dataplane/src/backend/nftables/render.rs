@@ -109,8 +109,8 @@ pub struct ServiceRules {
     pub elements: Vec<(String, Element)>,
     /// Elements several Services may share (counted, not owned).
     pub shared: BTreeSet<Element>,
-    /// `pick-<family>-N` chains the elements jump to.
-    pub pick_chains: BTreeSet<(Family, usize)>,
+    /// The most endpoints one of its ports picks from (the pick chain it needs).
+    pub max_endpoints: usize,
 }
 
 pub fn pick_chain_name(family: Family, endpoints: usize) -> String {
@@ -131,7 +131,7 @@ pub fn service_rules(view: &ServiceView) -> ServiceRules {
                 rules.elements.push((entry, element));
                 continue;
             }
-            rules.pick_chains.insert((family, endpoints.len()));
+            rules.max_endpoints = rules.max_endpoints.max(endpoints.len());
             rules.elements.push((
                 entry.clone(),
                 Element {
@@ -160,8 +160,18 @@ pub fn service_rules(view: &ServiceView) -> ServiceRules {
     rules
 }
 
-/// Creates the table afresh (replacing any old one) with its sets, maps and base chains.
-pub fn skeleton() -> String {
+/// The least number of pick chains a table is made with.
+pub const MIN_PICK_CHAINS: usize = 32;
+
+/// How many pick chains a table needs so that no Service needs more: a power of two, so that
+/// growing is rare.
+pub fn pick_chains_for(max_endpoints: usize) -> usize {
+    max_endpoints.next_power_of_two().max(MIN_PICK_CHAINS)
+}
+
+/// Creates the table afresh (replacing any old one) with its sets, maps, base chains and
+/// the chains that pick among 1..=`pick_chains` endpoints.
+pub fn skeleton(pick_chains: usize) -> String {
     let mut s = String::new();
     let t = format!("{FAMILY} {TABLE}");
     // Adding first makes the delete valid whether or not the table exists; all of it is one transaction.
@@ -169,6 +179,10 @@ pub fn skeleton() -> String {
     for f in Family::ALL {
         let (addr, nft) = (f.addr_type(), f.nft());
         let _ = writeln!(s, "add map {t} {} {{ type {addr} . inet_proto . inet_service : verdict ; }}", Collection::ServiceIps(f).name());
+        // nft 1.0.6 cannot add a rule that uses this map once the map is in the kernel
+        // ("conflicting protocols specified: ip vs. th"), and writing the data as `tcp dport`
+        // makes such rules match TCP only. So the pick chains are created with the map, in the
+        // same transaction (see `skeleton`), and never later.
         let _ = writeln!(
             s,
             "add map {t} {} {{ typeof {nft} daddr . meta l4proto . th dport . numgen random mod 1 : {nft} daddr . th dport ; }}",
@@ -206,11 +220,16 @@ pub fn skeleton() -> String {
         let _ = writeln!(s, "add chain {t} filter-{hook} {{ type filter hook {hook} priority -110 ; policy accept ; }}");
         let _ = writeln!(s, "add rule {t} filter-{hook} jump reject-no-endpoints");
     }
+    for f in Family::ALL {
+        for n in 1..=pick_chains {
+            s.push_str(&pick_chain(f, n));
+        }
+    }
     s
 }
 
 /// A chain that picks one of `endpoints` endpoints evenly.
-pub fn pick_chain(family: Family, endpoints: usize) -> String {
+fn pick_chain(family: Family, endpoints: usize) -> String {
     let (t, nft, name) = (format!("{FAMILY} {TABLE}"), family.nft(), pick_chain_name(family, endpoints));
     format!(
         "add chain {t} {name}\nadd rule {t} {name} dnat {nft} to {nft} daddr . meta l4proto . th dport . numgen random mod {endpoints} map @{}\n",
@@ -280,7 +299,7 @@ mod tests {
              add element inet kpx endpoints-v4 { 10.96.0.10 . tcp . 80 . 0 : 10.244.0.1 . 8080, 10.96.0.10 . tcp . 80 . 1 : 10.244.0.2 . 8080 }\n\
              add element inet kpx hairpin-v4 { 10.244.0.1 . 10.244.0.1, 10.244.0.2 . 10.244.0.2 }\n"
         );
-        assert_eq!(rules.pick_chains, [(Family::V4, 2)].into());
+        assert_eq!(rules.max_endpoints, 2);
     }
 
     #[test]
@@ -288,7 +307,7 @@ mod tests {
         let rules = service_rules(&view(&[]));
         assert_eq!(rules.elements.len(), 1);
         assert_eq!(rules.elements[0].1.collection, Collection::NoEndpoints(Family::V4));
-        assert!(rules.pick_chains.is_empty());
+        assert_eq!(rules.max_endpoints, 0);
         let mut text = String::new();
         element_commands(&mut text, "delete", rules.elements.iter().map(|(_, e)| e));
         assert_eq!(text, "delete element inet kpx no-endpoints-v4 { 10.96.0.10 . tcp . 80 }\n");

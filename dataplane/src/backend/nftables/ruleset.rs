@@ -14,7 +14,8 @@ pub struct Programmed {
     owners: HashMap<(Family, String), String>,
     /// How many Services use each shared element.
     shared: HashMap<Element, usize>,
-    pick_chains: BTreeSet<(Family, usize)>,
+    /// Pick chains exist for 1..=this many endpoints.
+    pick_chains: usize,
 }
 
 /// A transaction and the bookkeeping to record once the kernel accepted it.
@@ -23,22 +24,30 @@ pub struct Plan {
     pub script: String,
     services: Vec<(String, Option<ServiceRules>)>,
     shared: Vec<(Element, usize)>,
-    new_pick_chains: BTreeSet<(Family, usize)>,
+    /// A Service needs more pick chains than the table has: only a full sync can add them.
+    pub needs_full_sync: bool,
 }
 
 impl Plan {
     pub fn is_empty(&self) -> bool {
-        self.script.is_empty()
+        self.script.is_empty() && !self.needs_full_sync
     }
 }
 
 impl Programmed {
     /// The transaction that replaces kpx's table with one holding `desired`.
     pub fn full(desired: &NodeState) -> (Programmed, String) {
-        let empty = Programmed::default();
+        let max_endpoints = desired
+            .services
+            .values()
+            .flat_map(|s| &s.value.ports)
+            .map(|p| p.endpoints.len())
+            .max()
+            .unwrap_or(0);
+        let empty = Programmed { pick_chains: render::pick_chains_for(max_endpoints), ..Default::default() };
         let all = ChangeSet { services: desired.services.keys().cloned().collect(), node: false };
         let plan = empty.plan(desired, &all);
-        let mut script = render::skeleton();
+        let mut script = render::skeleton(empty.pick_chains);
         script.push_str(&plan.script);
         let mut programmed = empty;
         programmed.commit(plan);
@@ -101,8 +110,8 @@ impl Programmed {
             for e in new.iter().flat_map(|r| &r.shared) {
                 *shared_delta.entry(e.clone()).or_default() += 1;
             }
-            if let Some(rules) = &new {
-                plan.new_pick_chains.extend(rules.pick_chains.difference(&self.pick_chains));
+            if new.as_ref().is_some_and(|r| r.max_endpoints > self.pick_chains) {
+                plan.needs_full_sync = true;
             }
             plan.services.push((name.clone(), new));
         }
@@ -119,9 +128,6 @@ impl Programmed {
             }
         }
         // An element whose key is both deleted and added is a value change: delete, then add.
-        for (family, n) in &plan.new_pick_chains {
-            plan.script.push_str(&render::pick_chain(*family, *n));
-        }
         render::element_commands(&mut plan.script, "delete", &deletes);
         render::element_commands(&mut plan.script, "add", &adds);
         plan
@@ -151,7 +157,6 @@ impl Programmed {
                 self.shared.insert(element, count);
             }
         }
-        self.pick_chains.extend(plan.new_pick_chains);
     }
 }
 
@@ -220,9 +225,10 @@ mod tests {
     }
 
     #[test]
-    fn shared_hairpin_elements_are_counted_and_pick_chains_created_once() {
+    fn shared_hairpin_elements_are_counted_and_pick_chains_made_with_the_table() {
         let (mut programmed, script) = Programmed::full(&state(&[("a", "10.96.0.1", &["10.0.0.1"])]));
         assert!(script.contains("add chain inet kpx pick-v4-1\n"));
+        assert!(script.contains("add chain inet kpx pick-v6-32\n"));
         let both = state(&[("a", "10.96.0.1", &["10.0.0.1"]), ("b", "10.96.0.2", &["10.0.0.1"])]);
         let plan = programmed.plan(&both, &changed(&["b"]));
         assert!(!plan.script.contains("hairpin"), "already there: {}", plan.script);
@@ -246,5 +252,16 @@ mod tests {
         let plan = programmed.plan(&only_b, &changed(&["a", "b"]));
         assert!(plan.script.contains("add element inet kpx endpoints-v4 { 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080 }"), "{}", plan.script);
         programmed.commit(plan);
+    }
+
+    #[test]
+    fn more_endpoints_than_pick_chains_asks_for_a_full_sync() {
+        let (programmed, _) = Programmed::full(&state(&[("a", "10.96.0.1", &["10.0.0.1"])]));
+        let many: Vec<String> = (1..=40).map(|i| format!("10.0.1.{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let plan = programmed.plan(&state(&[("a", "10.96.0.1", &many)]), &changed(&["a"]));
+        assert!(plan.needs_full_sync);
+        let (_, script) = Programmed::full(&state(&[("a", "10.96.0.1", &many)]));
+        assert!(script.contains("add chain inet kpx pick-v4-64\n") && !script.contains("pick-v4-65"));
     }
 }

@@ -1,0 +1,109 @@
+//! kpx processes started by a test, inside a namespace, with JSON logs in a
+//! file the test can wait on. Ended by PID when dropped.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::netns::Netns;
+
+/// Where cargo put the workspace's binaries (next to the test binary's `deps/`).
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let path = dir.join(name);
+    assert!(path.exists(), "{} is missing: build the workspace's binaries first (cargo build --workspace --bins)", path.display());
+    path
+}
+
+pub struct KpxProcess {
+    child: Child,
+    pub log: PathBuf,
+    pub name: String,
+}
+
+impl KpxProcess {
+    /// Starts `program args…` inside `ns`, logging JSON to `log`.
+    pub fn start(ns: &Netns, program: &str, args: &[String], log: PathBuf) -> KpxProcess {
+        let file = File::options().create(true).append(true).open(&log).expect("log file");
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns.name])
+            .arg(binary(program))
+            .args(args)
+            .arg("--log-format=json")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
+        KpxProcess { child, log, name: program.to_owned() }
+    }
+
+    /// Log lines as JSON objects (lines that are not JSON are skipped).
+    pub fn events(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// Waits until a log event matches; returns it.
+    pub fn wait_event(&self, what: &str, deadline: Duration, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        crate::wait_for(&format!("{} to log {what}", self.name), deadline, || {
+            if let Ok(Some(status)) = self.try_status() {
+                panic!("{} exited ({status}) before logging {what}; log:\n{}", self.name, self.log_text());
+            }
+            self.events().into_iter().find(|e| pred(e))
+        })
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn try_status(&self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        // A shared borrow cannot call try_wait; peek through /proc instead.
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()));
+        match stat {
+            Ok(s) if s.split_whitespace().nth(2) == Some("Z") => Ok(Some(std::process::ExitStatus::default())),
+            Ok(_) => Ok(None),
+            Err(_) => Ok(Some(std::process::ExitStatus::default())),
+        }
+    }
+
+    /// Ends the process: SIGTERM, then SIGKILL if it lingers.
+    pub fn stop(&mut self) {
+        self.signal(libc::SIGTERM);
+        for _ in 0..200 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        self.kill();
+    }
+
+    /// Kills the process at once (a crash).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn signal(&self, sig: i32) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: sending a signal to our own child by PID.
+            unsafe { libc::kill(pid, sig) };
+        }
+    }
+}
+
+impl Drop for KpxProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill();
+        }
+    }
+}
