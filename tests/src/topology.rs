@@ -29,7 +29,11 @@ impl Topology {
     pub fn new(pods: usize) -> Topology {
         let node = Netns::new("node");
         let client = Netns::new("client");
-        node.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"]);
+        // No ICMP redirects: they would use up the per-host ICMP budget that rejects need.
+        node.exec(
+            "sysctl",
+            &["-qw", "net.ipv4.ip_forward=1", "net.ipv4.conf.all.send_redirects=0", "net.ipv4.conf.default.send_redirects=0"],
+        );
         link(&node, "to-client", "10.0.0.1/24", &client, "10.0.0.2/24");
         client.ip(&["route", "add", "default", "via", "10.0.0.1"]);
         // Unknown destinations leave through the client side, so packets to a
