@@ -13,7 +13,11 @@ use kpx_controlplane::{publisher, xds};
 use tokio::sync::watch;
 
 #[derive(Parser, Debug)]
-#[command(name = "kpx-controlplane", version, about = "kpx control plane: serves per-node Service views over delta xDS")]
+#[command(
+    name = "kpx-controlplane",
+    version,
+    about = "kpx control plane: serves per-node Service views over delta xDS"
+)]
 struct Args {
     /// Where cluster state comes from: `[NAME=]file:DIR` (a folder of manifests). Repeatable.
     #[arg(long = "source", required = true, value_name = "SOURCE")]
@@ -60,7 +64,9 @@ fn main() -> ExitCode {
 fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
@@ -78,9 +84,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     tokio::spawn(publisher::run(sources, snapshot_tx));
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<AggregatedDiscoveryServiceServer<xds::server::AdsServer>>()
-        .await;
+    health_reporter.set_serving::<AggregatedDiscoveryServiceServer<xds::server::AdsServer>>().await;
     let ads = AggregatedDiscoveryServiceServer::new(xds::server::AdsServer::new(snapshot_rx))
         .max_decoding_message_size(64 << 20);
     let listener = tokio::net::TcpListener::bind(args.listen)

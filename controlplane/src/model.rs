@@ -33,7 +33,9 @@ pub struct ClusterState {
 impl ClusterState {
     /// The EndpointSlices that belong to a Service.
     pub fn slices_of<'a>(&'a self, service: &'a ObjectKey) -> impl Iterator<Item = &'a EndpointSlice> + 'a {
-        self.slices.values().filter(move |s| s.namespace == service.namespace && s.service_name == service.name)
+        self.slices
+            .values()
+            .filter(move |s| s.namespace == service.namespace && s.service_name == service.name)
     }
 }
 

@@ -47,7 +47,8 @@ fn select_endpoints(svc: &Service, port: &crate::model::ServicePort, state: &Clu
     let mut ready = BTreeSet::new();
     let mut terminating = BTreeSet::new();
     for slice in state.slices_of(&svc.key) {
-        let Some(slice_port) = slice.ports.iter().find(|p| p.name == port.name && p.protocol == port.protocol)
+        let Some(slice_port) =
+            slice.ports.iter().find(|p| p.name == port.name && p.protocol == port.protocol)
         else {
             continue;
         };

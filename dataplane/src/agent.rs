@@ -46,9 +46,9 @@ impl Agent {
             }
         };
         let started = Instant::now();
-        backend
-            .full_sync(&state)
-            .map_err(|e| anyhow::anyhow!("{} backend: programming the stored state failed: {e}", backend.name()))?;
+        backend.full_sync(&state).map_err(|e| {
+            anyhow::anyhow!("{} backend: programming the stored state failed: {e}", backend.name())
+        })?;
         tracing::info!(
             services = state.services.len(),
             node_config = state.node.is_some(),

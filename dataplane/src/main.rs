@@ -67,7 +67,8 @@ fn main() -> ExitCode {
         };
     }
     // clap guarantees these when --cleanup is absent.
-    let (Some(node_name), Some(control_plane), Some(state_dir)) = (args.node_name, args.control_plane, args.state_dir)
+    let (Some(node_name), Some(control_plane), Some(state_dir)) =
+        (args.node_name, args.control_plane, args.state_dir)
     else {
         eprintln!("kpx-dataplane: --node-name, --control-plane and --state-dir are required");
         return ExitCode::from(2);
@@ -104,7 +105,9 @@ fn main() -> ExitCode {
 fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),

@@ -95,11 +95,16 @@ impl Delta {
         resources: Vec<RawResource>,
         removed: Vec<String>,
     ) -> Result<Delta, InvalidDelta> {
-        let kind = Kind::from_type_url(type_url).ok_or_else(|| InvalidDelta::UnknownType(type_url.to_owned()))?;
+        let kind =
+            Kind::from_type_url(type_url).ok_or_else(|| InvalidDelta::UnknownType(type_url.to_owned()))?;
         let mut delta = Delta::default();
         for raw in resources {
             if raw.type_url != type_url {
-                return Err(InvalidDelta::MixedTypes { name: raw.name, expected: type_url.into(), found: raw.type_url });
+                return Err(InvalidDelta::MixedTypes {
+                    name: raw.name,
+                    expected: type_url.into(),
+                    found: raw.type_url,
+                });
             }
             if raw.version.is_empty() {
                 return Err(InvalidDelta::NoVersion(raw.name));

@@ -58,7 +58,10 @@ impl Store {
             return Ok(Ok(state));
         }
         if format.as_deref() != Some(FORMAT) {
-            return Ok(Err(Damaged { key: "format".into(), reason: "missing or unknown store format".into() }));
+            return Ok(Err(Damaged {
+                key: "format".into(),
+                reason: "missing or unknown store format".into(),
+            }));
         }
         for item in self.tree.iter() {
             let (key, value) = item?;

@@ -64,7 +64,9 @@ async fn stream_once(control_plane: &str, agent: &mut Agent) -> Result<(), Strea
         .max_decoding_message_size(256 << 20);
     let (tx, rx) = mpsc::channel(16);
     for kind in Kind::ALL {
-        tx.send(subscription(agent, kind)).await.map_err(|_| fail(false)(anyhow::anyhow!("request channel closed")))?;
+        tx.send(subscription(agent, kind))
+            .await
+            .map_err(|_| fail(false)(anyhow::anyhow!("request channel closed")))?;
     }
     let mut inbound = client
         .delta_aggregated_resources(ReceiverStream::new(rx))
@@ -116,7 +118,8 @@ fn handle(agent: &mut Agent, response: DeltaDiscoveryResponse) -> DeltaDiscovery
         }
         Err(e) => {
             tracing::error!(type_url, nonce = response.nonce, error = %e, "delta refused (NACK); keeping the last good state");
-            reply.error_detail = Some(RpcStatus { code: INVALID_ARGUMENT, message: e.to_string(), details: vec![] });
+            reply.error_detail =
+                Some(RpcStatus { code: INVALID_ARGUMENT, message: e.to_string(), details: vec![] });
         }
     }
     reply

@@ -58,7 +58,8 @@ for _ in $(seq 1 200); do
 done
 echo
 echo "== kpx's rules in the node namespace (nft list table inet kpx), abridged"
-ip netns exec "$node" nft list table inet kpx | grep -A4 -E "map (service-ips|endpoints)-v4 \{|chain pick-v4-3 \{"
+ip netns exec "$node" nft list table inet kpx | grep -A4 -E "map (service-ips|endpoints)-v4 \{"
+ip netns exec "$node" nft list table inet kpx | grep -A2 -E "chain pick-v4-3 \{"
 echo
 echo "== 30 requests from the client to http://10.96.0.10/"
 for _ in $(seq 1 30); do

@@ -28,8 +28,7 @@ impl InvalidResource {
 type Result<T, E = InvalidResource> = std::result::Result<T, E>;
 
 fn ip(field: &str, text: &str) -> Result<IpAddr> {
-    text.parse()
-        .map_err(|_| InvalidResource::new(field, format!("{text:?} is not an IP address")))
+    text.parse().map_err(|_| InvalidResource::new(field, format!("{text:?} is not an IP address")))
 }
 
 fn port(field: &str, value: u32) -> Result<u16> {
@@ -97,7 +96,8 @@ impl ServiceView {
                     let at = format!("{at}.endpoints[{j}]");
                     let address = ip(&format!("{at}.address"), &e.address)?;
                     let single_family = cluster_ips.windows(2).all(|w| w[0].is_ipv4() == w[1].is_ipv4());
-                    if single_family && cluster_ips.first().is_some_and(|c| c.is_ipv4() != address.is_ipv4()) {
+                    if single_family && cluster_ips.first().is_some_and(|c| c.is_ipv4() != address.is_ipv4())
+                    {
                         return Err(InvalidResource::new(
                             format!("{at}.address"),
                             format!("{address} is not of the Service's IP family"),

@@ -31,8 +31,10 @@ struct Service {
 
 #[tonic::async_trait]
 impl AggregatedDiscoveryService for Service {
-    type StreamAggregatedResourcesStream = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
-    type DeltaAggregatedResourcesStream = Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
+    type StreamAggregatedResourcesStream =
+        Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
+    type DeltaAggregatedResourcesStream =
+        Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
 
     async fn stream_aggregated_resources(
         &self,
@@ -75,10 +77,17 @@ impl FakeControlPlane {
             l.set_nonblocking(true).expect("nonblocking");
             l
         });
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
         let (responses, scripted) = mpsc::unbounded_channel();
         let (req_tx, requests) = std_mpsc::channel();
-        let service = AggregatedDiscoveryServiceServer::from_arc(Arc::new(Service { responses: Mutex::new(Some(scripted)), requests: Mutex::new(req_tx) }));
+        let service = AggregatedDiscoveryServiceServer::from_arc(Arc::new(Service {
+            responses: Mutex::new(Some(scripted)),
+            requests: Mutex::new(req_tx),
+        }));
         runtime.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
             let _ = tonic::transport::Server::builder()
@@ -96,7 +105,8 @@ impl FakeControlPlane {
     /// The next request of `type_url` from the node (others are skipped).
     pub fn next_request(&self, type_url: &str) -> DeltaDiscoveryRequest {
         loop {
-            let req = self.requests.recv_timeout(Duration::from_secs(30)).expect("a request from the node agent");
+            let req =
+                self.requests.recv_timeout(Duration::from_secs(30)).expect("a request from the node agent");
             if req.type_url == type_url {
                 return req;
             }

@@ -9,7 +9,8 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 
 /// Runs a command, panicking with its output when it fails.
 pub fn run(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program).args(args).output().unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    let out =
+        Command::new(program).args(args).output().unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
     assert!(
         out.status.success(),
         "{program} {}: {}{}",

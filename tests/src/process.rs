@@ -13,7 +13,11 @@ pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
     let path = dir.join(name);
-    assert!(path.exists(), "{} is missing: build the workspace's binaries first (cargo build --workspace --bins)", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace's binaries first (cargo build --workspace --bins)",
+        path.display()
+    );
     path
 }
 
@@ -51,7 +55,12 @@ impl KpxProcess {
     }
 
     /// Waits until a log event matches; returns it.
-    pub fn wait_event(&self, what: &str, deadline: Duration, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    pub fn wait_event(
+        &self,
+        what: &str,
+        deadline: Duration,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
         crate::wait_for(&format!("{} to log {what}", self.name), deadline, || {
             if let Ok(Some(status)) = self.try_status() {
                 panic!("{} exited ({status}) before logging {what}; log:\n{}", self.name, self.log_text());
@@ -68,7 +77,9 @@ impl KpxProcess {
         // A shared borrow cannot call try_wait; peek through /proc instead.
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()));
         match stat {
-            Ok(s) if s.split_whitespace().nth(2) == Some("Z") => Ok(Some(std::process::ExitStatus::default())),
+            Ok(s) if s.split_whitespace().nth(2) == Some("Z") => {
+                Ok(Some(std::process::ExitStatus::default()))
+            }
             Ok(_) => Ok(None),
             Err(_) => Ok(Some(std::process::ExitStatus::default())),
         }

@@ -32,7 +32,12 @@ impl Topology {
         // No ICMP redirects: they would use up the per-host ICMP budget that rejects need.
         node.exec(
             "sysctl",
-            &["-qw", "net.ipv4.ip_forward=1", "net.ipv4.conf.all.send_redirects=0", "net.ipv4.conf.default.send_redirects=0"],
+            &[
+                "-qw",
+                "net.ipv4.ip_forward=1",
+                "net.ipv4.conf.all.send_redirects=0",
+                "net.ipv4.conf.default.send_redirects=0",
+            ],
         );
         link(&node, "to-client", "10.0.0.1/24", &client, "10.0.0.2/24");
         client.ip(&["route", "add", "default", "via", "10.0.0.1"]);
@@ -43,7 +48,13 @@ impl Topology {
             .map(|i| {
                 let pod = Netns::new(&format!("pod{i}"));
                 let n = i + 1;
-                link(&node, &format!("to-pod{i}"), &format!("10.244.{n}.1/24"), &pod, &format!("10.244.{n}.2/24"));
+                link(
+                    &node,
+                    &format!("to-pod{i}"),
+                    &format!("10.244.{n}.1/24"),
+                    &pod,
+                    &format!("10.244.{n}.2/24"),
+                );
                 pod.ip(&["route", "add", "default", "via", &format!("10.244.{n}.1")]);
                 pod
             })
@@ -110,7 +121,9 @@ impl Topology {
 
     /// Waits until kpx's table mentions `text`.
     pub fn wait_rules_contain(&self, text: &str) {
-        crate::wait_for(&format!("rules to contain {text:?}"), crate::DEADLINE, || self.ruleset().contains(text).then_some(()));
+        crate::wait_for(&format!("rules to contain {text:?}"), crate::DEADLINE, || {
+            self.ruleset().contains(text).then_some(())
+        });
     }
 }
 
@@ -134,7 +147,12 @@ pub fn sock(addr: &str, port: u16) -> SocketAddr {
 }
 
 /// A Service and its EndpointSlice as manifests: `ports` are (name, protocol, port, target port).
-pub fn service_yaml(name: &str, cluster_ip: &str, ports: &[(&str, &str, u16, u16)], endpoints: &[String]) -> String {
+pub fn service_yaml(
+    name: &str,
+    cluster_ip: &str,
+    ports: &[(&str, &str, u16, u16)],
+    endpoints: &[String],
+) -> String {
     let mut s = format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: test}}\nspec:\n  clusterIP: {cluster_ip}\n  ports:\n"
     );

@@ -100,7 +100,11 @@ pub fn udp_request(to: SocketAddr) -> Answer {
 pub fn udp_exchange(sock: &UdpSocket, to: SocketAddr) -> Answer {
     let _ = sock.set_read_timeout(Some(Duration::from_secs(1)));
     if let Err(e) = sock.send_to(b"who", to) {
-        return if e.kind() == std::io::ErrorKind::ConnectionRefused { Answer::Refused } else { Answer::Failed(e.to_string()) };
+        return if e.kind() == std::io::ErrorKind::ConnectionRefused {
+            Answer::Refused
+        } else {
+            Answer::Failed(e.to_string())
+        };
     }
     let mut buf = [0u8; 512];
     match sock.recv_from(&mut buf) {
@@ -111,7 +115,12 @@ pub fn udp_exchange(sock: &UdpSocket, to: SocketAddr) -> Answer {
 }
 
 /// Counts answers over `n` requests made from inside `ns`.
-pub fn tally(ns: &Netns, n: usize, request: fn(SocketAddr) -> Answer, to: SocketAddr) -> BTreeMap<Answer, usize> {
+pub fn tally(
+    ns: &Netns,
+    n: usize,
+    request: fn(SocketAddr) -> Answer,
+    to: SocketAddr,
+) -> BTreeMap<Answer, usize> {
     ns.run_in(move || {
         let mut counts = BTreeMap::new();
         for _ in 0..n {

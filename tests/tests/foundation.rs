@@ -71,13 +71,19 @@ fn endpoint_changes_follow_the_manifests_and_a_deleted_service_leaves_no_rules()
     t.write_manifest("web.yaml", &web(&[1, 2]));
     let removed = wait_traffic_only_to(&t, &["pod1", "pod2"], DEADLINE);
     eprintln!("manifest change → traffic follows: endpoint added {added:?}, endpoint removed {removed:?}");
-    assert!(added < Duration::from_secs(2) && removed < Duration::from_secs(2), "added {added:?}, removed {removed:?}");
+    assert!(
+        added < Duration::from_secs(2) && removed < Duration::from_secs(2),
+        "added {added:?}, removed {removed:?}"
+    );
 
     t.remove_manifest("web.yaml");
     wait_for("the Service's rules to go", DEADLINE, || (!t.ruleset().contains(VIP)).then_some(()));
     assert!(t.ruleset().contains("table inet kpx"), "the table itself stays");
     let after = tally(&t.client, 5, tcp_request, sock(VIP, 80));
-    assert!(after.keys().all(|a| !matches!(a, Answer::From(_))), "no backend answers a deleted Service: {after:?}");
+    assert!(
+        after.keys().all(|a| !matches!(a, Answer::From(_))),
+        "no backend answers a deleted Service: {after:?}"
+    );
 }
 
 #[test]
@@ -85,7 +91,10 @@ fn a_service_without_endpoints_is_rejected_and_hairpin_traffic_works() {
     let t = Topology::new(1);
     let _backends = t.start_backends(8080);
     t.write_manifest("empty.yaml", &service_yaml("empty", "10.96.0.20", &[("http", "TCP", 80, 8080)], &[]));
-    t.write_manifest("self.yaml", &service_yaml("self", "10.96.0.21", &[("http", "TCP", 80, 8080)], &pods(&[0])));
+    t.write_manifest(
+        "self.yaml",
+        &service_yaml("self", "10.96.0.21", &[("http", "TCP", 80, 8080)], &pods(&[0])),
+    );
     let _cp = t.start_control_plane();
     let _dp = t.start_dataplane();
     t.wait_rules_contain("10.96.0.21 . tcp . 80 . 0");
@@ -204,7 +213,11 @@ fn an_invalid_resource_is_nacked_with_its_field_and_the_old_rules_keep_working()
         assert_eq!(nack.response_nonce, nonce);
         let reason = nack.error_detail.map(|s| s.message).unwrap_or_default();
         assert!(reason.contains(field), "NACK names {field}: {reason:?}");
-        assert_eq!(t.client.run_in(|| tcp_request(sock(VIP, 80))), Answer::From("pod0".into()), "old rules kept");
+        assert_eq!(
+            t.client.run_in(|| tcp_request(sock(VIP, 80))),
+            Answer::From("pod0".into()),
+            "old rules kept"
+        );
     }
 }
 
@@ -220,7 +233,9 @@ fn a_malformed_manifest_is_reported_and_the_other_services_are_served() {
     );
     let cp = t.start_control_plane();
     let _dp = t.start_dataplane();
-    let error = cp.wait_event("the bad document reported", DEADLINE, |e| e["message"].as_str().is_some_and(|m| m.contains("skipping manifest document")));
+    let error = cp.wait_event("the bad document reported", DEADLINE, |e| {
+        e["message"].as_str().is_some_and(|m| m.contains("skipping manifest document"))
+    });
     assert!(error["file"].as_str().is_some_and(|f| f.ends_with("broken.yaml")), "{error}");
     assert_eq!(error["document"].as_u64(), Some(1), "{error}");
     assert_eq!(error["field"], "spec.ports[0].port", "{error}");

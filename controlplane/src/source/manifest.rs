@@ -61,7 +61,8 @@ fn read_value(document: usize, value: serde_yaml::Value, out: &mut Vec<Result<Ob
         return;
     }
     let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_owned();
-    let fail = |object: String, field: String, reason: String| ManifestError { document, object, field, reason };
+    let fail =
+        |object: String, field: String, reason: String| ManifestError { document, object, field, reason };
     match kind.as_str() {
         "List" | "ServiceList" | "EndpointSliceList" | "NodeList" => {
             if let Some(items) = value.get("items").and_then(|i| i.as_sequence()) {
@@ -70,9 +71,13 @@ fn read_value(document: usize, value: serde_yaml::Value, out: &mut Vec<Result<Ob
                 }
             }
         }
-        "Service" => out.push(typed::<ServiceManifest>(value, "Service").and_then(|(m, label)| {
-            service(m).map(Object::Service).map_err(|(field, reason)| fail(label, field, reason))
-        }).map_err(|e| ManifestError { document, ..e })),
+        "Service" => out.push(
+            typed::<ServiceManifest>(value, "Service")
+                .and_then(|(m, label)| {
+                    service(m).map(Object::Service).map_err(|(field, reason)| fail(label, field, reason))
+                })
+                .map_err(|e| ManifestError { document, ..e }),
+        ),
         "EndpointSlice" => out.push(
             typed::<EndpointSliceManifest>(value, "EndpointSlice")
                 .and_then(|(m, label)| {
@@ -84,7 +89,9 @@ fn read_value(document: usize, value: serde_yaml::Value, out: &mut Vec<Result<Ob
         ),
         "Node" => out.push(
             typed::<NodeManifest>(value, "Node")
-                .and_then(|(m, label)| node(m).map(Object::Node).map_err(|(field, reason)| fail(label, field, reason)))
+                .and_then(|(m, label)| {
+                    node(m).map(Object::Node).map_err(|(field, reason)| fail(label, field, reason))
+                })
                 .map_err(|e| ManifestError { document, ..e }),
         ),
         _ => {}
@@ -130,7 +137,10 @@ struct Metadata {
 
 impl Metadata {
     fn key(&self) -> ObjectKey {
-        ObjectKey { namespace: self.namespace.clone().unwrap_or_else(|| "default".into()), name: self.name.clone() }
+        ObjectKey {
+            namespace: self.namespace.clone().unwrap_or_else(|| "default".into()),
+            name: self.name.clone(),
+        }
     }
 }
 
@@ -274,12 +284,10 @@ struct EndpointPortSpec {
 
 fn endpoint_slice(m: EndpointSliceManifest) -> Result<EndpointSlice, FieldError> {
     let key = m.metadata.key();
-    let service_name = m
-        .metadata
-        .labels
-        .get("kubernetes.io/service-name")
-        .cloned()
-        .ok_or_else(|| ("metadata.labels".to_owned(), "no kubernetes.io/service-name label".to_owned()))?;
+    let service_name =
+        m.metadata.labels.get("kubernetes.io/service-name").cloned().ok_or_else(|| {
+            ("metadata.labels".to_owned(), "no kubernetes.io/service-name label".to_owned())
+        })?;
     let want_v4 = match m.address_type.as_str() {
         "IPv4" => true,
         "IPv6" => false,

@@ -50,11 +50,14 @@ impl std::str::FromStr for SourceSpec {
         if !valid_name {
             return Err(SpecError::BadName(text.into(), cluster));
         }
-        let Some((scheme, arg)) = rest.split_once(':').or((rest == "in-cluster").then_some((rest, ""))) else {
+        let Some((scheme, arg)) = rest.split_once(':').or((rest == "in-cluster").then_some((rest, "")))
+        else {
             return Err(SpecError::Malformed(text.into()));
         };
         match scheme {
-            "file" if !arg.is_empty() => Ok(SourceSpec { cluster, kind: SourceKind::File(PathBuf::from(arg)) }),
+            "file" if !arg.is_empty() => {
+                Ok(SourceSpec { cluster, kind: SourceKind::File(PathBuf::from(arg)) })
+            }
             "kubeconfig" | "in-cluster" => Err(SpecError::Unsupported(text.into(), scheme.into())),
             _ => Err(SpecError::Malformed(text.into())),
         }

@@ -74,7 +74,8 @@ impl Snapshot {
             }
             for node in state.nodes.values() {
                 let config = view::node_config(node);
-                let resource = reuse(&previous.node_configs, Resource::new(config.name.clone(), config.encode()));
+                let resource =
+                    reuse(&previous.node_configs, Resource::new(config.name.clone(), config.encode()));
                 node_configs.insert(resource.name.clone(), resource);
             }
         }
@@ -82,7 +83,11 @@ impl Snapshot {
     }
 
     /// The resources of one type that `node` should have.
-    pub fn for_node<'a>(&'a self, ty: ResourceType, node: &'a str) -> Box<dyn Iterator<Item = &'a Arc<Resource>> + 'a> {
+    pub fn for_node<'a>(
+        &'a self,
+        ty: ResourceType,
+        node: &'a str,
+    ) -> Box<dyn Iterator<Item = &'a Arc<Resource>> + 'a> {
         match ty {
             ResourceType::ServiceView => Box::new(self.services.values()),
             ResourceType::NodeConfig => Box::new(self.node_configs.get(node).into_iter()),

@@ -12,7 +12,9 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
+};
 use envoy_types::pb::google::protobuf::Any;
 
 use super::snapshot::{ResourceType, Snapshot};
@@ -29,14 +31,28 @@ pub enum ProtocolError {
 /// What one request meant, for logs and metrics.
 #[derive(Debug, PartialEq, Eq)]
 pub enum RequestKind {
-    Subscribe { ty: ResourceType, initial_versions: usize },
-    Ack { ty: ResourceType, nonce: String },
-    Nack { ty: ResourceType, nonce: String, reason: String },
+    Subscribe {
+        ty: ResourceType,
+        initial_versions: usize,
+    },
+    Ack {
+        ty: ResourceType,
+        nonce: String,
+    },
+    Nack {
+        ty: ResourceType,
+        nonce: String,
+        reason: String,
+    },
     /// A response nonce that is not the one in flight (superseded or unknown): ignored.
-    Stale { ty: ResourceType },
+    Stale {
+        ty: ResourceType,
+    },
     UnknownType(String),
     /// Subscription changes without a nonce.
-    Update { ty: ResourceType },
+    Update {
+        ty: ResourceType,
+    },
 }
 
 #[derive(Debug)]
@@ -253,12 +269,20 @@ mod tests {
     fn wildcard_gets_everything_then_only_changes_after_ack() {
         let snap = snapshot(TWO);
         let mut s = StreamState::default();
-        assert!(matches!(s.on_request(subscribe(&[])), Ok(RequestKind::Subscribe { initial_versions: 0, .. })));
+        assert!(matches!(
+            s.on_request(subscribe(&[])),
+            Ok(RequestKind::Subscribe { initial_versions: 0, .. })
+        ));
         let first = s.next_response(ResourceType::ServiceView, &snap).expect("a response");
         assert_eq!(names(&first), ["c/default/a", "c/default/b"]);
         // Nothing more while in flight, even for a new snapshot.
-        assert!(s.next_response(ResourceType::ServiceView, &snapshot(&TWO[..TWO.find("---").unwrap_or(0)])).is_none());
-        assert_eq!(s.on_request(reply(&first.nonce, None)), Ok(RequestKind::Ack { ty: ResourceType::ServiceView, nonce: first.nonce.clone() }));
+        assert!(s
+            .next_response(ResourceType::ServiceView, &snapshot(&TWO[..TWO.find("---").unwrap_or(0)]))
+            .is_none());
+        assert_eq!(
+            s.on_request(reply(&first.nonce, None)),
+            Ok(RequestKind::Ack { ty: ResourceType::ServiceView, nonce: first.nonce.clone() })
+        );
         assert!(s.next_response(ResourceType::ServiceView, &snap).is_none(), "nothing changed");
         let one = snapshot(&TWO[..TWO.find("---").unwrap_or(0)]);
         let removal = s.next_response(ResourceType::ServiceView, &one).expect("b removed");

@@ -125,9 +125,11 @@ pub fn service_rules(view: &ServiceView) -> ServiceRules {
         for port in &view.ports {
             let entry = format!("{vip} . {} . {}", port.protocol, port.port);
             rules.entries.push((family, entry.clone()));
-            let endpoints: Vec<_> = port.endpoints.iter().filter(|e| Family::of(&e.address) == family).collect();
+            let endpoints: Vec<_> =
+                port.endpoints.iter().filter(|e| Family::of(&e.address) == family).collect();
             if endpoints.is_empty() {
-                let element = Element { collection: Collection::NoEndpoints(family), key: entry.clone(), value: None };
+                let element =
+                    Element { collection: Collection::NoEndpoints(family), key: entry.clone(), value: None };
                 rules.elements.push((entry, element));
                 continue;
             }
@@ -175,10 +177,17 @@ pub fn skeleton(pick_chains: usize) -> String {
     let mut s = String::new();
     let t = format!("{FAMILY} {TABLE}");
     // Adding first makes the delete valid whether or not the table exists; all of it is one transaction.
-    let _ = writeln!(s, "add table {t}\ndelete table {t}\nadd table {t} {{ comment \"managed by kpx-dataplane\" ; }}");
+    let _ = writeln!(
+        s,
+        "add table {t}\ndelete table {t}\nadd table {t} {{ comment \"managed by kpx-dataplane\" ; }}"
+    );
     for f in Family::ALL {
         let (addr, nft) = (f.addr_type(), f.nft());
-        let _ = writeln!(s, "add map {t} {} {{ type {addr} . inet_proto . inet_service : verdict ; }}", Collection::ServiceIps(f).name());
+        let _ = writeln!(
+            s,
+            "add map {t} {} {{ type {addr} . inet_proto . inet_service : verdict ; }}",
+            Collection::ServiceIps(f).name()
+        );
         // nft 1.0.6 cannot add a rule that uses this map once the map is in the kernel
         // ("conflicting protocols specified: ip vs. th"), and writing the data as `tcp dport`
         // makes such rules match TCP only. So the pick chains are created with the map, in the
@@ -188,14 +197,22 @@ pub fn skeleton(pick_chains: usize) -> String {
             "add map {t} {} {{ typeof {nft} daddr . meta l4proto . th dport . numgen random mod 1 : {nft} daddr . th dport ; }}",
             Collection::Endpoints(f).name()
         );
-        let _ = writeln!(s, "add set {t} {} {{ type {addr} . inet_proto . inet_service ; }}", Collection::NoEndpoints(f).name());
+        let _ = writeln!(
+            s,
+            "add set {t} {} {{ type {addr} . inet_proto . inet_service ; }}",
+            Collection::NoEndpoints(f).name()
+        );
         let _ = writeln!(s, "add set {t} {} {{ type {addr} . {addr} ; }}", Collection::Hairpin(f).name());
     }
     let _ = writeln!(s, "add chain {t} services");
     let _ = writeln!(s, "add chain {t} reject-no-endpoints");
     for f in Family::ALL {
         let nft = f.nft();
-        let _ = writeln!(s, "add rule {t} services {nft} daddr . meta l4proto . th dport vmap @{}", Collection::ServiceIps(f).name());
+        let _ = writeln!(
+            s,
+            "add rule {t} services {nft} daddr . meta l4proto . th dport vmap @{}",
+            Collection::ServiceIps(f).name()
+        );
         let _ = writeln!(
             s,
             "add rule {t} reject-no-endpoints ct state new {nft} daddr . meta l4proto . th dport @{} reject",
@@ -203,11 +220,18 @@ pub fn skeleton(pick_chains: usize) -> String {
         );
     }
     // Base chains. `priority dstnat` is not accepted on the output hook by nft 1.0.6, hence -100.
-    let _ = writeln!(s, "add chain {t} nat-prerouting {{ type nat hook prerouting priority -100 ; policy accept ; }}");
+    let _ = writeln!(
+        s,
+        "add chain {t} nat-prerouting {{ type nat hook prerouting priority -100 ; policy accept ; }}"
+    );
     let _ = writeln!(s, "add rule {t} nat-prerouting jump services");
-    let _ = writeln!(s, "add chain {t} nat-output {{ type nat hook output priority -100 ; policy accept ; }}");
+    let _ =
+        writeln!(s, "add chain {t} nat-output {{ type nat hook output priority -100 ; policy accept ; }}");
     let _ = writeln!(s, "add rule {t} nat-output jump services");
-    let _ = writeln!(s, "add chain {t} nat-postrouting {{ type nat hook postrouting priority 100 ; policy accept ; }}");
+    let _ = writeln!(
+        s,
+        "add chain {t} nat-postrouting {{ type nat hook postrouting priority 100 ; policy accept ; }}"
+    );
     for f in Family::ALL {
         let nft = f.nft();
         let _ = writeln!(
@@ -217,7 +241,10 @@ pub fn skeleton(pick_chains: usize) -> String {
         );
     }
     for hook in ["input", "forward", "output"] {
-        let _ = writeln!(s, "add chain {t} filter-{hook} {{ type filter hook {hook} priority -110 ; policy accept ; }}");
+        let _ = writeln!(
+            s,
+            "add chain {t} filter-{hook} {{ type filter hook {hook} priority -110 ; policy accept ; }}"
+        );
         let _ = writeln!(s, "add rule {t} filter-{hook} jump reject-no-endpoints");
     }
     for f in Family::ALL {
@@ -250,7 +277,12 @@ pub fn element_commands<'a>(out: &mut String, verb: &str, elements: impl IntoIte
         for chunk in elements.chunks(ELEMENTS_PER_COMMAND) {
             let items: Vec<String> =
                 chunk.iter().map(|e| if verb == "delete" { e.key.clone() } else { e.text() }).collect();
-            let _ = writeln!(out, "{verb} element {FAMILY} {TABLE} {} {{ {} }}", collection.name(), items.join(", "));
+            let _ = writeln!(
+                out,
+                "{verb} element {FAMILY} {TABLE} {} {{ {} }}",
+                collection.name(),
+                items.join(", ")
+            );
         }
     }
 }

@@ -100,8 +100,10 @@ impl Programmed {
                 rules.entries = taken;
                 rules
             });
-            let old_elements: BTreeSet<&Element> = old.iter().flat_map(|r| r.elements.iter().map(|(_, e)| e)).collect();
-            let new_elements: BTreeSet<&Element> = new.iter().flat_map(|r| r.elements.iter().map(|(_, e)| e)).collect();
+            let old_elements: BTreeSet<&Element> =
+                old.iter().flat_map(|r| r.elements.iter().map(|(_, e)| e)).collect();
+            let new_elements: BTreeSet<&Element> =
+                new.iter().flat_map(|r| r.elements.iter().map(|(_, e)| e)).collect();
             deletes.extend(old_elements.difference(&new_elements).map(|e| (*e).clone()));
             adds.extend(new_elements.difference(&old_elements).map(|e| (*e).clone()));
             for e in old.iter().flat_map(|r| &r.shared) {
@@ -209,9 +211,11 @@ mod tests {
 
     #[test]
     fn one_endpoint_change_touches_only_that_service() {
-        let before = state(&[("a", "10.96.0.1", &["10.0.0.1", "10.0.0.2"]), ("b", "10.96.0.2", &["10.0.0.9"])]);
+        let before =
+            state(&[("a", "10.96.0.1", &["10.0.0.1", "10.0.0.2"]), ("b", "10.96.0.2", &["10.0.0.9"])]);
         let (mut programmed, _) = Programmed::full(&before);
-        let after = state(&[("a", "10.96.0.1", &["10.0.0.1", "10.0.0.3"]), ("b", "10.96.0.2", &["10.0.0.9"])]);
+        let after =
+            state(&[("a", "10.96.0.1", &["10.0.0.1", "10.0.0.3"]), ("b", "10.96.0.2", &["10.0.0.9"])]);
         let plan = programmed.plan(&after, &changed(&["a"]));
         assert_eq!(
             plan.script,
@@ -250,7 +254,12 @@ mod tests {
         // When the owner goes, the other Service takes the address over once it changes.
         let only_b = state(&[("b", "10.96.0.1", &["10.0.0.2"])]);
         let plan = programmed.plan(&only_b, &changed(&["a", "b"]));
-        assert!(plan.script.contains("add element inet kpx endpoints-v4 { 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080 }"), "{}", plan.script);
+        assert!(
+            plan.script
+                .contains("add element inet kpx endpoints-v4 { 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080 }"),
+            "{}",
+            plan.script
+        );
         programmed.commit(plan);
     }
 

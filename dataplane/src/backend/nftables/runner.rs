@@ -39,7 +39,10 @@ impl NftRunner for NftProcess {
         if out.status.success() {
             return Ok(());
         }
-        Err(BackendError::Refused { tool: TOOL, message: String::from_utf8_lossy(&out.stderr).trim().to_owned() })
+        Err(BackendError::Refused {
+            tool: TOOL,
+            message: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        })
     }
 
     fn list_table(&mut self) -> Result<String, BackendError> {
