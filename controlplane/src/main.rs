@@ -44,6 +44,18 @@ fn main() -> ExitCode {
             return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
         }
     };
+    let mut names = std::collections::BTreeSet::new();
+    if let Some(dup) = args.sources.iter().find(|s| !names.insert(s.cluster.as_str())) {
+        eprintln!("kpx-controlplane: --source: cluster name {:?} given twice", dup.cluster);
+        return ExitCode::from(2);
+    }
+    for spec in &args.sources {
+        let source::SourceKind::File(dir) = &spec.kind;
+        if !dir.is_dir() {
+            eprintln!("kpx-controlplane: --source {}=file:{}: not a folder", spec.cluster, dir.display());
+            return ExitCode::from(2);
+        }
+    }
     init_logs(args.log_format);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
@@ -76,9 +88,7 @@ fn init_logs(format: LogFormat) {
 async fn run(args: Args) -> anyhow::Result<()> {
     let mut sources = BTreeMap::new();
     for spec in &args.sources {
-        if sources.insert(spec.cluster.clone(), source::spawn(spec)).is_some() {
-            anyhow::bail!("--source: cluster name {:?} given twice", spec.cluster);
-        }
+        sources.insert(spec.cluster.clone(), source::spawn(spec));
     }
     let (snapshot_tx, snapshot_rx) = watch::channel(None);
     tokio::spawn(publisher::run(sources, snapshot_tx));
