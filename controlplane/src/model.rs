@@ -2,7 +2,7 @@
 //! kpx uses, already validated. Every source (manifest folder, Kubernetes API)
 //! produces a [`ClusterState`]; nothing downstream knows where it came from.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -31,11 +31,14 @@ pub struct ClusterState {
 }
 
 impl ClusterState {
-    /// The EndpointSlices that belong to a Service.
-    pub fn slices_of<'a>(&'a self, service: &'a ObjectKey) -> impl Iterator<Item = &'a EndpointSlice> + 'a {
-        self.slices
-            .values()
-            .filter(move |s| s.namespace == service.namespace && s.service_name == service.name)
+    /// The EndpointSlices of every Service, found in one pass (not one scan per Service).
+    pub fn slices_by_service(&self) -> HashMap<ObjectKey, Vec<&EndpointSlice>> {
+        let mut index: HashMap<ObjectKey, Vec<&EndpointSlice>> = HashMap::new();
+        for slice in self.slices.values() {
+            let key = ObjectKey { namespace: slice.namespace.clone(), name: slice.service_name.clone() };
+            index.entry(key).or_default().push(slice);
+        }
+        index
     }
 }
 

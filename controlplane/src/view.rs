@@ -9,15 +9,16 @@ use std::collections::BTreeSet;
 
 use kpx_proto::types::{Endpoint, NodeConfig, ServicePort, ServiceView};
 
-use crate::model::{ClusterState, Node, Service, ServiceType};
+use crate::model::{EndpointSlice, Node, Service, ServiceType};
 
 /// Whether kpx programs this Service at all.
 pub fn is_proxied(svc: &Service) -> bool {
     svc.service_type != ServiceType::ExternalName && !svc.cluster_ips.is_empty() && svc.proxy_name.is_none()
 }
 
-/// The view of one Service that every node shares.
-pub fn shared_view(cluster: &str, svc: &Service, state: &ClusterState) -> ServiceView {
+/// The view of one Service that every node shares; `slices` are the Service's
+/// EndpointSlices (see [`crate::model::ClusterState::slices_by_service`]).
+pub fn shared_view(cluster: &str, svc: &Service, slices: &[&EndpointSlice]) -> ServiceView {
     let ports = svc
         .ports
         .iter()
@@ -25,7 +26,7 @@ pub fn shared_view(cluster: &str, svc: &Service, state: &ClusterState) -> Servic
             name: port.name.clone(),
             protocol: port.protocol,
             port: port.port,
-            endpoints: select_endpoints(svc, port, state),
+            endpoints: select_endpoints(svc, port, slices),
         })
         .collect();
     ServiceView {
@@ -42,11 +43,15 @@ pub fn shared_view(cluster: &str, svc: &Service, state: &ClusterState) -> Servic
 /// target port comes from the slice port of the same name and protocol, which
 /// is how a named `targetPort` resolves per endpoint. Sorted and deduplicated
 /// so equal content gives equal bytes.
-fn select_endpoints(svc: &Service, port: &crate::model::ServicePort, state: &ClusterState) -> Vec<Endpoint> {
+fn select_endpoints(
+    svc: &Service,
+    port: &crate::model::ServicePort,
+    slices: &[&EndpointSlice],
+) -> Vec<Endpoint> {
     let families: BTreeSet<bool> = svc.cluster_ips.iter().map(|ip| ip.is_ipv4()).collect();
     let mut ready = BTreeSet::new();
     let mut terminating = BTreeSet::new();
-    for slice in state.slices_of(&svc.key) {
+    for slice in slices {
         let Some(slice_port) =
             slice.ports.iter().find(|p| p.name == port.name && p.protocol == port.protocol)
         else {
@@ -91,7 +96,7 @@ pub fn node_config(node: &Node) -> NodeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{EndpointSlice, ObjectKey, SliceEndpoint, SlicePort};
+    use crate::model::{ClusterState, ObjectKey, SliceEndpoint, SlicePort};
     use kpx_proto::types::Protocol;
 
     fn svc(ips: &[&str]) -> Service {
@@ -133,6 +138,11 @@ mod tests {
         state
     }
 
+    fn view_of(svc: &Service, state: &ClusterState) -> ServiceView {
+        let index = state.slices_by_service();
+        shared_view("c", svc, index.get(&svc.key).map_or(&[][..], Vec::as_slice))
+    }
+
     fn addrs(view: &ServiceView) -> Vec<String> {
         view.ports[0].endpoints.iter().map(|e| format!("{}:{}", e.address, e.port)).collect()
     }
@@ -147,7 +157,7 @@ mod tests {
                 ("b", 9090, vec![ep("10.0.0.3", true, true, false), ep("10.0.0.4", false, false, false)]),
             ],
         );
-        assert_eq!(addrs(&shared_view("c", &s, &state)), ["10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:9090"]);
+        assert_eq!(addrs(&view_of(&s, &state)), ["10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:9090"]);
     }
 
     #[test]
@@ -157,12 +167,12 @@ mod tests {
             &s,
             vec![("a", 80, vec![ep("10.0.0.1", true, true, false), ep("10.0.0.2", false, true, true)])],
         );
-        assert_eq!(addrs(&shared_view("c", &s, &both)), ["10.0.0.1:80"]);
+        assert_eq!(addrs(&view_of(&s, &both)), ["10.0.0.1:80"]);
         let only_terminating = state_with(
             &s,
             vec![("a", 80, vec![ep("10.0.0.2", false, true, true), ep("10.0.0.3", false, false, true)])],
         );
-        let view = shared_view("c", &s, &only_terminating);
+        let view = view_of(&s, &only_terminating);
         assert_eq!(addrs(&view), ["10.0.0.2:80"]);
         assert!(view.ports[0].endpoints[0].terminating);
     }
@@ -181,7 +191,7 @@ mod tests {
         let state = state_with(&s, vec![("a", 80, vec![ep("10.0.0.1", true, true, false)])]);
         let mut v6 = state.clone();
         v6.slices.values_mut().for_each(|sl| sl.endpoints = vec![ep("fd00::1", true, true, false)]);
-        assert_eq!(addrs(&shared_view("c", &s, &state)).len(), 1);
-        assert!(addrs(&shared_view("c", &s, &v6)).is_empty());
+        assert_eq!(addrs(&view_of(&s, &state)).len(), 1);
+        assert!(addrs(&view_of(&s, &v6)).is_empty());
     }
 }

@@ -67,8 +67,9 @@ impl Snapshot {
         let mut services = BTreeMap::new();
         let mut node_configs = BTreeMap::new();
         for (cluster, state) in clusters {
+            let slices = state.slices_by_service();
             for svc in state.services.values().filter(|s| view::is_proxied(s)) {
-                let v = view::shared_view(cluster, svc, state);
+                let v = view::shared_view(cluster, svc, slices.get(&svc.key).map_or(&[][..], Vec::as_slice));
                 let resource = reuse(&previous.services, Resource::new(v.resource_name(), v.encode()));
                 services.insert(resource.name.clone(), resource);
             }

@@ -38,9 +38,9 @@ impl<R: NftRunner + Send> Backend for NftablesBackend<R> {
         let Some(programmed) = self.programmed.as_mut() else {
             return self.full_sync(desired);
         };
-        if changes.node {
-            return self.full_sync(desired);
-        }
+        // Nothing rendered depends on the node config yet, so a node-config change
+        // costs nothing here; rules that read it (NodePorts, local-traffic
+        // detection) must plan for `changes.node` in `Programmed::plan`.
         let plan = programmed.plan(desired, changes);
         if plan.needs_full_sync {
             return self.full_sync(desired);
