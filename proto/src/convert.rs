@@ -47,6 +47,62 @@ fn protocol(field: &str, value: i32) -> Result<Protocol> {
     }
 }
 
+fn ips(field: &str, texts: &[String]) -> Result<Vec<IpAddr>> {
+    texts.iter().enumerate().map(|(i, a)| ip(&format!("{field}[{i}]"), a)).collect()
+}
+
+fn cidr(field: &str, text: &str) -> Result<IpNet> {
+    text.parse::<IpNet>().map_err(|_| InvalidResource::new(field, format!("{text:?} is not a CIDR")))
+}
+
+fn optional_port(field: &str, value: u32) -> Result<Option<u16>> {
+    if value == 0 {
+        return Ok(None);
+    }
+    port(field, value).map(Some)
+}
+
+/// The IP families of a Service (those of its ClusterIPs).
+#[derive(Debug, Clone, Copy)]
+struct Families {
+    v4: bool,
+    v6: bool,
+}
+
+impl Families {
+    fn of(cluster_ips: &[IpAddr]) -> Self {
+        Families { v4: cluster_ips.iter().any(IpAddr::is_ipv4), v6: cluster_ips.iter().any(IpAddr::is_ipv6) }
+    }
+
+    fn check_one(self, field: &str, address: &IpAddr) -> Result<()> {
+        if (address.is_ipv4() && self.v4) || (address.is_ipv6() && self.v6) {
+            return Ok(());
+        }
+        Err(InvalidResource::new(field, format!("{address} is not of the Service's IP family")))
+    }
+
+    fn check(self, field: &str, addresses: &[IpAddr]) -> Result<()> {
+        addresses.iter().enumerate().try_for_each(|(i, a)| self.check_one(&format!("{field}[{i}]"), a))
+    }
+}
+
+fn endpoints(field: &str, list: Vec<pb::Endpoint>, families: Families) -> Result<Vec<Endpoint>> {
+    list.into_iter()
+        .enumerate()
+        .map(|(j, e)| {
+            let at = format!("{field}[{j}]");
+            let address = ip(&format!("{at}.address"), &e.address)?;
+            families.check_one(&format!("{at}.address"), &address)?;
+            Ok(Endpoint {
+                address,
+                port: port(&format!("{at}.port"), e.port)?,
+                node_name: e.node_name,
+                terminating: e.terminating,
+            })
+        })
+        .collect()
+}
+
 fn non_empty(field: &str, value: &str) -> Result<()> {
     if value.is_empty() {
         return Err(InvalidResource::new(field, "must not be empty"));
@@ -77,51 +133,79 @@ impl ServiceView {
         non_empty("cluster", &msg.cluster)?;
         non_empty("namespace", &msg.namespace)?;
         non_empty("name", &msg.name)?;
-        let cluster_ips = msg
-            .cluster_ips
+        let cluster_ips = ips("cluster_ips", &msg.cluster_ips)?;
+        if cluster_ips.len() > 2
+            || (cluster_ips.len() == 2 && cluster_ips[0].is_ipv4() == cluster_ips[1].is_ipv4())
+        {
+            return Err(InvalidResource::new("cluster_ips", "at most one address per IP family"));
+        }
+        let families = Families::of(&cluster_ips);
+        let external_ips = ips("external_ips", &msg.external_ips)?;
+        families.check("external_ips", &external_ips)?;
+        let load_balancer_ips = ips("load_balancer_ips", &msg.load_balancer_ips)?;
+        families.check("load_balancer_ips", &load_balancer_ips)?;
+        let load_balancer_source_ranges = msg
+            .load_balancer_source_ranges
             .iter()
             .enumerate()
-            .map(|(i, a)| ip(&format!("cluster_ips[{i}]"), a))
+            .map(|(i, c)| cidr(&format!("load_balancer_source_ranges[{i}]"), c))
             .collect::<Result<Vec<_>>>()?;
+        let health_check_node_port = optional_port("health_check_node_port", msg.health_check_node_port)?;
+        let session_affinity_timeout = match msg.session_affinity_timeout_seconds {
+            0 => None,
+            t @ 1..=86400 => Some(t),
+            t => {
+                return Err(InvalidResource::new(
+                    "session_affinity_timeout_seconds",
+                    format!("{t} is not between 1 and 86400"),
+                ))
+            }
+        };
         let mut ports = Vec::with_capacity(msg.ports.len());
         for (i, p) in msg.ports.into_iter().enumerate() {
             let at = format!("ports[{i}]");
-            let protocol = protocol(&format!("{at}.protocol"), p.protocol)?;
-            let number = port(&format!("{at}.port"), p.port)?;
-            let endpoints = p
-                .endpoints
-                .into_iter()
-                .enumerate()
-                .map(|(j, e)| {
-                    let at = format!("{at}.endpoints[{j}]");
-                    let address = ip(&format!("{at}.address"), &e.address)?;
-                    let single_family = cluster_ips.windows(2).all(|w| w[0].is_ipv4() == w[1].is_ipv4());
-                    if single_family && cluster_ips.first().is_some_and(|c| c.is_ipv4() != address.is_ipv4())
-                    {
-                        return Err(InvalidResource::new(
-                            format!("{at}.address"),
-                            format!("{address} is not of the Service's IP family"),
-                        ));
-                    }
-                    Ok(Endpoint {
-                        address,
-                        port: port(&format!("{at}.port"), e.port)?,
-                        node_name: e.node_name,
-                        terminating: e.terminating,
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            ports.push(ServicePort { name: p.name, protocol, port: number, endpoints });
+            ports.push(ServicePort {
+                protocol: protocol(&format!("{at}.protocol"), p.protocol)?,
+                port: port(&format!("{at}.port"), p.port)?,
+                node_port: optional_port(&format!("{at}.node_port"), p.node_port)?,
+                endpoints: endpoints(&format!("{at}.endpoints"), p.endpoints, families)?,
+                local_endpoints: endpoints(&format!("{at}.local_endpoints"), p.local_endpoints, families)?,
+                name: p.name,
+            });
         }
-        Ok(ServiceView { cluster: msg.cluster, namespace: msg.namespace, name: msg.name, cluster_ips, ports })
+        Ok(ServiceView {
+            cluster: msg.cluster,
+            namespace: msg.namespace,
+            name: msg.name,
+            cluster_ips,
+            ports,
+            external_ips,
+            load_balancer_ips,
+            load_balancer_source_ranges,
+            external_traffic_local: msg.external_traffic_local,
+            internal_traffic_local: msg.internal_traffic_local,
+            health_check_node_port,
+            session_affinity_timeout,
+        })
     }
 
     pub fn to_proto(&self) -> pb::ServiceView {
+        let strings = |ips: &[IpAddr]| ips.iter().map(ToString::to_string).collect();
+        let endpoints = |eps: &[Endpoint]| {
+            eps.iter()
+                .map(|e| pb::Endpoint {
+                    address: e.address.to_string(),
+                    port: u32::from(e.port),
+                    node_name: e.node_name.clone(),
+                    terminating: e.terminating,
+                })
+                .collect()
+        };
         pb::ServiceView {
             cluster: self.cluster.clone(),
             namespace: self.namespace.clone(),
             name: self.name.clone(),
-            cluster_ips: self.cluster_ips.iter().map(ToString::to_string).collect(),
+            cluster_ips: strings(&self.cluster_ips),
             ports: self
                 .ports
                 .iter()
@@ -129,18 +213,22 @@ impl ServiceView {
                     name: p.name.clone(),
                     protocol: pb::Protocol::from(p.protocol) as i32,
                     port: u32::from(p.port),
-                    endpoints: p
-                        .endpoints
-                        .iter()
-                        .map(|e| pb::Endpoint {
-                            address: e.address.to_string(),
-                            port: u32::from(e.port),
-                            node_name: e.node_name.clone(),
-                            terminating: e.terminating,
-                        })
-                        .collect(),
+                    endpoints: endpoints(&p.endpoints),
+                    node_port: p.node_port.map_or(0, u32::from),
+                    local_endpoints: endpoints(&p.local_endpoints),
                 })
                 .collect(),
+            external_ips: strings(&self.external_ips),
+            load_balancer_ips: strings(&self.load_balancer_ips),
+            load_balancer_source_ranges: self
+                .load_balancer_source_ranges
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            external_traffic_local: self.external_traffic_local,
+            internal_traffic_local: self.internal_traffic_local,
+            health_check_node_port: self.health_check_node_port.map_or(0, u32::from),
+            session_affinity_timeout_seconds: self.session_affinity_timeout.unwrap_or(0),
         }
     }
 
@@ -165,17 +253,16 @@ impl NodeConfig {
             .enumerate()
             .map(|(i, a)| ip(&format!("addresses[{i}]"), a))
             .collect::<Result<Vec<_>>>()?;
-        let pod_cidrs = msg
-            .pod_cidrs
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                c.parse::<IpNet>().map_err(|_| {
-                    InvalidResource::new(format!("pod_cidrs[{i}]"), format!("{c:?} is not a CIDR"))
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(NodeConfig { name: msg.name, addresses, pod_cidrs, zone: msg.zone })
+        let cidrs = |field: &str, texts: &[String]| {
+            texts
+                .iter()
+                .enumerate()
+                .map(|(i, c)| cidr(&format!("{field}[{i}]"), c))
+                .collect::<Result<Vec<_>>>()
+        };
+        let pod_cidrs = cidrs("pod_cidrs", &msg.pod_cidrs)?;
+        let cluster_cidrs = cidrs("cluster_cidrs", &msg.cluster_cidrs)?;
+        Ok(NodeConfig { name: msg.name, addresses, pod_cidrs, zone: msg.zone, cluster_cidrs })
     }
 
     pub fn to_proto(&self) -> pb::NodeConfig {
@@ -184,6 +271,7 @@ impl NodeConfig {
             addresses: self.addresses.iter().map(ToString::to_string).collect(),
             pod_cidrs: self.pod_cidrs.iter().map(ToString::to_string).collect(),
             zone: self.zone.clone(),
+            cluster_cidrs: self.cluster_cidrs.iter().map(ToString::to_string).collect(),
         }
     }
 
@@ -212,7 +300,16 @@ mod tests {
                     node_name: "n1".into(),
                     terminating: false,
                 }],
+                node_port: 30080,
+                local_endpoints: vec![],
             }],
+            external_ips: vec!["192.0.2.10".into()],
+            load_balancer_ips: vec!["192.0.2.20".into()],
+            load_balancer_source_ranges: vec!["198.51.100.0/24".into()],
+            external_traffic_local: true,
+            internal_traffic_local: false,
+            health_check_node_port: 31000,
+            session_affinity_timeout_seconds: 10800,
         }
     }
 
@@ -245,5 +342,28 @@ mod tests {
         let mut bad = valid();
         bad.ports[0].endpoints[0].address = "fd00::1".into();
         assert_eq!(ServiceView::from_proto(bad).expect_err("family").field, "ports[0].endpoints[0].address");
+
+        let mut bad = valid();
+        bad.ports[0].node_port = 65536;
+        assert_eq!(ServiceView::from_proto(bad).expect_err("node port").field, "ports[0].node_port");
+
+        let mut bad = valid();
+        bad.load_balancer_source_ranges.push("10.0.0.0/33".into());
+        assert_eq!(ServiceView::from_proto(bad).expect_err("cidr").field, "load_balancer_source_ranges[1]");
+
+        let mut bad = valid();
+        bad.external_ips[0] = "2001:db8::1".into();
+        assert_eq!(ServiceView::from_proto(bad).expect_err("family").field, "external_ips[0]");
+
+        let mut bad = valid();
+        bad.session_affinity_timeout_seconds = 86401;
+        assert_eq!(
+            ServiceView::from_proto(bad).expect_err("timeout").field,
+            "session_affinity_timeout_seconds"
+        );
+
+        let mut bad = valid();
+        bad.cluster_ips.push("10.96.0.11".into());
+        assert_eq!(ServiceView::from_proto(bad).expect_err("two v4").field, "cluster_ips");
     }
 }

@@ -38,9 +38,44 @@ pub struct ServiceView {
     pub name: String,
     pub cluster_ips: Vec<IpAddr>,
     pub ports: Vec<ServicePort>,
+    pub external_ips: Vec<IpAddr>,
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// Empty: every source may use the load-balancer IPs.
+    pub load_balancer_source_ranges: Vec<IpNet>,
+    /// externalTrafficPolicy: Local (see `ServicePort::local_endpoints`).
+    pub external_traffic_local: bool,
+    /// internalTrafficPolicy: Local (`ServicePort::endpoints` holds only this node's).
+    pub internal_traffic_local: bool,
+    pub health_check_node_port: Option<u16>,
+    /// sessionAffinity: ClientIP timeout in seconds.
+    pub session_affinity_timeout: Option<u32>,
 }
 
 impl ServiceView {
+    /// A view with only the fields every Service has; the rest empty.
+    pub fn new(
+        cluster: &str,
+        namespace: &str,
+        name: &str,
+        cluster_ips: Vec<IpAddr>,
+        ports: Vec<ServicePort>,
+    ) -> Self {
+        ServiceView {
+            cluster: cluster.to_owned(),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            cluster_ips,
+            ports,
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            load_balancer_source_ranges: Vec::new(),
+            external_traffic_local: false,
+            internal_traffic_local: false,
+            health_check_node_port: None,
+            session_affinity_timeout: None,
+        }
+    }
+
     /// The xDS resource name: `<cluster>/<namespace>/<name>`.
     pub fn resource_name(&self) -> String {
         service_resource_name(&self.cluster, &self.namespace, &self.name)
@@ -57,7 +92,25 @@ pub struct ServicePort {
     pub name: String,
     pub protocol: Protocol,
     pub port: u16,
+    /// For ClusterIP traffic, and for external traffic unless the Service is external-traffic-local.
     pub endpoints: Vec<Endpoint>,
+    pub node_port: Option<u16>,
+    /// This node's endpoints for external traffic (external-traffic-local Services only).
+    pub local_endpoints: Vec<Endpoint>,
+}
+
+impl ServicePort {
+    /// A port with endpoints and nothing else.
+    pub fn new(name: &str, protocol: Protocol, port: u16, endpoints: Vec<Endpoint>) -> Self {
+        ServicePort {
+            name: name.to_owned(),
+            protocol,
+            port,
+            endpoints,
+            node_port: None,
+            local_endpoints: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -75,4 +128,17 @@ pub struct NodeConfig {
     pub addresses: Vec<IpAddr>,
     pub pod_cidrs: Vec<IpNet>,
     pub zone: String,
+    /// The cluster's pod CIDRs; when empty, `pod_cidrs` detect local traffic.
+    pub cluster_cidrs: Vec<IpNet>,
+}
+
+impl NodeConfig {
+    /// The CIDRs whose sources count as pod traffic (kube-proxy's local-traffic detector).
+    pub fn local_traffic_cidrs(&self) -> &[IpNet] {
+        if self.cluster_cidrs.is_empty() {
+            &self.pod_cidrs
+        } else {
+            &self.cluster_cidrs
+        }
+    }
 }
