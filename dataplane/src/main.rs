@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use kpx_dataplane::agent::Agent;
-use kpx_dataplane::backend::BackendKind;
+use kpx_dataplane::backend::{BackendKind, ProxyOptions};
 use kpx_dataplane::store::Store;
 use kpx_dataplane::xds_client;
 
@@ -24,6 +24,13 @@ struct Args {
     /// Where the accepted state is kept (sled).
     #[arg(long, required_unless_present = "cleanup")]
     state_dir: Option<PathBuf>,
+    /// Masquerade all Service traffic (kube-proxy's masqueradeAll).
+    #[arg(long)]
+    masquerade_all: bool,
+    /// Open NodePorts only on the node's addresses inside these prefixes (comma-separated);
+    /// default: on all of the node's addresses (never on loopback).
+    #[arg(long, value_delimiter = ',', value_parser = parse_cidr)]
+    nodeport_addresses: Vec<ipnet::IpNet>,
     /// Remove everything kpx programmed, then exit.
     #[arg(long)]
     cleanup: bool,
@@ -47,7 +54,9 @@ fn main() -> ExitCode {
         }
     };
     init_logs(args.log_format);
-    let mut backend = match args.backend.create() {
+    let options =
+        ProxyOptions { masquerade_all: args.masquerade_all, nodeport_cidrs: args.nodeport_addresses };
+    let mut backend = match args.backend.create(options) {
         Ok(b) => b,
         Err(message) => {
             eprintln!("kpx-dataplane: {message}");
@@ -100,6 +109,10 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+fn parse_cidr(text: &str) -> Result<ipnet::IpNet, String> {
+    text.parse().map_err(|_| format!("{text:?} is not a CIDR (like 10.0.0.0/8)"))
 }
 
 fn init_logs(format: LogFormat) {

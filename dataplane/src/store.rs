@@ -152,23 +152,23 @@ mod tests {
     fn svc(name: &str) -> Versioned<ServiceView> {
         Versioned {
             version: format!("v-{name}"),
-            value: ServiceView {
-                cluster: "c".into(),
-                namespace: "ns".into(),
-                name: name.into(),
-                cluster_ips: vec!["10.96.0.1".parse().expect("ip")],
-                ports: vec![ServicePort {
-                    name: String::new(),
-                    protocol: Protocol::Udp,
-                    port: 53,
-                    endpoints: vec![Endpoint {
+            value: ServiceView::new(
+                "c",
+                "ns",
+                name,
+                vec!["10.96.0.1".parse().expect("ip")],
+                vec![ServicePort::new(
+                    "",
+                    Protocol::Udp,
+                    53,
+                    vec![Endpoint {
                         address: "10.0.0.1".parse().expect("ip"),
                         port: 5353,
                         node_name: "n".into(),
                         terminating: false,
                     }],
-                }],
-            },
+                )],
+            ),
         }
     }
 

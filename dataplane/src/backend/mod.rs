@@ -34,6 +34,15 @@ pub trait Backend: Send {
     fn dump(&mut self) -> Result<String, BackendError>;
 }
 
+/// The node agent's proxy settings, the same for every backend.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProxyOptions {
+    /// kube-proxy's `masqueradeAll`: masquerade all Service traffic.
+    pub masquerade_all: bool,
+    /// NodePorts open on the node's addresses inside these prefixes; empty: all of its addresses.
+    pub nodeport_cidrs: Vec<ipnet::IpNet>,
+}
+
 /// The backends a node agent can drive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendKind {
@@ -43,9 +52,11 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
-    pub fn create(self) -> Result<Box<dyn Backend>, String> {
+    pub fn create(self, options: ProxyOptions) -> Result<Box<dyn Backend>, String> {
         match self {
-            BackendKind::Nftables => Ok(Box::new(nftables::NftablesBackend::new(nftables::NftProcess))),
+            BackendKind::Nftables => {
+                Ok(Box::new(nftables::NftablesBackend::new(nftables::NftProcess, options)))
+            }
             other => Err(format!("--backend {other:?}: not available in this build yet (use nftables)")),
         }
     }

@@ -2,30 +2,36 @@
 //! map lookup (O(1) in the number of Services) and one endpoint change is a
 //! handful of element updates.
 //!
-//! [`render`] turns a Service into the elements it needs (pure, tested as
-//! text); [`ruleset`] keeps what is programmed and diffs it into one
-//! transaction; [`runner`] is the only code that touches the kernel.
+//! [`render`] names the table's sets and maps, [`skeleton`] writes its fixed
+//! chains, [`service`] turns a Service into the elements it needs and
+//! [`affinity`] into its session-affinity chains (all pure, tested as text);
+//! [`ruleset`] keeps what is programmed and diffs it into one transaction;
+//! [`runner`] is the only code that touches the kernel.
 
+pub mod affinity;
 pub mod render;
 pub mod ruleset;
 pub mod runner;
+pub mod service;
+pub mod skeleton;
 
 pub use runner::{NftProcess, NftRunner};
 
-use crate::backend::{Backend, BackendError};
+use crate::backend::{Backend, BackendError, ProxyOptions};
 use crate::state::{ChangeSet, NodeState};
 
 use ruleset::Programmed;
 
 pub struct NftablesBackend<R: NftRunner> {
     runner: R,
+    options: ProxyOptions,
     /// What the kernel holds, as far as we know; `None` after a failure or before the first sync.
     programmed: Option<Programmed>,
 }
 
 impl<R: NftRunner> NftablesBackend<R> {
-    pub fn new(runner: R) -> Self {
-        NftablesBackend { runner, programmed: None }
+    pub fn new(runner: R, options: ProxyOptions) -> Self {
+        NftablesBackend { runner, options, programmed: None }
     }
 }
 
@@ -38,10 +44,7 @@ impl<R: NftRunner + Send> Backend for NftablesBackend<R> {
         let Some(programmed) = self.programmed.as_mut() else {
             return self.full_sync(desired);
         };
-        // Nothing rendered depends on the node config yet, so a node-config change
-        // costs nothing here; rules that read it (NodePorts, local-traffic
-        // detection) must plan for `changes.node` in `Programmed::plan`.
-        let plan = programmed.plan(desired, changes);
+        let plan = programmed.plan(desired, changes, &self.options);
         if plan.needs_full_sync {
             return self.full_sync(desired);
         }
@@ -61,7 +64,7 @@ impl<R: NftRunner + Send> Backend for NftablesBackend<R> {
     }
 
     fn full_sync(&mut self, desired: &NodeState) -> Result<(), BackendError> {
-        let (programmed, script) = Programmed::full(desired);
+        let (programmed, script) = Programmed::full(desired, &self.options);
         self.programmed = None;
         self.runner.run(&script)?;
         self.programmed = Some(programmed);

@@ -1,25 +1,34 @@
-//! What kpx's nftables table looks like, as `nft -f` text.
+//! The vocabulary of kpx's nftables table: its families, its named sets and
+//! maps, their elements, and how they are written as `nft -f` text.
 //!
 //! ```text
 //! table inet kpx
-//!   map service-ips-v4   vip . proto . port            : goto pick-v4-N
-//!   map endpoints-v4     vip . proto . port . index    : endpoint . port
-//!   set no-endpoints-v4  vip . proto . port             (rejected)
-//!   set hairpin-v4       endpoint . endpoint            (masqueraded)
-//!   chain pick-v4-N      dnat to (vip . proto . port . numgen random mod N) via endpoints-v4
+//!   map service-ips-v4          entry : verdict      goto pick-v4-N | goto sa-… | drop
+//!   map endpoints-v4            entry . index : endpoint . port
+//!   map external-local-v4       entry : verdict      (externalTrafficPolicy Local, external sources)
+//!   map local-endpoints-v4      entry . index : endpoint . port
+//!   set no-endpoints-v4         entry                rejected in the filter hooks
+//!   set masquerade-v4           entry                always masqueraded (external, policy Cluster)
+//!   set cluster-entries-v4      entry                masqueraded unless from local-cidrs-v4
+//!   set local-cidrs-v4          prefix               the local-traffic detector (pod CIDRs)
+//!   set lb-filtered-v4          entry                load-balancer entries with source ranges
+//!   set lb-allowed-v4           entry . prefix       the sources they allow
+//!   set hairpin-v4              endpoint . endpoint  masqueraded (a pod reaching itself)
 //! ```
-//! and the same with `-v6`. Every packet costs one map lookup to find its
-//! Service and one to find its endpoint, whatever the number of Services;
-//! an endpoint change rewrites only that Service's elements.
+//! where an *entry* is `address . protocol . port`: a ClusterIP, an external
+//! or load-balancer IP, or a node address with a NodePort. The same exists
+//! with `-v6`. Every packet costs a few hash lookups whatever the number of
+//! Services; an endpoint change rewrites only that Service's elements.
+//! The chains are in [`super::skeleton`]; per-Service content in [`super::service`].
 
-use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use kpx_proto::types::ServiceView;
-
 pub const FAMILY: &str = "inet";
 pub const TABLE: &str = "kpx";
+
+/// The packet mark bit that asks nat-postrouting to masquerade.
+pub const MASQUERADE_MARK: u32 = 0x2000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
@@ -38,7 +47,7 @@ impl Family {
         }
     }
 
-    fn suffix(self) -> &'static str {
+    pub fn suffix(self) -> &'static str {
         match self {
             Family::V4 => "v4",
             Family::V6 => "v6",
@@ -46,18 +55,26 @@ impl Family {
     }
 
     /// The nft payload keyword of this family (`ip` / `ip6`).
-    fn nft(self) -> &'static str {
+    pub fn nft(self) -> &'static str {
         match self {
             Family::V4 => "ip",
             Family::V6 => "ip6",
         }
     }
 
-    fn addr_type(self) -> &'static str {
+    pub fn addr_type(self) -> &'static str {
         match self {
             Family::V4 => "ipv4_addr",
             Family::V6 => "ipv6_addr",
         }
+    }
+}
+
+/// `address:port` as nft writes a NAT target (`[fd00::1]:80` for IPv6).
+pub fn socket_text(address: &IpAddr, port: u16) -> String {
+    match address {
+        IpAddr::V4(a) => format!("{a}:{port}"),
+        IpAddr::V6(a) => format!("[{a}]:{port}"),
     }
 }
 
@@ -66,19 +83,49 @@ impl Family {
 pub enum Collection {
     ServiceIps(Family),
     Endpoints(Family),
+    ExternalLocal(Family),
+    LocalEndpoints(Family),
     NoEndpoints(Family),
+    Masquerade(Family),
+    ClusterEntries(Family),
+    LocalCidrs(Family),
+    LbFiltered(Family),
+    LbAllowed(Family),
     Hairpin(Family),
 }
 
 impl Collection {
+    pub fn family(self) -> Family {
+        match self {
+            Collection::ServiceIps(f)
+            | Collection::Endpoints(f)
+            | Collection::ExternalLocal(f)
+            | Collection::LocalEndpoints(f)
+            | Collection::NoEndpoints(f)
+            | Collection::Masquerade(f)
+            | Collection::ClusterEntries(f)
+            | Collection::LocalCidrs(f)
+            | Collection::LbFiltered(f)
+            | Collection::LbAllowed(f)
+            | Collection::Hairpin(f) => f,
+        }
+    }
+
     pub fn name(self) -> String {
-        let (base, family) = match self {
-            Collection::ServiceIps(f) => ("service-ips", f),
-            Collection::Endpoints(f) => ("endpoints", f),
-            Collection::NoEndpoints(f) => ("no-endpoints", f),
-            Collection::Hairpin(f) => ("hairpin", f),
+        let base = match self {
+            Collection::ServiceIps(_) => "service-ips",
+            Collection::Endpoints(_) => "endpoints",
+            Collection::ExternalLocal(_) => "external-local",
+            Collection::LocalEndpoints(_) => "local-endpoints",
+            Collection::NoEndpoints(_) => "no-endpoints",
+            Collection::Masquerade(_) => "masquerade",
+            Collection::ClusterEntries(_) => "cluster-entries",
+            Collection::LocalCidrs(_) => "local-cidrs",
+            Collection::LbFiltered(_) => "lb-filtered",
+            Collection::LbAllowed(_) => "lb-allowed",
+            Collection::Hairpin(_) => "hairpin",
         };
-        format!("{base}-{}", family.suffix())
+        format!("{base}-{}", self.family().suffix())
     }
 }
 
@@ -92,176 +139,20 @@ pub struct Element {
 }
 
 impl Element {
+    pub fn set(collection: Collection, key: impl Into<String>) -> Self {
+        Element { collection, key: key.into(), value: None }
+    }
+
+    pub fn map(collection: Collection, key: impl Into<String>, value: impl Into<String>) -> Self {
+        Element { collection, key: key.into(), value: Some(value.into()) }
+    }
+
     fn text(&self) -> String {
         match &self.value {
             Some(v) => format!("{} : {v}", self.key),
             None => self.key.clone(),
         }
     }
-}
-
-/// Everything one Service needs in the table.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ServiceRules {
-    /// `vip . proto . port` of each entry point, with its family: the keys this Service owns.
-    pub entries: Vec<(Family, String)>,
-    /// Elements only this Service uses, grouped under the entry they belong to.
-    pub elements: Vec<(String, Element)>,
-    /// Elements several Services may share (counted, not owned).
-    pub shared: BTreeSet<Element>,
-    /// The most endpoints one of its ports picks from (the pick chain it needs).
-    pub max_endpoints: usize,
-}
-
-pub fn pick_chain_name(family: Family, endpoints: usize) -> String {
-    format!("pick-{}-{endpoints}", family.suffix())
-}
-
-/// The elements a Service needs.
-pub fn service_rules(view: &ServiceView) -> ServiceRules {
-    let mut rules = ServiceRules::default();
-    for vip in &view.cluster_ips {
-        let family = Family::of(vip);
-        for port in &view.ports {
-            let entry = format!("{vip} . {} . {}", port.protocol, port.port);
-            rules.entries.push((family, entry.clone()));
-            let endpoints: Vec<_> =
-                port.endpoints.iter().filter(|e| Family::of(&e.address) == family).collect();
-            if endpoints.is_empty() {
-                let element =
-                    Element { collection: Collection::NoEndpoints(family), key: entry.clone(), value: None };
-                rules.elements.push((entry, element));
-                continue;
-            }
-            rules.max_endpoints = rules.max_endpoints.max(endpoints.len());
-            rules.elements.push((
-                entry.clone(),
-                Element {
-                    collection: Collection::ServiceIps(family),
-                    key: entry.clone(),
-                    value: Some(format!("goto {}", pick_chain_name(family, endpoints.len()))),
-                },
-            ));
-            for (index, ep) in endpoints.iter().enumerate() {
-                rules.elements.push((
-                    entry.clone(),
-                    Element {
-                        collection: Collection::Endpoints(family),
-                        key: format!("{entry} . {index}"),
-                        value: Some(format!("{} . {}", ep.address, ep.port)),
-                    },
-                ));
-                rules.shared.insert(Element {
-                    collection: Collection::Hairpin(family),
-                    key: format!("{} . {}", ep.address, ep.address),
-                    value: None,
-                });
-            }
-        }
-    }
-    rules
-}
-
-/// The least number of pick chains a table is made with.
-pub const MIN_PICK_CHAINS: usize = 32;
-
-/// How many pick chains a table needs so that no Service needs more: a power of two, so that
-/// growing is rare.
-pub fn pick_chains_for(max_endpoints: usize) -> usize {
-    max_endpoints.next_power_of_two().max(MIN_PICK_CHAINS)
-}
-
-/// Creates the table afresh (replacing any old one) with its sets, maps, base chains and
-/// the chains that pick among 1..=`pick_chains` endpoints.
-pub fn skeleton(pick_chains: usize) -> String {
-    let mut s = String::new();
-    let t = format!("{FAMILY} {TABLE}");
-    // Adding first makes the delete valid whether or not the table exists; all of it is one transaction.
-    let _ = writeln!(
-        s,
-        "add table {t}\ndelete table {t}\nadd table {t} {{ comment \"managed by kpx-dataplane\" ; }}"
-    );
-    for f in Family::ALL {
-        let (addr, nft) = (f.addr_type(), f.nft());
-        let _ = writeln!(
-            s,
-            "add map {t} {} {{ type {addr} . inet_proto . inet_service : verdict ; }}",
-            Collection::ServiceIps(f).name()
-        );
-        // nft 1.0.6 cannot add a rule that uses this map once the map is in the kernel
-        // ("conflicting protocols specified: ip vs. th"), and writing the data as `tcp dport`
-        // makes such rules match TCP only. So the pick chains are created with the map, in the
-        // same transaction (see `skeleton`), and never later.
-        let _ = writeln!(
-            s,
-            "add map {t} {} {{ typeof {nft} daddr . meta l4proto . th dport . numgen random mod 1 : {nft} daddr . th dport ; }}",
-            Collection::Endpoints(f).name()
-        );
-        let _ = writeln!(
-            s,
-            "add set {t} {} {{ type {addr} . inet_proto . inet_service ; }}",
-            Collection::NoEndpoints(f).name()
-        );
-        let _ = writeln!(s, "add set {t} {} {{ type {addr} . {addr} ; }}", Collection::Hairpin(f).name());
-    }
-    let _ = writeln!(s, "add chain {t} services");
-    let _ = writeln!(s, "add chain {t} reject-no-endpoints");
-    for f in Family::ALL {
-        let nft = f.nft();
-        let _ = writeln!(
-            s,
-            "add rule {t} services {nft} daddr . meta l4proto . th dport vmap @{}",
-            Collection::ServiceIps(f).name()
-        );
-        let _ = writeln!(
-            s,
-            "add rule {t} reject-no-endpoints ct state new {nft} daddr . meta l4proto . th dport @{} reject",
-            Collection::NoEndpoints(f).name()
-        );
-    }
-    // Base chains. `priority dstnat` is not accepted on the output hook by nft 1.0.6, hence -100.
-    let _ = writeln!(
-        s,
-        "add chain {t} nat-prerouting {{ type nat hook prerouting priority -100 ; policy accept ; }}"
-    );
-    let _ = writeln!(s, "add rule {t} nat-prerouting jump services");
-    let _ =
-        writeln!(s, "add chain {t} nat-output {{ type nat hook output priority -100 ; policy accept ; }}");
-    let _ = writeln!(s, "add rule {t} nat-output jump services");
-    let _ = writeln!(
-        s,
-        "add chain {t} nat-postrouting {{ type nat hook postrouting priority 100 ; policy accept ; }}"
-    );
-    for f in Family::ALL {
-        let nft = f.nft();
-        let _ = writeln!(
-            s,
-            "add rule {t} nat-postrouting ct status dnat {nft} saddr . {nft} daddr @{} masquerade",
-            Collection::Hairpin(f).name()
-        );
-    }
-    for hook in ["input", "forward", "output"] {
-        let _ = writeln!(
-            s,
-            "add chain {t} filter-{hook} {{ type filter hook {hook} priority -110 ; policy accept ; }}"
-        );
-        let _ = writeln!(s, "add rule {t} filter-{hook} jump reject-no-endpoints");
-    }
-    for f in Family::ALL {
-        for n in 1..=pick_chains {
-            s.push_str(&pick_chain(f, n));
-        }
-    }
-    s
-}
-
-/// A chain that picks one of `endpoints` endpoints evenly.
-fn pick_chain(family: Family, endpoints: usize) -> String {
-    let (t, nft, name) = (format!("{FAMILY} {TABLE}"), family.nft(), pick_chain_name(family, endpoints));
-    format!(
-        "add chain {t} {name}\nadd rule {t} {name} dnat {nft} to {nft} daddr . meta l4proto . th dport . numgen random mod {endpoints} map @{}\n",
-        Collection::Endpoints(family).name()
-    )
 }
 
 /// At most this many elements per command, to keep lines reasonable for nft's parser.
@@ -290,58 +181,4 @@ pub fn element_commands<'a>(out: &mut String, verb: &str, elements: impl IntoIte
 /// Removes kpx's table, whether or not it exists.
 pub fn cleanup_script() -> String {
     format!("add table {FAMILY} {TABLE}\ndelete table {FAMILY} {TABLE}\n")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use kpx_proto::types::{Endpoint, Protocol, ServicePort};
-
-    fn view(endpoints: &[&str]) -> ServiceView {
-        ServiceView {
-            cluster: "c".into(),
-            namespace: "ns".into(),
-            name: "web".into(),
-            cluster_ips: vec!["10.96.0.10".parse().expect("ip")],
-            ports: vec![ServicePort {
-                name: "http".into(),
-                protocol: Protocol::Tcp,
-                port: 80,
-                endpoints: endpoints
-                    .iter()
-                    .map(|a| Endpoint {
-                        address: a.parse().expect("ip"),
-                        port: 8080,
-                        node_name: String::new(),
-                        terminating: false,
-                    })
-                    .collect(),
-            }],
-        }
-    }
-
-    #[test]
-    fn a_service_with_endpoints_renders_entry_endpoints_and_hairpin() {
-        let rules = service_rules(&view(&["10.244.0.1", "10.244.0.2"]));
-        let mut text = String::new();
-        element_commands(&mut text, "add", rules.elements.iter().map(|(_, e)| e).chain(&rules.shared));
-        assert_eq!(
-            text,
-            "add element inet kpx service-ips-v4 { 10.96.0.10 . tcp . 80 : goto pick-v4-2 }\n\
-             add element inet kpx endpoints-v4 { 10.96.0.10 . tcp . 80 . 0 : 10.244.0.1 . 8080, 10.96.0.10 . tcp . 80 . 1 : 10.244.0.2 . 8080 }\n\
-             add element inet kpx hairpin-v4 { 10.244.0.1 . 10.244.0.1, 10.244.0.2 . 10.244.0.2 }\n"
-        );
-        assert_eq!(rules.max_endpoints, 2);
-    }
-
-    #[test]
-    fn a_service_without_endpoints_is_rejected_not_black_holed() {
-        let rules = service_rules(&view(&[]));
-        assert_eq!(rules.elements.len(), 1);
-        assert_eq!(rules.elements[0].1.collection, Collection::NoEndpoints(Family::V4));
-        assert_eq!(rules.max_endpoints, 0);
-        let mut text = String::new();
-        element_commands(&mut text, "delete", rules.elements.iter().map(|(_, e)| e));
-        assert_eq!(text, "delete element inet kpx no-endpoints-v4 { 10.96.0.10 . tcp . 80 }\n");
-    }
 }

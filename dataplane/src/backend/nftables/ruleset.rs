@@ -1,10 +1,36 @@
 //! What kpx believes its table holds, and the transaction that takes it to a
-//! new desired state. A plan touches only the Services that changed.
+//! new desired state. A plan touches only the Services that changed; a change
+//! of what the fixed part depends on (node addresses, pod CIDRs) is a full sync.
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::render::{self, Element, Family, ServiceRules};
+use kpx_proto::types::NodeConfig;
+
+use super::affinity::{self, NftObject};
+use super::render::{self, Element, Family};
+use super::service::{self, ServiceContext, ServiceRules};
+use super::skeleton::{self, TableOptions};
+use crate::backend::ProxyOptions;
 use crate::state::{ChangeSet, NodeState};
+
+impl ProxyOptions {
+    /// What rendering depends on, given the node's config.
+    fn derive(&self, node: Option<&NodeConfig>, pick_chains: usize) -> (TableOptions, ServiceContext) {
+        let node_addresses = node.map(|n| n.addresses.clone()).unwrap_or_default();
+        let nodeport_addresses = node_addresses
+            .iter()
+            .filter(|a| self.nodeport_cidrs.is_empty() || self.nodeport_cidrs.iter().any(|c| c.contains(*a)))
+            .copied()
+            .collect();
+        let table = TableOptions {
+            pick_chains,
+            masquerade_all: self.masquerade_all,
+            local_cidrs: node.map(|n| n.local_traffic_cidrs().to_vec()).unwrap_or_default(),
+        };
+        let ctx = ServiceContext { nodeport_addresses, node_addresses, masquerade_all: self.masquerade_all };
+        (table, ctx)
+    }
+}
 
 #[derive(Debug, Default)]
 pub struct Programmed {
@@ -14,8 +40,8 @@ pub struct Programmed {
     owners: HashMap<(Family, String), String>,
     /// How many Services use each shared element.
     shared: HashMap<Element, usize>,
-    /// Pick chains exist for 1..=this many endpoints.
-    pick_chains: usize,
+    table: TableOptions,
+    ctx: ServiceContext,
 }
 
 /// A transaction and the bookkeeping to record once the kernel accepted it.
@@ -24,7 +50,8 @@ pub struct Plan {
     pub script: String,
     services: Vec<(String, Option<ServiceRules>)>,
     shared: Vec<(Element, usize)>,
-    /// A Service needs more pick chains than the table has: only a full sync can add them.
+    /// The fixed part must change (more pick chains, other node addresses or
+    /// pod CIDRs): only a full sync can do that.
     pub needs_full_sync: bool,
 }
 
@@ -36,18 +63,20 @@ impl Plan {
 
 impl Programmed {
     /// The transaction that replaces kpx's table with one holding `desired`.
-    pub fn full(desired: &NodeState) -> (Programmed, String) {
+    pub fn full(desired: &NodeState, options: &ProxyOptions) -> (Programmed, String) {
+        let node = desired.node.as_ref().map(|n| &n.value);
+        let (_, ctx) = options.derive(node, 0);
         let max_endpoints = desired
             .services
             .values()
-            .flat_map(|s| &s.value.ports)
-            .map(|p| p.endpoints.len())
+            .map(|s| service::service_rules(&s.value, &ctx).max_endpoints)
             .max()
             .unwrap_or(0);
-        let empty = Programmed { pick_chains: render::pick_chains_for(max_endpoints), ..Default::default() };
+        let (table, ctx) = options.derive(node, skeleton::pick_chains_for(max_endpoints));
+        let empty = Programmed { table, ctx, ..Default::default() };
         let all = ChangeSet { services: desired.services.keys().cloned().collect(), node: false };
-        let plan = empty.plan(desired, &all);
-        let mut script = render::skeleton(empty.pick_chains);
+        let plan = empty.plan(desired, &all, options);
+        let mut script = skeleton::skeleton(&empty.table);
         script.push_str(&plan.script);
         let mut programmed = empty;
         programmed.commit(plan);
@@ -55,12 +84,22 @@ impl Programmed {
     }
 
     /// The transaction for the Services in `changes`, from what is programmed now.
-    pub fn plan(&self, desired: &NodeState, changes: &ChangeSet) -> Plan {
+    pub fn plan(&self, desired: &NodeState, changes: &ChangeSet, options: &ProxyOptions) -> Plan {
+        let mut plan = Plan::default();
+        if changes.node {
+            let (table, ctx) =
+                options.derive(desired.node.as_ref().map(|n| &n.value), self.table.pick_chains);
+            if table != self.table || ctx != self.ctx {
+                plan.needs_full_sync = true;
+                return plan;
+            }
+        }
         let mut deletes: BTreeSet<Element> = BTreeSet::new();
         let mut adds: BTreeSet<Element> = BTreeSet::new();
+        let mut old_objects: Vec<&NftObject> = Vec::new();
+        let mut new_objects: Vec<NftObject> = Vec::new();
         let mut shared_delta: HashMap<Element, isize> = HashMap::new();
         let mut owners_now: HashMap<(Family, String), Option<&str>> = HashMap::new();
-        let mut plan = Plan::default();
         // Entries of changed Services are released first, so a Service can take over a freed address.
         for name in &changes.services {
             if let Some(old) = self.services.get(name) {
@@ -74,7 +113,7 @@ impl Programmed {
         for name in &changes.services {
             let old = self.services.get(name);
             let new = desired.services.get(name).map(|s| {
-                let mut rules = render::service_rules(&s.value);
+                let mut rules = service::service_rules(&s.value, &self.ctx);
                 let mut taken = Vec::new();
                 for entry in &rules.entries {
                     let owner = match owners_now.get(entry) {
@@ -96,7 +135,9 @@ impl Programmed {
                 for entry in &taken {
                     owners_now.insert(entry.clone(), Some(name.as_str()));
                 }
-                rules.elements.retain(|(entry, e)| taken.iter().any(|t| &t.1 == entry && t.0 == family(e)));
+                rules.elements.retain(|(entry, e)| {
+                    taken.iter().any(|t| &t.1 == entry && t.0 == e.collection.family())
+                });
                 rules.entries = taken;
                 rules
             });
@@ -106,13 +147,15 @@ impl Programmed {
                 new.iter().flat_map(|r| r.elements.iter().map(|(_, e)| e)).collect();
             deletes.extend(old_elements.difference(&new_elements).map(|e| (*e).clone()));
             adds.extend(new_elements.difference(&old_elements).map(|e| (*e).clone()));
+            old_objects.extend(old.iter().flat_map(|r| &r.objects));
+            new_objects.extend(new.iter().flat_map(|r| r.objects.iter().cloned()));
             for e in old.iter().flat_map(|r| &r.shared) {
                 *shared_delta.entry(e.clone()).or_default() -= 1;
             }
             for e in new.iter().flat_map(|r| &r.shared) {
                 *shared_delta.entry(e.clone()).or_default() += 1;
             }
-            if new.as_ref().is_some_and(|r| r.max_endpoints > self.pick_chains) {
+            if new.as_ref().is_some_and(|r| r.max_endpoints > self.table.pick_chains) {
                 plan.needs_full_sync = true;
             }
             plan.services.push((name.clone(), new));
@@ -129,8 +172,12 @@ impl Programmed {
                 plan.shared.push((element, after));
             }
         }
-        // An element whose key is both deleted and added is a value change: delete, then add.
+        // Elements that point at chains go before the chains; new chains exist before
+        // elements point at them. A key both deleted and added is a value change.
+        let objects = affinity::object_commands(old_objects, &new_objects);
         render::element_commands(&mut plan.script, "delete", &deletes);
+        plan.script.push_str(&objects.remove);
+        plan.script.push_str(&objects.create);
         render::element_commands(&mut plan.script, "add", &adds);
         plan
     }
@@ -162,15 +209,6 @@ impl Programmed {
     }
 }
 
-fn family(e: &Element) -> Family {
-    match e.collection {
-        render::Collection::ServiceIps(f)
-        | render::Collection::Endpoints(f)
-        | render::Collection::NoEndpoints(f)
-        | render::Collection::Hairpin(f) => f,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,30 +218,28 @@ mod tests {
     fn state(services: &[(&str, &str, &[&str])]) -> NodeState {
         let mut s = NodeState::default();
         for (name, vip, endpoints) in services {
-            let view = ServiceView {
-                cluster: "c".into(),
-                namespace: "ns".into(),
-                name: (*name).into(),
-                cluster_ips: vec![vip.parse().expect("ip")],
-                ports: vec![ServicePort {
-                    name: String::new(),
-                    protocol: Protocol::Tcp,
-                    port: 80,
-                    endpoints: endpoints
-                        .iter()
-                        .map(|a| Endpoint {
-                            address: a.parse().expect("ip"),
-                            port: 8080,
-                            node_name: String::new(),
-                            terminating: false,
-                        })
-                        .collect(),
-                }],
-            };
+            let eps = endpoints
+                .iter()
+                .map(|a| Endpoint {
+                    address: a.parse().expect("ip"),
+                    port: 8080,
+                    node_name: String::new(),
+                    terminating: false,
+                })
+                .collect();
+            let view = ServiceView::new(
+                "c",
+                "ns",
+                name,
+                vec![vip.parse().expect("ip")],
+                vec![ServicePort::new("", Protocol::Tcp, 80, eps)],
+            );
             s.services.insert(view.resource_name(), Versioned { version: endpoints.join(","), value: view });
         }
         s
     }
+
+    const NO: ProxyOptions = ProxyOptions { masquerade_all: false, nodeport_cidrs: Vec::new() };
 
     fn changed(names: &[&str]) -> ChangeSet {
         ChangeSet { services: names.iter().map(|n| format!("c/ns/{n}")).collect(), node: false }
@@ -213,10 +249,10 @@ mod tests {
     fn one_endpoint_change_touches_only_that_service() {
         let before =
             state(&[("a", "10.96.0.1", &["10.0.0.1", "10.0.0.2"]), ("b", "10.96.0.2", &["10.0.0.9"])]);
-        let (mut programmed, _) = Programmed::full(&before);
+        let (mut programmed, _) = Programmed::full(&before, &NO);
         let after =
             state(&[("a", "10.96.0.1", &["10.0.0.1", "10.0.0.3"]), ("b", "10.96.0.2", &["10.0.0.9"])]);
-        let plan = programmed.plan(&after, &changed(&["a"]));
+        let plan = programmed.plan(&after, &changed(&["a"]), &NO);
         assert_eq!(
             plan.script,
             "delete element inet kpx endpoints-v4 { 10.96.0.1 . tcp . 80 . 1 }\n\
@@ -225,35 +261,35 @@ mod tests {
              add element inet kpx hairpin-v4 { 10.0.0.3 . 10.0.0.3 }\n"
         );
         programmed.commit(plan);
-        assert!(programmed.plan(&after, &changed(&["a"])).is_empty(), "nothing left to do");
+        assert!(programmed.plan(&after, &changed(&["a"]), &NO).is_empty(), "nothing left to do");
     }
 
     #[test]
     fn shared_hairpin_elements_are_counted_and_pick_chains_made_with_the_table() {
-        let (mut programmed, script) = Programmed::full(&state(&[("a", "10.96.0.1", &["10.0.0.1"])]));
+        let (mut programmed, script) = Programmed::full(&state(&[("a", "10.96.0.1", &["10.0.0.1"])]), &NO);
         assert!(script.contains("add chain inet kpx pick-v4-1\n"));
         assert!(script.contains("add chain inet kpx pick-v6-32\n"));
         let both = state(&[("a", "10.96.0.1", &["10.0.0.1"]), ("b", "10.96.0.2", &["10.0.0.1"])]);
-        let plan = programmed.plan(&both, &changed(&["b"]));
+        let plan = programmed.plan(&both, &changed(&["b"]), &NO);
         assert!(!plan.script.contains("hairpin"), "already there: {}", plan.script);
         assert!(!plan.script.contains("add chain"), "pick-v4-1 exists: {}", plan.script);
         programmed.commit(plan);
         let only_b = state(&[("b", "10.96.0.2", &["10.0.0.1"])]);
-        let plan = programmed.plan(&only_b, &changed(&["a"]));
+        let plan = programmed.plan(&only_b, &changed(&["a"]), &NO);
         assert!(!plan.script.contains("hairpin"), "still used by b: {}", plan.script);
         programmed.commit(plan);
-        let plan = programmed.plan(&NodeState::default(), &changed(&["b"]));
+        let plan = programmed.plan(&NodeState::default(), &changed(&["b"]), &NO);
         assert!(plan.script.contains("delete element inet kpx hairpin-v4 { 10.0.0.1 . 10.0.0.1 }"));
     }
 
     #[test]
     fn an_address_used_twice_is_programmed_once() {
         let both = state(&[("a", "10.96.0.1", &["10.0.0.1"]), ("b", "10.96.0.1", &["10.0.0.2"])]);
-        let (mut programmed, script) = Programmed::full(&both);
+        let (mut programmed, script) = Programmed::full(&both, &NO);
         assert_eq!(script.matches("10.96.0.1 . tcp . 80 :").count(), 1, "{script}");
         // When the owner goes, the other Service takes the address over once it changes.
         let only_b = state(&[("b", "10.96.0.1", &["10.0.0.2"])]);
-        let plan = programmed.plan(&only_b, &changed(&["a", "b"]));
+        let plan = programmed.plan(&only_b, &changed(&["a", "b"]), &NO);
         assert!(
             plan.script
                 .contains("add element inet kpx endpoints-v4 { 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080 }"),
@@ -265,12 +301,12 @@ mod tests {
 
     #[test]
     fn more_endpoints_than_pick_chains_asks_for_a_full_sync() {
-        let (programmed, _) = Programmed::full(&state(&[("a", "10.96.0.1", &["10.0.0.1"])]));
+        let (programmed, _) = Programmed::full(&state(&[("a", "10.96.0.1", &["10.0.0.1"])]), &NO);
         let many: Vec<String> = (1..=40).map(|i| format!("10.0.1.{i}")).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
-        let plan = programmed.plan(&state(&[("a", "10.96.0.1", &many)]), &changed(&["a"]));
+        let plan = programmed.plan(&state(&[("a", "10.96.0.1", &many)]), &changed(&["a"]), &NO);
         assert!(plan.needs_full_sync);
-        let (_, script) = Programmed::full(&state(&[("a", "10.96.0.1", &many)]));
+        let (_, script) = Programmed::full(&state(&[("a", "10.96.0.1", &many)]), &NO);
         assert!(script.contains("add chain inet kpx pick-v4-64\n") && !script.contains("pick-v4-65"));
     }
 }

@@ -1,0 +1,353 @@
+//! What one Service puts into kpx's table: the elements of its entries
+//! (ClusterIPs, external IPs, load-balancer IPs, NodePorts on the node's
+//! addresses) and, for session affinity, chains and sets of its own.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use kpx_proto::types::{Endpoint, ServicePort, ServiceView};
+
+use super::affinity::{self, NftObject};
+use super::render::{Collection, Element, Family};
+use super::skeleton::{pick_chain_name, EndpointSet};
+
+/// What the rendering of a Service depends on besides the Service.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceContext {
+    /// Where NodePorts are open: the node's addresses allowed by `--nodeport-addresses`.
+    pub nodeport_addresses: Vec<IpAddr>,
+    /// All of the node's addresses (a load-balancer IP is reachable from the node when one
+    /// of them is inside the source ranges).
+    pub node_addresses: Vec<IpAddr>,
+    pub masquerade_all: bool,
+}
+
+/// Everything one Service needs in the table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceRules {
+    /// `address . proto . port` of each entry point, with its family: the keys this Service owns.
+    pub entries: Vec<(Family, String)>,
+    /// Elements only this Service uses, grouped under the entry they belong to.
+    pub elements: Vec<(String, Element)>,
+    /// Elements several Services may share (counted, not owned).
+    pub shared: BTreeSet<Element>,
+    /// Chains and sets of its own (session affinity).
+    pub objects: Vec<NftObject>,
+    /// The most endpoints one of its ports picks from (the pick chain it needs).
+    pub max_endpoints: usize,
+}
+
+/// How an entry point is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EntryKind {
+    ClusterIp,
+    ExternalIp,
+    LoadBalancer,
+    NodePort,
+}
+
+/// The elements and objects a Service needs.
+pub fn service_rules(view: &ServiceView, ctx: &ServiceContext) -> ServiceRules {
+    let mut rules = ServiceRules::default();
+    let families: BTreeSet<Family> = view.cluster_ips.iter().map(Family::of).collect();
+    for port in &view.ports {
+        for &family in &families {
+            PortRenderer { view, port, family, ctx, rules: &mut rules }.render();
+        }
+    }
+    rules
+}
+
+struct PortRenderer<'a> {
+    view: &'a ServiceView,
+    port: &'a ServicePort,
+    family: Family,
+    ctx: &'a ServiceContext,
+    rules: &'a mut ServiceRules,
+}
+
+/// Where an entry's traffic goes for one endpoint set.
+enum Target {
+    /// A pick chain over the endpoints map (`count` endpoints).
+    Pick {
+        chain: String,
+        count: usize,
+    },
+    /// A session-affinity chain of the Service's own.
+    Affinity(String),
+    None,
+}
+
+impl PortRenderer<'_> {
+    fn render(mut self) {
+        let family = self.family;
+        let of_family = |eps: &[Endpoint]| -> Vec<Endpoint> {
+            eps.iter().filter(|e| Family::of(&e.address) == family).cloned().collect()
+        };
+        let cluster = of_family(&self.port.endpoints);
+        let local =
+            if self.view.external_traffic_local { of_family(&self.port.local_endpoints) } else { Vec::new() };
+        let cluster_target = self.target(EndpointSet::Cluster, &cluster);
+        let local_target = self.target(EndpointSet::Local, &local);
+        for ep in cluster.iter().chain(&local) {
+            self.rules.shared.insert(Element::set(
+                Collection::Hairpin(family),
+                format!("{} . {}", ep.address, ep.address),
+            ));
+        }
+        for (kind, address, port) in self.entries() {
+            let entry = format!("{address} . {} . {port}", self.port.protocol);
+            self.rules.entries.push((family, entry.clone()));
+            self.entry_elements(kind, &address, &entry, &cluster, &cluster_target, &local, &local_target);
+        }
+    }
+
+    /// Every entry point of this port in this family.
+    fn entries(&self) -> Vec<(EntryKind, IpAddr, u16)> {
+        let family = self.family;
+        let mine =
+            |ips: &[IpAddr]| ips.iter().filter(|a| Family::of(a) == family).copied().collect::<Vec<_>>();
+        let mut out = Vec::new();
+        let port = self.port.port;
+        out.extend(mine(&self.view.cluster_ips).into_iter().map(|a| (EntryKind::ClusterIp, a, port)));
+        out.extend(mine(&self.view.external_ips).into_iter().map(|a| (EntryKind::ExternalIp, a, port)));
+        out.extend(
+            mine(&self.view.load_balancer_ips).into_iter().map(|a| (EntryKind::LoadBalancer, a, port)),
+        );
+        if let Some(node_port) = self.port.node_port {
+            out.extend(
+                mine(&self.ctx.nodeport_addresses).into_iter().map(|a| (EntryKind::NodePort, a, node_port)),
+            );
+        }
+        out
+    }
+
+    fn target(&mut self, set: EndpointSet, endpoints: &[Endpoint]) -> Target {
+        if endpoints.is_empty() {
+            return Target::None;
+        }
+        match self.view.session_affinity_timeout {
+            Some(timeout) => {
+                let objects = affinity::objects(
+                    &self.view.resource_name(),
+                    self.port,
+                    self.family,
+                    set,
+                    endpoints,
+                    timeout,
+                    self.ctx.masquerade_all,
+                );
+                let chain = objects.entry_chain.clone();
+                self.rules.objects.extend(objects.objects);
+                Target::Affinity(chain)
+            }
+            None => {
+                self.rules.max_endpoints = self.rules.max_endpoints.max(endpoints.len());
+                Target::Pick {
+                    chain: pick_chain_name(set, self.family, endpoints.len()),
+                    count: endpoints.len(),
+                }
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn entry_elements(
+        &mut self,
+        kind: EntryKind,
+        address: &IpAddr,
+        entry: &str,
+        cluster: &[Endpoint],
+        cluster_target: &Target,
+        local: &[Endpoint],
+        local_target: &Target,
+    ) {
+        let f = self.family;
+        let external = kind != EntryKind::ClusterIp;
+        let external_local = external && self.view.external_traffic_local;
+        let mut add = |e: Element| self.rules.elements.push((entry.to_owned(), e));
+        if kind == EntryKind::ClusterIp {
+            add(Element::set(Collection::ClusterEntries(f), entry));
+        }
+        // The cluster set: ClusterIP traffic, external traffic of policy Cluster, and
+        // policy-Local external traffic from the node's own pods or the node itself.
+        match cluster_target {
+            Target::None if cluster.is_empty() && local.is_empty() && !self.view.internal_traffic_local => {
+                add(Element::set(Collection::NoEndpoints(f), entry));
+            }
+            Target::None if kind == EntryKind::ClusterIp && !self.view.internal_traffic_local => {
+                add(Element::set(Collection::NoEndpoints(f), entry));
+            }
+            Target::None => add(Element::map(Collection::ServiceIps(f), entry, "drop")),
+            target => endpoint_elements(&mut add, EndpointSet::Cluster, f, entry, target, cluster),
+        }
+        if external_local {
+            match local_target {
+                Target::None if cluster.is_empty() => {}
+                Target::None => add(Element::map(Collection::ExternalLocal(f), entry, "drop")),
+                target => endpoint_elements(&mut add, EndpointSet::Local, f, entry, target, local),
+            }
+        } else if external {
+            add(Element::set(Collection::Masquerade(f), entry));
+        }
+        if kind == EntryKind::LoadBalancer && !self.view.load_balancer_source_ranges.is_empty() {
+            add(Element::set(Collection::LbFiltered(f), entry));
+            let ranges: Vec<_> = self
+                .view
+                .load_balancer_source_ranges
+                .iter()
+                .filter(|r| r.addr().is_ipv4() == address.is_ipv4())
+                .collect();
+            for range in &ranges {
+                add(Element::set(Collection::LbAllowed(f), format!("{entry} . {}", range.trunc())));
+            }
+            // A node whose own address is allowed may also reach the load-balancer IP with
+            // that IP as source (it is local when the load balancer delivers to the node).
+            if self.ctx.node_addresses.iter().any(|n| ranges.iter().any(|r| r.contains(n))) {
+                add(Element::set(Collection::LbAllowed(f), format!("{entry} . {address}")));
+            }
+        }
+    }
+}
+
+/// The vmap element of an entry and, for pick chains, the endpoints it picks from.
+fn endpoint_elements(
+    add: &mut impl FnMut(Element),
+    set: EndpointSet,
+    family: Family,
+    entry: &str,
+    target: &Target,
+    endpoints: &[Endpoint],
+) {
+    let vmap = match set {
+        EndpointSet::Cluster => Collection::ServiceIps(family),
+        EndpointSet::Local => Collection::ExternalLocal(family),
+    };
+    match target {
+        Target::Pick { chain, count } => {
+            add(Element::map(vmap, entry, format!("goto {chain}")));
+            for (index, ep) in endpoints.iter().take(*count).enumerate() {
+                add(Element::map(
+                    set.map(family),
+                    format!("{entry} . {index}"),
+                    format!("{} . {}", ep.address, ep.port),
+                ));
+            }
+        }
+        Target::Affinity(chain) => add(Element::map(vmap, entry, format!("goto {chain}"))),
+        Target::None => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::render::element_commands;
+    use super::*;
+    use kpx_proto::types::Protocol;
+
+    fn ep(a: &str, node: &str) -> Endpoint {
+        Endpoint { address: a.parse().expect("ip"), port: 8080, node_name: node.into(), terminating: false }
+    }
+
+    fn view(endpoints: &[&str]) -> ServiceView {
+        let eps = endpoints.iter().map(|a| ep(a, "n1")).collect();
+        ServiceView::new(
+            "c",
+            "ns",
+            "web",
+            vec!["10.96.0.10".parse().expect("ip")],
+            vec![ServicePort::new("http", Protocol::Tcp, 80, eps)],
+        )
+    }
+
+    fn text(rules: &ServiceRules) -> String {
+        let mut text = String::new();
+        element_commands(&mut text, "add", rules.elements.iter().map(|(_, e)| e).chain(&rules.shared));
+        text
+    }
+
+    #[test]
+    fn a_cluster_ip_renders_entry_endpoints_and_hairpin() {
+        let rules = service_rules(&view(&["10.244.0.1", "10.244.0.2"]), &ServiceContext::default());
+        assert_eq!(
+            text(&rules),
+            "add element inet kpx service-ips-v4 { 10.96.0.10 . tcp . 80 : goto pick-v4-2 }\n\
+             add element inet kpx endpoints-v4 { 10.96.0.10 . tcp . 80 . 0 : 10.244.0.1 . 8080, 10.96.0.10 . tcp . 80 . 1 : 10.244.0.2 . 8080 }\n\
+             add element inet kpx cluster-entries-v4 { 10.96.0.10 . tcp . 80 }\n\
+             add element inet kpx hairpin-v4 { 10.244.0.1 . 10.244.0.1, 10.244.0.2 . 10.244.0.2 }\n"
+        );
+        assert_eq!(rules.max_endpoints, 2);
+    }
+
+    #[test]
+    fn no_endpoints_is_rejected_but_internal_local_is_dropped() {
+        let rules = service_rules(&view(&[]), &ServiceContext::default());
+        assert!(text(&rules).contains("add element inet kpx no-endpoints-v4 { 10.96.0.10 . tcp . 80 }"));
+        let local = ServiceView { internal_traffic_local: true, ..view(&[]) };
+        let t = text(&service_rules(&local, &ServiceContext::default()));
+        assert!(
+            t.contains("service-ips-v4 { 10.96.0.10 . tcp . 80 : drop }") && !t.contains("no-endpoints"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn node_ports_external_and_load_balancer_ips_with_policy_cluster_are_masqueraded() {
+        let mut v = view(&["10.244.0.1"]);
+        v.ports[0].node_port = Some(30080);
+        v.external_ips = vec!["192.0.2.1".parse().expect("ip")];
+        v.load_balancer_ips = vec!["192.0.2.2".parse().expect("ip"), "2001:db8::2".parse().expect("ip")];
+        v.load_balancer_source_ranges = vec!["198.51.100.0/24".parse().expect("cidr")];
+        let ctx = ServiceContext {
+            nodeport_addresses: vec!["10.0.0.1".parse().expect("ip")],
+            node_addresses: vec!["10.0.0.1".parse().expect("ip")],
+            masquerade_all: false,
+        };
+        let t = text(&service_rules(&v, &ctx));
+        assert!(
+            t.contains(
+                "masquerade-v4 { 192.0.2.1 . tcp . 80, 192.0.2.2 . tcp . 80, 10.0.0.1 . tcp . 30080 }"
+            ),
+            "{t}"
+        );
+        assert!(t.contains("10.0.0.1 . tcp . 30080 : goto pick-v4-1"), "{t}");
+        assert!(t.contains("lb-filtered-v4 { 192.0.2.2 . tcp . 80 }"), "{t}");
+        assert!(t.contains("lb-allowed-v4 { 192.0.2.2 . tcp . 80 . 198.51.100.0/24 }"), "{t}");
+        assert!(!t.contains("2001:db8::2"), "no IPv6 ClusterIP, so no IPv6 entries: {t}");
+    }
+
+    #[test]
+    fn external_policy_local_uses_local_endpoints_and_drops_without_them() {
+        let mut v = view(&["10.244.0.1", "10.244.0.2"]);
+        v.external_traffic_local = true;
+        v.ports[0].node_port = Some(30080);
+        v.ports[0].local_endpoints = vec![ep("10.244.0.2", "n1")];
+        let ctx = ServiceContext {
+            nodeport_addresses: vec!["10.0.0.1".parse().expect("ip")],
+            ..Default::default()
+        };
+        let t = text(&service_rules(&v, &ctx));
+        assert!(t.contains("external-local-v4 { 10.0.0.1 . tcp . 30080 : goto pick-local-v4-1 }"), "{t}");
+        assert!(t.contains("local-endpoints-v4 { 10.0.0.1 . tcp . 30080 . 0 : 10.244.0.2 . 8080 }"), "{t}");
+        assert!(!t.contains("masquerade-v4"), "policy Local keeps the client address: {t}");
+        v.ports[0].local_endpoints.clear();
+        let t = text(&service_rules(&v, &ctx));
+        assert!(t.contains("external-local-v4 { 10.0.0.1 . tcp . 30080 : drop }"), "{t}");
+    }
+
+    #[test]
+    fn session_affinity_goes_through_chains_of_its_own() {
+        let mut v = view(&["10.244.0.1", "10.244.0.2"]);
+        v.session_affinity_timeout = Some(30);
+        let rules = service_rules(&v, &ServiceContext::default());
+        let t = text(&rules);
+        assert!(t.contains("service-ips-v4 { 10.96.0.10 . tcp . 80 : goto sa-"), "{t}");
+        assert!(!t.contains("endpoints-v4 {"), "no pick elements: {t}");
+        assert_eq!(
+            rules.objects.len(),
+            5,
+            "a chain, and a chain and a set per endpoint: {:?}",
+            rules.objects
+        );
+    }
+}

@@ -1,0 +1,254 @@
+//! The fixed part of kpx's table: sets, maps and chains that exist whatever
+//! the Services are. Created in one transaction with the table (see the note
+//! on the endpoint maps), and only ever rewritten by a full sync.
+//!
+//! Per family, chain `services` (reached from nat prerouting and output) does,
+//! in order:
+//! 1. drops load-balancer traffic from sources outside the Service's ranges;
+//! 2. marks for masquerade: external traffic of policy Cluster; ClusterIP
+//!    traffic from outside the local-traffic CIDRs (only when they are known);
+//!    policy-Local external traffic that the node itself sends;
+//! 3. sends policy-Local external traffic from outside the node and its pods
+//!    to that node's endpoints (`external-local`), or drops it when it has none;
+//! 4. picks an endpoint of the Service's cluster set (`service-ips`).
+//!
+//! Services without endpoints are rejected in the filter hooks, before they
+//! could leave the node.
+
+use std::fmt::Write as _;
+
+use ipnet::IpNet;
+
+use super::render::{Collection, Element, Family, FAMILY, MASQUERADE_MARK, TABLE};
+
+/// What the fixed part depends on.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TableOptions {
+    /// Pick chains exist for 1..=this many endpoints.
+    pub pick_chains: usize,
+    /// Masquerade all Service traffic (kube-proxy's `masqueradeAll`).
+    pub masquerade_all: bool,
+    /// Traffic from these prefixes comes from pods (local-traffic detector); empty: unknown.
+    pub local_cidrs: Vec<IpNet>,
+}
+
+/// The least number of pick chains a table is made with.
+pub const MIN_PICK_CHAINS: usize = 32;
+
+/// How many pick chains a table needs so that no Service needs more: a power of two, so that
+/// growing is rare.
+pub fn pick_chains_for(max_endpoints: usize) -> usize {
+    max_endpoints.next_power_of_two().max(MIN_PICK_CHAINS)
+}
+
+/// Which endpoint set a pick chain draws from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EndpointSet {
+    /// `ServicePort::endpoints`: ClusterIP traffic, external traffic of policy Cluster.
+    Cluster,
+    /// `ServicePort::local_endpoints`: external traffic of policy Local.
+    Local,
+}
+
+impl EndpointSet {
+    pub fn map(self, family: Family) -> Collection {
+        match self {
+            EndpointSet::Cluster => Collection::Endpoints(family),
+            EndpointSet::Local => Collection::LocalEndpoints(family),
+        }
+    }
+}
+
+pub fn pick_chain_name(set: EndpointSet, family: Family, endpoints: usize) -> String {
+    match set {
+        EndpointSet::Cluster => format!("pick-{}-{endpoints}", family.suffix()),
+        EndpointSet::Local => format!("pick-local-{}-{endpoints}", family.suffix()),
+    }
+}
+
+/// The statement that marks a packet for masquerading.
+pub fn mark_for_masquerade() -> String {
+    format!("meta mark set meta mark | {MASQUERADE_MARK:#x}")
+}
+
+/// Creates the table afresh (replacing any old one) with its sets, maps and chains.
+pub fn skeleton(options: &TableOptions) -> String {
+    let mut s = String::new();
+    let t = format!("{FAMILY} {TABLE}");
+    // Adding first makes the delete valid whether or not the table exists; all of it is one transaction.
+    let _ = writeln!(
+        s,
+        "add table {t}\ndelete table {t}\nadd table {t} {{ comment \"managed by kpx-dataplane\" ; }}"
+    );
+    for f in Family::ALL {
+        declare_collections(&mut s, f);
+    }
+    let local_cidrs: Vec<Element> = options
+        .local_cidrs
+        .iter()
+        .map(|c| {
+            let family = if matches!(c, IpNet::V4(_)) { Family::V4 } else { Family::V6 };
+            Element::set(Collection::LocalCidrs(family), c.trunc().to_string())
+        })
+        .collect();
+    super::render::element_commands(&mut s, "add", &local_cidrs);
+    let _ = writeln!(s, "add chain {t} services");
+    let _ = writeln!(s, "add chain {t} reject-no-endpoints");
+    let mark = mark_for_masquerade();
+    for f in Family::ALL {
+        let nft = f.nft();
+        let entry = format!("{nft} daddr . meta l4proto . th dport");
+        let detector = local_cidrs.iter().any(|e| e.collection.family() == f);
+        let name = |c: Collection| c.name();
+        let _ = writeln!(
+            s,
+            "add rule {t} services {entry} @{} {entry} . {nft} saddr != @{} drop",
+            name(Collection::LbFiltered(f)),
+            name(Collection::LbAllowed(f))
+        );
+        let _ = writeln!(s, "add rule {t} services {entry} @{} {mark}", name(Collection::Masquerade(f)));
+        if detector {
+            let _ = writeln!(
+                s,
+                "add rule {t} services {nft} saddr != @{} {entry} @{} {mark}",
+                name(Collection::LocalCidrs(f)),
+                name(Collection::ClusterEntries(f))
+            );
+        }
+        let _ = writeln!(
+            s,
+            "add rule {t} services fib saddr type local {entry} @{} {mark}",
+            name(Collection::ExternalLocal(f))
+        );
+        // Pods reaching a policy-Local external address are short-circuited to the cluster set.
+        let from_pods = if detector {
+            format!("{nft} saddr != @{} ", name(Collection::LocalCidrs(f)))
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            s,
+            "add rule {t} services fib saddr type != local {from_pods}{entry} vmap @{}",
+            name(Collection::ExternalLocal(f))
+        );
+        let _ = writeln!(s, "add rule {t} services {entry} vmap @{}", name(Collection::ServiceIps(f)));
+        let _ = writeln!(
+            s,
+            "add rule {t} reject-no-endpoints ct state new {entry} @{} reject",
+            name(Collection::NoEndpoints(f))
+        );
+    }
+    // Base chains. `priority dstnat` is not accepted on the output hook by nft 1.0.6, hence -100.
+    let _ = writeln!(
+        s,
+        "add chain {t} nat-prerouting {{ type nat hook prerouting priority -100 ; policy accept ; }}"
+    );
+    let _ = writeln!(s, "add rule {t} nat-prerouting jump services");
+    let _ =
+        writeln!(s, "add chain {t} nat-output {{ type nat hook output priority -100 ; policy accept ; }}");
+    let _ = writeln!(s, "add rule {t} nat-output jump services");
+    let _ = writeln!(
+        s,
+        "add chain {t} nat-postrouting {{ type nat hook postrouting priority 100 ; policy accept ; }}"
+    );
+    let _ = writeln!(
+        s,
+        "add rule {t} nat-postrouting meta mark & {MASQUERADE_MARK:#x} == {MASQUERADE_MARK:#x} masquerade"
+    );
+    for f in Family::ALL {
+        let nft = f.nft();
+        let _ = writeln!(
+            s,
+            "add rule {t} nat-postrouting ct status dnat {nft} saddr . {nft} daddr @{} masquerade",
+            Collection::Hairpin(f).name()
+        );
+    }
+    for hook in ["input", "forward", "output"] {
+        let _ = writeln!(
+            s,
+            "add chain {t} filter-{hook} {{ type filter hook {hook} priority -110 ; policy accept ; }}"
+        );
+        let _ = writeln!(s, "add rule {t} filter-{hook} jump reject-no-endpoints");
+    }
+    for f in Family::ALL {
+        for set in [EndpointSet::Cluster, EndpointSet::Local] {
+            for n in 1..=options.pick_chains {
+                s.push_str(&pick_chain(set, f, n, options.masquerade_all));
+            }
+        }
+    }
+    s
+}
+
+fn declare_collections(s: &mut String, f: Family) {
+    let t = format!("{FAMILY} {TABLE}");
+    let (addr, nft) = (f.addr_type(), f.nft());
+    let entry = format!("{addr} . inet_proto . inet_service");
+    for vmap in [Collection::ServiceIps(f), Collection::ExternalLocal(f)] {
+        let _ = writeln!(s, "add map {t} {} {{ type {entry} : verdict ; }}", vmap.name());
+    }
+    // nft 1.0.6 cannot add a rule that uses these maps once they are in the kernel
+    // ("conflicting protocols specified: ip vs. th"), and writing the data as `tcp dport`
+    // makes such rules match TCP only. So the pick chains are created with the maps, in the
+    // same transaction, and never later.
+    for map in [Collection::Endpoints(f), Collection::LocalEndpoints(f)] {
+        let _ = writeln!(
+            s,
+            "add map {t} {} {{ typeof {nft} daddr . meta l4proto . th dport . numgen random mod 1 : {nft} daddr . th dport ; }}",
+            map.name()
+        );
+    }
+    for set in [
+        Collection::NoEndpoints(f),
+        Collection::Masquerade(f),
+        Collection::ClusterEntries(f),
+        Collection::LbFiltered(f),
+    ] {
+        let _ = writeln!(s, "add set {t} {} {{ type {entry} ; }}", set.name());
+    }
+    let _ = writeln!(
+        s,
+        "add set {t} {} {{ type {entry} . {addr} ; flags interval ; }}",
+        Collection::LbAllowed(f).name()
+    );
+    let _ =
+        writeln!(s, "add set {t} {} {{ type {addr} ; flags interval ; }}", Collection::LocalCidrs(f).name());
+    let _ = writeln!(s, "add set {t} {} {{ type {addr} . {addr} ; }}", Collection::Hairpin(f).name());
+}
+
+/// A chain that picks one of `endpoints` endpoints of a set evenly.
+fn pick_chain(set: EndpointSet, family: Family, endpoints: usize, masquerade_all: bool) -> String {
+    let (t, nft, name) = (format!("{FAMILY} {TABLE}"), family.nft(), pick_chain_name(set, family, endpoints));
+    let mark = if masquerade_all { format!("{} ", mark_for_masquerade()) } else { String::new() };
+    format!(
+        "add chain {t} {name}\nadd rule {t} {name} {mark}dnat {nft} to {nft} daddr . meta l4proto . th dport . numgen random mod {endpoints} map @{}\n",
+        set.map(family).name()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_traffic_detection_only_where_cidrs_are_known() {
+        let options = TableOptions {
+            pick_chains: 1,
+            masquerade_all: false,
+            local_cidrs: vec!["10.244.0.0/16".parse().expect("cidr")],
+        };
+        let s = skeleton(&options);
+        assert!(s.contains("add element inet kpx local-cidrs-v4 { 10.244.0.0/16 }"), "{s}");
+        assert!(s.contains(
+            "add rule inet kpx services ip saddr != @local-cidrs-v4 ip daddr . meta l4proto . th dport @cluster-entries-v4 meta mark set meta mark | 0x2000"
+        ));
+        assert!(!s.contains("@cluster-entries-v6"), "no IPv6 detector: no IPv6 ClusterIP masquerade");
+        assert!(s.contains(
+            "add rule inet kpx services fib saddr type != local ip6 daddr . meta l4proto . th dport vmap @external-local-v6"
+        ));
+        assert!(s.contains("add chain inet kpx pick-local-v6-1\n") && !s.contains("pick-v4-2"));
+        assert!(!s.contains("mark set meta mark | 0x2000 dnat"), "no masquerade-all");
+        let all = skeleton(&TableOptions { masquerade_all: true, ..options });
+        assert!(all.contains("add rule inet kpx pick-v4-1 meta mark set meta mark | 0x2000 dnat ip to"));
+    }
+}
