@@ -4,7 +4,14 @@
 
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeMap;
+
+use kpx_proto::types::{Protocol, ServiceView};
+use tokio::sync::watch;
+
 use crate::backend::Backend;
+use crate::conntrack;
+use crate::healthcheck::{self, ServiceHealth};
 use crate::state::{Delta, NodeState, RawResource};
 use crate::store::Store;
 
@@ -13,6 +20,8 @@ pub struct Agent {
     state: NodeState,
     backend: Box<dyn Backend>,
     store: Store,
+    /// The health-check ports the accepted state asks for.
+    health: watch::Sender<BTreeMap<u16, ServiceHealth>>,
 }
 
 /// The result of applying one response.
@@ -55,7 +64,13 @@ impl Agent {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "programmed stored state"
         );
-        Ok(Agent { node_name, state, backend, store })
+        let (health, _) = watch::channel(healthcheck::desired(&state));
+        Ok(Agent { node_name, state, backend, store, health })
+    }
+
+    /// The health-check ports to serve, kept current (see [`healthcheck::serve`]).
+    pub fn health_checks(&self) -> watch::Receiver<BTreeMap<u16, ServiceHealth>> {
+        self.health.subscribe()
     }
 
     pub fn node_name(&self) -> &str {
@@ -76,6 +91,7 @@ impl Agent {
         let started = Instant::now();
         let delta = Delta::validate(&self.node_name, type_url, resources, removed)?;
         let (resources, removed) = (delta.resource_count(), delta.removed_services.len());
+        let udp_before = self.udp_services(&delta);
         let (changes, undo) = self.state.apply(delta);
         if changes.is_empty() {
             return Ok(Applied { resources, removed, elapsed: started.elapsed() });
@@ -92,6 +108,39 @@ impl Agent {
             }
             return Err(e.into());
         }
+        for (name, old) in udp_before {
+            let new = self.state.services.get(&name).map(|s| &s.value);
+            let stale = conntrack::stale_flows(old.as_ref(), new);
+            if !stale.is_empty() {
+                conntrack::delete(&stale);
+            }
+        }
+        self.health.send_if_modified(|h| {
+            let now = healthcheck::desired(&self.state);
+            let changed = *h != now;
+            *h = now;
+            changed
+        });
         Ok(Applied { resources, removed, elapsed: started.elapsed() })
+    }
+
+    /// The Services of a delta that have (or get) UDP ports, as they are before it.
+    fn udp_services(&self, delta: &Delta) -> Vec<(String, Option<ServiceView>)> {
+        let has_udp = |v: &ServiceView| v.ports.iter().any(|p| p.protocol == Protocol::Udp);
+        let old = |name: &str| self.state.services.get(name).map(|s| s.value.clone());
+        let mut out: BTreeMap<String, Option<ServiceView>> = BTreeMap::new();
+        for svc in &delta.services {
+            let name = svc.value.resource_name();
+            let before = self.state.services.get(&name).map(|s| &s.value);
+            if has_udp(&svc.value) || before.is_some_and(has_udp) {
+                out.insert(name.clone(), old(&name));
+            }
+        }
+        for name in &delta.removed_services {
+            if self.state.services.get(name).is_some_and(|s| has_udp(&s.value)) {
+                out.insert(name.clone(), old(name));
+            }
+        }
+        out.into_iter().collect()
     }
 }

@@ -4,6 +4,8 @@
 
 pub mod agent;
 pub mod backend;
+pub mod conntrack;
+pub mod healthcheck;
 pub mod state;
 pub mod store;
 pub mod xds_client;

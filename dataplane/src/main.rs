@@ -7,7 +7,7 @@ use clap::Parser;
 use kpx_dataplane::agent::Agent;
 use kpx_dataplane::backend::{BackendKind, ProxyOptions};
 use kpx_dataplane::store::Store;
-use kpx_dataplane::xds_client;
+use kpx_dataplane::{healthcheck, xds_client};
 
 #[derive(Parser, Debug)]
 #[command(name = "kpx-dataplane", version, about = "kpx node agent: programs the kernel from delta xDS")]
@@ -95,6 +95,7 @@ fn main() -> ExitCode {
         let agent = Agent::start(node_name, backend, store)?;
         let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
         runtime.block_on(async {
+            tokio::spawn(healthcheck::serve(agent.health_checks()));
             tokio::select! {
                 _ = xds_client::run(control_plane, agent) => {},
                 _ = shutdown() => {},

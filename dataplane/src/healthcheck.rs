@@ -1,0 +1,152 @@
+//! Service health-check servers (`healthCheckNodePort` of Services with
+//! externalTrafficPolicy Local): an HTTP server per port that tells a load
+//! balancer whether this node has local endpoints, in kube-proxy's shape:
+//!
+//! ```text
+//! 200 (or 503 with no local endpoint)
+//! {"service":{"namespace":"ns","name":"web"},"localEndpoints":1,"serviceProxyHealthy":true}
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{IpAddr, SocketAddr};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+
+use crate::state::NodeState;
+
+/// What one health-check port reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceHealth {
+    pub namespace: String,
+    pub name: String,
+    pub local_endpoints: usize,
+}
+
+impl ServiceHealth {
+    fn response(&self) -> String {
+        let body = format!(
+            "{{\"service\":{{\"namespace\":{},\"name\":{}}},\"localEndpoints\":{},\"serviceProxyHealthy\":true}}",
+            json_string(&self.namespace),
+            json_string(&self.name),
+            self.local_endpoints
+        );
+        let status = if self.local_endpoints > 0 { "200 OK" } else { "503 Service Unavailable" };
+        format!(
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nX-Content-Type-Options: nosniff\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    }
+}
+
+fn json_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The health-check ports the node state asks for. Local endpoints are this node's
+/// ready (not terminating) endpoint addresses, over all the Service's ports.
+pub fn desired(state: &NodeState) -> BTreeMap<u16, ServiceHealth> {
+    let mut out = BTreeMap::new();
+    for svc in state.services.values().map(|s| &s.value) {
+        let Some(port) = svc.health_check_node_port.filter(|_| svc.external_traffic_local) else {
+            continue;
+        };
+        let local: BTreeSet<IpAddr> = svc
+            .ports
+            .iter()
+            .flat_map(|p| &p.local_endpoints)
+            .filter(|e| !e.terminating)
+            .map(|e| e.address)
+            .collect();
+        out.insert(
+            port,
+            ServiceHealth {
+                namespace: svc.namespace.clone(),
+                name: svc.name.clone(),
+                local_endpoints: local.len(),
+            },
+        );
+    }
+    out
+}
+
+/// Keeps one listener per desired port, answering from the latest state; runs until the
+/// sender goes away.
+pub async fn serve(mut desired: watch::Receiver<BTreeMap<u16, ServiceHealth>>) {
+    let mut servers: HashMap<u16, (watch::Sender<ServiceHealth>, tokio::task::JoinHandle<()>)> =
+        HashMap::new();
+    loop {
+        let wanted = desired.borrow_and_update().clone();
+        servers.retain(|port, (_, task)| {
+            let keep = wanted.contains_key(port);
+            if !keep {
+                task.abort();
+                tracing::info!(port, "health-check server stopped");
+            }
+            keep
+        });
+        for (port, health) in wanted {
+            if let Some((tx, _)) = servers.get(&port) {
+                tx.send_if_modified(|h| {
+                    let changed = *h != health;
+                    *h = health.clone();
+                    changed
+                });
+                continue;
+            }
+            let addr = SocketAddr::from(([0, 0, 0, 0], port));
+            match tokio::net::TcpListener::bind(addr).await {
+                Ok(listener) => {
+                    tracing::info!(port, service = %format!("{}/{}", health.namespace, health.name), "health-check server listening");
+                    let (tx, rx) = watch::channel(health);
+                    servers.insert(port, (tx, tokio::spawn(accept_loop(listener, rx))));
+                }
+                Err(e) => tracing::error!(port, error = %e, "cannot open health-check port"),
+            }
+        }
+        if desired.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn accept_loop(listener: tokio::net::TcpListener, health: watch::Receiver<ServiceHealth>) {
+    loop {
+        let Ok((mut conn, _)) = listener.accept().await else { continue };
+        let response = health.borrow().response();
+        tokio::spawn(async move {
+            // Read the request head (best effort), then answer whatever was asked.
+            let mut buf = [0u8; 2048];
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.read(&mut buf)).await;
+            let _ = conn.write_all(response.as_bytes()).await;
+            let _ = conn.shutdown().await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_in_kube_proxy_shape() {
+        let h = ServiceHealth { namespace: "ns".into(), name: "web".into(), local_endpoints: 2 };
+        let r = h.response();
+        assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
+        assert!(r.ends_with(
+            "{\"service\":{\"namespace\":\"ns\",\"name\":\"web\"},\"localEndpoints\":2,\"serviceProxyHealthy\":true}"
+        ));
+        let none = ServiceHealth { local_endpoints: 0, ..h };
+        assert!(none.response().starts_with("HTTP/1.1 503 Service Unavailable\r\n"));
+    }
+}
