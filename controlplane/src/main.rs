@@ -8,7 +8,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
+use ipnet::IpNet;
 use kpx_controlplane::source::{self, SourceSpec};
+use kpx_controlplane::xds::snapshot::BuildOptions;
 use kpx_controlplane::{publisher, xds};
 use tokio::sync::watch;
 
@@ -22,12 +24,24 @@ struct Args {
     /// Where cluster state comes from: `[NAME=]file:DIR` (a folder of manifests). Repeatable.
     #[arg(long = "source", required = true, value_name = "SOURCE")]
     sources: Vec<SourceSpec>,
+    /// The cluster's pod CIDR(s): traffic from inside them is pod traffic, not
+    /// masqueraded on its way to a ClusterIP. Repeatable (one per IP family).
+    /// Without it, each node uses its own podCIDRs.
+    #[arg(long = "cluster-cidr", value_name = "CIDR", value_parser = cidr)]
+    cluster_cidrs: Vec<IpNet>,
     /// gRPC address (delta ADS and health).
     #[arg(long, default_value = "0.0.0.0:18000")]
     listen: SocketAddr,
     /// Log format.
     #[arg(long, value_enum, default_value = "human")]
     log_format: LogFormat,
+}
+
+/// A `--cluster-cidr` value; host bits are cleared, as kube-proxy does.
+fn cidr(text: &str) -> Result<IpNet, String> {
+    text.parse::<IpNet>()
+        .map(|net| net.trunc())
+        .map_err(|_| format!("{text:?} is not a CIDR (e.g. 10.244.0.0/16)"))
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -91,7 +105,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         sources.insert(spec.cluster.clone(), source::spawn(spec));
     }
     let (snapshot_tx, snapshot_rx) = watch::channel(None);
-    tokio::spawn(publisher::run(sources, snapshot_tx));
+    let mut cluster_cidrs = args.cluster_cidrs.clone();
+    cluster_cidrs.sort();
+    cluster_cidrs.dedup();
+    let options = BuildOptions { cluster_cidrs };
+    tokio::spawn(publisher::run(sources, options, snapshot_tx));
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<AggregatedDiscoveryServiceServer<xds::server::AdsServer>>().await;
@@ -120,4 +138,29 @@ async fn shutdown() {
         _ = term.recv() => {},
     }
     tracing::info!("shutting down");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_cidrs_are_repeatable_and_a_bad_one_names_the_flag() {
+        let args = Args::try_parse_from([
+            "kpx-controlplane",
+            "--source=file:/tmp",
+            "--cluster-cidr=10.244.0.1/16",
+            "--cluster-cidr",
+            "fd00:10::/56",
+        ])
+        .expect("valid");
+        let shown: Vec<String> = args.cluster_cidrs.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["10.244.0.0/16", "fd00:10::/56"]);
+        let err =
+            Args::try_parse_from(["kpx-controlplane", "--source=file:/tmp", "--cluster-cidr=10.0.0.0/33"])
+                .expect_err("bad CIDR");
+        assert!(err.use_stderr());
+        assert!(err.to_string().contains("--cluster-cidr"), "{err}");
+        assert!(err.to_string().contains("is not a CIDR"), "{err}");
+    }
 }

@@ -9,7 +9,7 @@ use ipnet::IpNet;
 use kpx_proto::types::Protocol;
 
 /// `namespace/name` of a namespaced object.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct ObjectKey {
     pub namespace: String,
     pub name: String,
@@ -42,15 +42,24 @@ impl ClusterState {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ServiceType {
+    #[default]
     ClusterIp,
     NodePort,
     LoadBalancer,
     ExternalName,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `externalTrafficPolicy` / `internalTrafficPolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TrafficPolicy {
+    #[default]
+    Cluster,
+    Local,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Service {
     pub key: ObjectKey,
     pub service_type: ServiceType,
@@ -59,6 +68,45 @@ pub struct Service {
     pub ports: Vec<ServicePort>,
     /// The `service.kubernetes.io/service-proxy-name` label: such Services belong to another proxy.
     pub proxy_name: Option<String>,
+    /// `spec.externalIPs`, each of a family the Service has a ClusterIP of.
+    pub external_ips: Vec<IpAddr>,
+    /// `status.loadBalancer.ingress[].ip` (VIP mode only), each of a family the Service has a ClusterIP of.
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// `spec.loadBalancerSourceRanges`, host bits cleared.
+    pub load_balancer_source_ranges: Vec<IpNet>,
+    /// `spec.externalTrafficPolicy` as written; see [`Service::external_traffic_local`].
+    pub external_traffic_policy: TrafficPolicy,
+    pub internal_traffic_policy: TrafficPolicy,
+    pub health_check_node_port: Option<u16>,
+    /// `sessionAffinity: ClientIP` with this timeout in seconds.
+    pub session_affinity_timeout: Option<u32>,
+}
+
+impl Service {
+    /// Whether traffic can reach the Service from outside: a NodePort, a
+    /// load-balancer IP or an external IP.
+    pub fn has_external_entry_point(&self) -> bool {
+        self.ports.iter().any(|p| p.node_port.is_some())
+            || !self.load_balancer_ips.is_empty()
+            || !self.external_ips.is_empty()
+    }
+
+    /// `externalTrafficPolicy: Local` where it has an effect (kube-proxy honours it
+    /// only for Services with an external entry point).
+    pub fn external_traffic_local(&self) -> bool {
+        self.external_traffic_policy == TrafficPolicy::Local && self.has_external_entry_point()
+    }
+
+    pub fn internal_traffic_local(&self) -> bool {
+        self.internal_traffic_policy == TrafficPolicy::Local
+    }
+
+    /// `spec.healthCheckNodePort` where kube-proxy serves it: LoadBalancer
+    /// Services whose external traffic policy is (effectively) Local.
+    pub fn effective_health_check_node_port(&self) -> Option<u16> {
+        let applies = self.service_type == ServiceType::LoadBalancer && self.external_traffic_local();
+        self.health_check_node_port.filter(|_| applies)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +114,8 @@ pub struct ServicePort {
     pub name: String,
     pub protocol: Protocol,
     pub port: u16,
+    /// NodePort and LoadBalancer Services only.
+    pub node_port: Option<u16>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,6 +144,10 @@ pub struct SliceEndpoint {
     pub terminating: bool,
     pub node_name: Option<String>,
     pub zone: Option<String>,
+    /// `hints.forZones[].name`: the zones whose nodes should prefer this endpoint.
+    pub zone_hints: Vec<String>,
+    /// `hints.forNodes[].name`: the nodes that should prefer this endpoint.
+    pub node_hints: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,10 +9,15 @@ use tokio::sync::watch;
 
 use crate::model::ClusterState;
 use crate::source::StateReceiver;
+use crate::xds::snapshot::BuildOptions;
 use crate::xds::Snapshot;
 
 /// Runs until every source is gone.
-pub async fn run(mut sources: BTreeMap<String, StateReceiver>, tx: watch::Sender<Option<Arc<Snapshot>>>) {
+pub async fn run(
+    mut sources: BTreeMap<String, StateReceiver>,
+    options: BuildOptions,
+    tx: watch::Sender<Option<Arc<Snapshot>>>,
+) {
     let mut previous = Arc::new(Snapshot::default());
     loop {
         let states: Option<BTreeMap<String, Arc<ClusterState>>> = sources
@@ -21,9 +26,10 @@ pub async fn run(mut sources: BTreeMap<String, StateReceiver>, tx: watch::Sender
             .collect();
         if let Some(states) = states {
             let started = std::time::Instant::now();
-            let snapshot = Arc::new(Snapshot::build(&states, &previous));
+            let snapshot = Arc::new(Snapshot::build(&states, &previous, &options));
             tracing::info!(
                 services = snapshot.service_count(),
+                node_variants = snapshot.variant_count(),
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "snapshot published"
             );

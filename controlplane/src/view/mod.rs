@@ -1,197 +1,215 @@
 //! Per-node views: kube-proxy's endpoint selection, done centrally.
 //!
-//! Pure functions of the cluster model. A Service whose meaning does not
-//! depend on the node (every Service until traffic policies and topology come
-//! in) has one view shared by all nodes, so it is encoded once and the same
-//! bytes (the same content-hash version) go to every node.
+//! Pure functions of the cluster model. A Service means the same on every node
+//! unless locality matters: `internalTrafficPolicy: Local`, an effective
+//! `externalTrafficPolicy: Local`, or topology hints on its endpoints. Even then
+//! it differs only for the nodes and zones its endpoints name
+//! ([`ViewBuilder::localities`]); every other node gets the view of
+//! [`Locality::UNKNOWN`], so it is encoded once and the same bytes (the same
+//! content-hash version) go to all of them.
+//!
+//! Topology hints (`hints.forNodes`, `hints.forZones`) are honoured whenever
+//! every ready endpoint has them, without kube-proxy's additional requirement
+//! of `spec.trafficDistribution` or the `service.kubernetes.io/topology-mode:
+//! Auto` annotation on the Service: the EndpointSlice controller only writes
+//! hints for such Services anyway.
 
-use std::collections::BTreeSet;
+mod select;
+#[cfg(test)]
+mod tests;
 
-use kpx_proto::types::{Endpoint, NodeConfig, ServicePort, ServiceView};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use kpx_proto::types::{NodeConfig, ServicePort, ServiceView};
 
 use crate::model::{EndpointSlice, Node, Service, ServiceType};
+use select::{categorize, Candidate, Policy};
 
 /// Whether kpx programs this Service at all.
 pub fn is_proxied(svc: &Service) -> bool {
     svc.service_type != ServiceType::ExternalName && !svc.cluster_ips.is_empty() && svc.proxy_name.is_none()
 }
 
-/// The view of one Service that every node shares; `slices` are the Service's
-/// EndpointSlices (see [`crate::model::ClusterState::slices_by_service`]).
-pub fn shared_view(cluster: &str, svc: &Service, slices: &[&EndpointSlice]) -> ServiceView {
-    let ports = svc
-        .ports
-        .iter()
-        .map(|port| ServicePort {
-            name: port.name.clone(),
-            protocol: port.protocol,
-            port: port.port,
-            endpoints: select_endpoints(svc, port, slices),
-        })
-        .collect();
-    ServiceView {
-        cluster: cluster.to_owned(),
-        namespace: svc.key.namespace.clone(),
-        name: svc.key.name.clone(),
-        cluster_ips: svc.cluster_ips.clone(),
-        ports,
+/// Where a node is, as far as endpoint selection cares.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Locality<'a> {
+    /// The node's name; `None` for a node that has none of the Service's endpoints.
+    pub node: Option<&'a str>,
+    /// The node's `topology.kubernetes.io/zone`, when known.
+    pub zone: Option<&'a str>,
+}
+
+impl Locality<'_> {
+    /// A node that has no endpoints of the Service and no known zone: the default view.
+    pub const UNKNOWN: Locality<'static> = Locality { node: None, zone: None };
+}
+
+/// The nodes and zones for which a Service's view may differ from the default
+/// one. A node not in `nodes` gets the view of its zone when that is in
+/// `zones` (computed with no node name), and the default view otherwise.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Localities<'a> {
+    /// Nodes its endpoints run on (with a Local traffic policy) or name in `forNodes` hints.
+    pub nodes: BTreeSet<&'a str>,
+    /// Zones named in `forZones` hints.
+    pub zones: BTreeSet<&'a str>,
+}
+
+impl Localities<'_> {
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty() && self.zones.is_empty()
     }
 }
 
-/// The endpoints of one Service port: the ready ones; when there are none,
-/// the serving-and-terminating ones (so connections drain gracefully). The
-/// target port comes from the slice port of the same name and protocol, which
-/// is how a named `targetPort` resolves per endpoint. Sorted and deduplicated
-/// so equal content gives equal bytes.
-fn select_endpoints(
+/// The view of one Service for a node at `at`; `slices` are the Service's
+/// EndpointSlices (see [`crate::model::ClusterState::slices_by_service`]).
+pub fn view_for(cluster: &str, svc: &Service, slices: &[&EndpointSlice], at: Locality<'_>) -> ServiceView {
+    ViewBuilder::new(cluster, svc, slices).view(at)
+}
+
+/// One Service's endpoints, gathered once, to build its view for many nodes.
+#[derive(Debug)]
+pub struct ViewBuilder<'a> {
+    cluster: &'a str,
+    svc: &'a Service,
+    /// Per Service port: its endpoints, one list per IP family of the Service.
+    ports: Vec<Vec<Vec<Candidate<'a>>>>,
+}
+
+impl<'a> ViewBuilder<'a> {
+    pub fn new(cluster: &'a str, svc: &'a Service, slices: &[&'a EndpointSlice]) -> Self {
+        let ports = svc.ports.iter().map(|port| candidates(svc, port, slices)).collect();
+        ViewBuilder { cluster, svc, ports }
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Candidate<'a>> + '_ {
+        self.ports.iter().flatten().flatten()
+    }
+
+    /// Where the view may differ from the default one. Empty for a Service
+    /// whose view is the same on every node.
+    pub fn localities(&self) -> Localities<'a> {
+        let mut out = Localities::default();
+        let by_node = self.svc.internal_traffic_local() || self.svc.external_traffic_local();
+        for c in self.all() {
+            if by_node {
+                out.nodes.extend(c.source.node_name.as_deref());
+            }
+            out.nodes.extend(c.source.node_hints.iter().map(String::as_str));
+            out.zones.extend(c.source.zone_hints.iter().map(String::as_str));
+        }
+        out
+    }
+
+    /// Whether some node gets another view than the default one.
+    pub fn varies_by_node(&self) -> bool {
+        let by_node = self.svc.internal_traffic_local() || self.svc.external_traffic_local();
+        self.all().any(|c| {
+            (by_node && c.source.node_name.is_some())
+                || !c.source.node_hints.is_empty()
+                || !c.source.zone_hints.is_empty()
+        })
+    }
+
+    /// The view for a node at `at`. Lists are sorted and deduplicated, so
+    /// equal content gives equal bytes.
+    pub fn view(&self, at: Locality<'_>) -> ServiceView {
+        let svc = self.svc;
+        let policy = Policy {
+            internal_local: svc.internal_traffic_local(),
+            external_local: svc.external_traffic_local(),
+        };
+        let ports = svc
+            .ports
+            .iter()
+            .zip(&self.ports)
+            .map(|(port, families)| {
+                let (mut endpoints, mut local_endpoints) = (Vec::new(), Vec::new());
+                for family in families {
+                    let selected = categorize(family, policy, at);
+                    endpoints.extend(selected.cluster);
+                    local_endpoints.extend(selected.local);
+                }
+                endpoints.sort();
+                local_endpoints.sort();
+                ServicePort {
+                    node_port: port.node_port,
+                    local_endpoints,
+                    ..ServicePort::new(&port.name, port.protocol, port.port, endpoints)
+                }
+            })
+            .collect();
+        ServiceView {
+            external_ips: sorted(&svc.external_ips),
+            load_balancer_ips: sorted(&svc.load_balancer_ips),
+            load_balancer_source_ranges: sorted(&svc.load_balancer_source_ranges),
+            external_traffic_local: policy.external_local,
+            internal_traffic_local: policy.internal_local,
+            health_check_node_port: svc.effective_health_check_node_port(),
+            session_affinity_timeout: svc.session_affinity_timeout,
+            ..ServiceView::new(
+                self.cluster,
+                &svc.key.namespace,
+                &svc.key.name,
+                svc.cluster_ips.clone(),
+                ports,
+            )
+        }
+    }
+}
+
+fn sorted<T: Ord + Clone>(list: &[T]) -> Vec<T> {
+    let set: BTreeSet<&T> = list.iter().collect();
+    set.into_iter().cloned().collect()
+}
+
+/// The endpoints of one Service port, one list per IP family the Service has
+/// a ClusterIP of (endpoints of other families are left out). The target port
+/// comes from the slice port of the same name and protocol, which is how a
+/// named `targetPort` resolves per endpoint. An `address:port` listed twice
+/// (while slices are being rebalanced) counts once, ready if either says so.
+fn candidates<'a>(
     svc: &Service,
     port: &crate::model::ServicePort,
-    slices: &[&EndpointSlice],
-) -> Vec<Endpoint> {
-    let families: BTreeSet<bool> = svc.cluster_ips.iter().map(|ip| ip.is_ipv4()).collect();
-    let mut ready = BTreeSet::new();
-    let mut terminating = BTreeSet::new();
+    slices: &[&'a EndpointSlice],
+) -> Vec<Vec<Candidate<'a>>> {
+    let mut unique: BTreeMap<(IpAddr, u16), Candidate<'a>> = BTreeMap::new();
     for slice in slices {
         let Some(slice_port) =
             slice.ports.iter().find(|p| p.name == port.name && p.protocol == port.protocol)
         else {
             continue;
         };
-        for ep in &slice.endpoints {
-            for address in &ep.addresses {
-                if !families.contains(&address.is_ipv4()) {
-                    continue;
-                }
-                let endpoint = Endpoint {
-                    address: *address,
-                    port: slice_port.port,
-                    node_name: ep.node_name.clone().unwrap_or_default(),
-                    terminating: false,
-                };
-                if ep.ready && !ep.terminating {
-                    ready.insert(endpoint);
-                } else if ep.serving && ep.terminating {
-                    terminating.insert(Endpoint { terminating: true, ..endpoint });
-                }
+        for source in &slice.endpoints {
+            for &address in &source.addresses {
+                let candidate = Candidate { address, port: slice_port.port, source };
+                unique
+                    .entry((address, slice_port.port))
+                    .and_modify(|known| {
+                        if candidate.ready() && !known.ready() {
+                            *known = candidate;
+                        }
+                    })
+                    .or_insert(candidate);
             }
         }
     }
-    if ready.is_empty() {
-        terminating.into_iter().collect()
-    } else {
-        ready.into_iter().collect()
-    }
+    let families: BTreeSet<bool> = svc.cluster_ips.iter().map(IpAddr::is_ipv4).collect();
+    families
+        .into_iter()
+        .map(|v4| unique.values().filter(|c| c.address.is_ipv4() == v4).copied().collect())
+        .collect()
 }
 
-/// The node config of a Node object.
-pub fn node_config(node: &Node) -> NodeConfig {
+/// The node config of a Node object; `cluster_cidrs` are the control plane's `--cluster-cidr`s.
+pub fn node_config(node: &Node, cluster_cidrs: &[IpNet]) -> NodeConfig {
     NodeConfig {
         name: node.name.clone(),
         addresses: node.addresses.clone(),
         pod_cidrs: node.pod_cidrs.clone(),
         zone: node.zone.clone().unwrap_or_default(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::{ClusterState, ObjectKey, SliceEndpoint, SlicePort};
-    use kpx_proto::types::Protocol;
-
-    fn svc(ips: &[&str]) -> Service {
-        Service {
-            key: ObjectKey { namespace: "ns".into(), name: "web".into() },
-            service_type: ServiceType::ClusterIp,
-            cluster_ips: ips.iter().map(|i| i.parse().expect("ip")).collect(),
-            ports: vec![crate::model::ServicePort { name: "http".into(), protocol: Protocol::Tcp, port: 80 }],
-            proxy_name: None,
-        }
-    }
-
-    fn ep(addr: &str, ready: bool, serving: bool, terminating: bool) -> SliceEndpoint {
-        SliceEndpoint {
-            addresses: vec![addr.parse().expect("ip")],
-            ready,
-            serving,
-            terminating,
-            node_name: Some("n1".into()),
-            zone: None,
-        }
-    }
-
-    fn state_with(svc: &Service, slices: Vec<(&str, u16, Vec<SliceEndpoint>)>) -> ClusterState {
-        let mut state = ClusterState::default();
-        state.services.insert(svc.key.clone(), svc.clone());
-        for (name, port, endpoints) in slices {
-            state.slices.insert(
-                ObjectKey { namespace: "ns".into(), name: name.into() },
-                EndpointSlice {
-                    namespace: "ns".into(),
-                    name: name.into(),
-                    service_name: "web".into(),
-                    ports: vec![SlicePort { name: "http".into(), protocol: Protocol::Tcp, port }],
-                    endpoints,
-                },
-            );
-        }
-        state
-    }
-
-    fn view_of(svc: &Service, state: &ClusterState) -> ServiceView {
-        let index = state.slices_by_service();
-        shared_view("c", svc, index.get(&svc.key).map_or(&[][..], Vec::as_slice))
-    }
-
-    fn addrs(view: &ServiceView) -> Vec<String> {
-        view.ports[0].endpoints.iter().map(|e| format!("{}:{}", e.address, e.port)).collect()
-    }
-
-    #[test]
-    fn ready_endpoints_from_all_slices_with_their_own_target_ports() {
-        let s = svc(&["10.96.0.1"]);
-        let state = state_with(
-            &s,
-            vec![
-                ("a", 8080, vec![ep("10.0.0.2", true, true, false), ep("10.0.0.1", true, true, false)]),
-                ("b", 9090, vec![ep("10.0.0.3", true, true, false), ep("10.0.0.4", false, false, false)]),
-            ],
-        );
-        assert_eq!(addrs(&view_of(&s, &state)), ["10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:9090"]);
-    }
-
-    #[test]
-    fn terminating_serving_endpoints_only_when_none_is_ready() {
-        let s = svc(&["10.96.0.1"]);
-        let both = state_with(
-            &s,
-            vec![("a", 80, vec![ep("10.0.0.1", true, true, false), ep("10.0.0.2", false, true, true)])],
-        );
-        assert_eq!(addrs(&view_of(&s, &both)), ["10.0.0.1:80"]);
-        let only_terminating = state_with(
-            &s,
-            vec![("a", 80, vec![ep("10.0.0.2", false, true, true), ep("10.0.0.3", false, false, true)])],
-        );
-        let view = view_of(&s, &only_terminating);
-        assert_eq!(addrs(&view), ["10.0.0.2:80"]);
-        assert!(view.ports[0].endpoints[0].terminating);
-    }
-
-    #[test]
-    fn headless_external_name_and_other_proxies_are_ignored() {
-        assert!(is_proxied(&svc(&["10.96.0.1"])));
-        assert!(!is_proxied(&svc(&[])));
-        assert!(!is_proxied(&Service { service_type: ServiceType::ExternalName, ..svc(&["10.96.0.1"]) }));
-        assert!(!is_proxied(&Service { proxy_name: Some("other".into()), ..svc(&["10.96.0.1"]) }));
-    }
-
-    #[test]
-    fn endpoints_of_another_family_are_left_out() {
-        let s = svc(&["10.96.0.1"]);
-        let state = state_with(&s, vec![("a", 80, vec![ep("10.0.0.1", true, true, false)])]);
-        let mut v6 = state.clone();
-        v6.slices.values_mut().for_each(|sl| sl.endpoints = vec![ep("fd00::1", true, true, false)]);
-        assert_eq!(addrs(&view_of(&s, &state)).len(), 1);
-        assert!(addrs(&view_of(&s, &v6)).is_empty());
+        cluster_cidrs: cluster_cidrs.to_vec(),
     }
 }

@@ -217,27 +217,15 @@ impl StreamState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ClusterState;
-    use crate::source::manifest::{parse, Object};
+    use crate::source::manifest::state_of;
+    use crate::xds::snapshot::BuildOptions;
     use envoy_types::pb::envoy::config::core::v3::Node;
     use envoy_types::pb::google::rpc::Status;
     use std::sync::Arc;
 
     fn snapshot(yaml: &str) -> Snapshot {
-        let mut state = ClusterState::default();
-        for obj in parse(yaml) {
-            match obj.expect("valid") {
-                Object::Service(s) => {
-                    state.services.insert(s.key.clone(), s);
-                }
-                Object::Node(n) => {
-                    state.nodes.insert(n.name.clone(), n);
-                }
-                Object::EndpointSlice(_) => {}
-            }
-        }
-        let clusters = [("c".to_owned(), Arc::new(state))].into_iter().collect();
-        Snapshot::build(&clusters, &Snapshot::default())
+        let clusters = [("c".to_owned(), Arc::new(state_of(yaml)))].into_iter().collect();
+        Snapshot::build(&clusters, &Snapshot::default(), &BuildOptions::default())
     }
 
     const TWO: &str = "kind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n---\n\
@@ -326,5 +314,31 @@ mod tests {
         let mut other = subscribe(&[]);
         other.node = Some(Node { id: "n2".into(), ..Default::default() });
         assert!(matches!(s.on_request(other), Err(ProtocolError::NodeChanged(..))));
+    }
+
+    #[test]
+    fn each_node_is_sent_its_own_variant() {
+        let snap = snapshot(
+            "kind: Service\nmetadata: {name: a}\nspec: {type: NodePort, clusterIP: 10.96.0.1, \
+             externalTrafficPolicy: Local, ports: [{port: 80, nodePort: 30080}]}\n---\n\
+             kind: EndpointSlice\nmetadata: {name: a-1, labels: {kubernetes.io/service-name: a}}\n\
+             addressType: IPv4\nports: [{port: 8080}]\nendpoints: [{addresses: [10.0.0.1], nodeName: n1}]\n",
+        );
+        let sent_to = |node: &str| {
+            let mut s = StreamState::default();
+            let mut request = subscribe(&[]);
+            request.node = Some(Node { id: node.into(), ..Default::default() });
+            s.on_request(request).expect("ok");
+            let r = s.next_response(ResourceType::ServiceView, &snap).expect("a response");
+            assert_eq!(names(&r), ["c/default/a"]);
+            r.resources[0].version.clone()
+        };
+        let default = snap.get(ResourceType::ServiceView, "nobody", "c/default/a").expect("a");
+        assert_eq!(sent_to("n2"), default.version);
+        assert_ne!(sent_to("n1"), default.version);
+        assert_eq!(
+            Some(sent_to("n1")),
+            snap.get(ResourceType::ServiceView, "n1", "c/default/a").map(|r| r.version.clone())
+        );
     }
 }

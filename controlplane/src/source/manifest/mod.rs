@@ -3,6 +3,10 @@
 //! used is a [`ManifestError`] naming the document and the field; the other
 //! documents are still read.
 
+mod node;
+mod service;
+mod slice;
+
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
@@ -10,9 +14,10 @@ use ipnet::IpNet;
 use kpx_proto::types::Protocol;
 use serde::Deserialize;
 
-use crate::model::{
-    EndpointSlice, Node, ObjectKey, Service, ServicePort, ServiceType, SliceEndpoint, SlicePort,
-};
+use crate::model::{EndpointSlice, Node, ObjectKey, Service};
+use node::{node, NodeManifest};
+use service::{service, ServiceManifest};
+use slice::{endpoint_slice, EndpointSliceManifest};
 
 /// One object read from a manifest.
 #[derive(Debug, Clone, PartialEq)]
@@ -144,36 +149,7 @@ impl Metadata {
     }
 }
 
-#[derive(Deserialize)]
-struct ServiceManifest {
-    metadata: Metadata,
-    #[serde(default)]
-    spec: ServiceSpec,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct ServiceSpec {
-    #[serde(rename = "type")]
-    service_type: Option<String>,
-    #[serde(rename = "clusterIP")]
-    cluster_ip: Option<String>,
-    #[serde(rename = "clusterIPs")]
-    cluster_ips: Option<Vec<String>>,
-    #[serde(default)]
-    ports: Vec<ServicePortSpec>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ServicePortSpec {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    protocol: Option<String>,
-    port: i64,
-}
-
+/// A field path and what is wrong with its value.
 type FieldError = (String, String);
 
 fn protocol(field: String, text: Option<&str>) -> Result<Protocol, FieldError> {
@@ -196,204 +172,32 @@ fn ip(field: String, text: &str) -> Result<IpAddr, FieldError> {
     text.parse().map_err(|_| (field, format!("{text:?} is not an IP address")))
 }
 
-fn service(m: ServiceManifest) -> Result<Service, FieldError> {
-    let spec = m.spec;
-    let service_type = match spec.service_type.as_deref().unwrap_or("ClusterIP") {
-        "ClusterIP" => ServiceType::ClusterIp,
-        "NodePort" => ServiceType::NodePort,
-        "LoadBalancer" => ServiceType::LoadBalancer,
-        "ExternalName" => ServiceType::ExternalName,
-        other => return Err(("spec.type".into(), format!("unknown Service type {other:?}"))),
-    };
-    let mut cluster_ips = Vec::new();
-    let headless = |t: &str| t.is_empty() || t == "None";
-    match (&spec.cluster_ips, &spec.cluster_ip) {
-        (Some(ips), _) if !ips.is_empty() => {
-            for (i, text) in ips.iter().enumerate() {
-                if !headless(text) {
-                    cluster_ips.push(ip(format!("spec.clusterIPs[{i}]"), text)?);
-                }
+/// A CIDR; host bits are cleared (`10.0.0.1/8` is `10.0.0.0/8`), as Kubernetes reads them.
+fn cidr(field: String, text: &str) -> Result<IpNet, FieldError> {
+    text.trim()
+        .parse::<IpNet>()
+        .map(|net| net.trunc())
+        .map_err(|_| (field, format!("{text:?} is not a CIDR")))
+}
+
+/// The state of a manifest text whose documents are all valid (for tests).
+#[cfg(test)]
+pub(crate) fn state_of(text: &str) -> crate::model::ClusterState {
+    let mut state = crate::model::ClusterState::default();
+    for object in parse(text) {
+        match object.expect("valid manifest") {
+            Object::Service(s) => {
+                state.services.insert(s.key.clone(), s);
+            }
+            Object::EndpointSlice(s) => {
+                state.slices.insert(ObjectKey { namespace: s.namespace.clone(), name: s.name.clone() }, s);
+            }
+            Object::Node(n) => {
+                state.nodes.insert(n.name.clone(), n);
             }
         }
-        (_, Some(text)) if !headless(text) => cluster_ips.push(ip("spec.clusterIP".into(), text)?),
-        _ => {}
     }
-    if cluster_ips.len() == 2 && cluster_ips[0].is_ipv4() == cluster_ips[1].is_ipv4() {
-        return Err(("spec.clusterIPs".into(), "two addresses of the same family".into()));
-    }
-    let ports = spec
-        .ports
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            Ok(ServicePort {
-                name: p.name.clone().unwrap_or_default(),
-                protocol: protocol(format!("spec.ports[{i}].protocol"), p.protocol.as_deref())?,
-                port: port(format!("spec.ports[{i}].port"), p.port)?,
-            })
-        })
-        .collect::<Result<Vec<_>, FieldError>>()?;
-    Ok(Service {
-        key: m.metadata.key(),
-        service_type,
-        cluster_ips,
-        ports,
-        proxy_name: m.metadata.labels.get("service.kubernetes.io/service-proxy-name").cloned(),
-    })
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct EndpointSliceManifest {
-    metadata: Metadata,
-    address_type: String,
-    #[serde(default)]
-    endpoints: Vec<EndpointSpec>,
-    #[serde(default)]
-    ports: Option<Vec<EndpointPortSpec>>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct EndpointSpec {
-    addresses: Vec<String>,
-    #[serde(default)]
-    conditions: Conditions,
-    #[serde(default)]
-    node_name: Option<String>,
-    #[serde(default)]
-    zone: Option<String>,
-}
-
-#[derive(Deserialize, Default)]
-struct Conditions {
-    ready: Option<bool>,
-    serving: Option<bool>,
-    terminating: Option<bool>,
-}
-
-#[derive(Deserialize)]
-struct EndpointPortSpec {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    protocol: Option<String>,
-    #[serde(default)]
-    port: Option<i64>,
-}
-
-fn endpoint_slice(m: EndpointSliceManifest) -> Result<EndpointSlice, FieldError> {
-    let key = m.metadata.key();
-    let service_name =
-        m.metadata.labels.get("kubernetes.io/service-name").cloned().ok_or_else(|| {
-            ("metadata.labels".to_owned(), "no kubernetes.io/service-name label".to_owned())
-        })?;
-    let want_v4 = match m.address_type.as_str() {
-        "IPv4" => true,
-        "IPv6" => false,
-        // FQDN slices carry no addresses a proxy can use.
-        "FQDN" => {
-            return Ok(EndpointSlice {
-                namespace: key.namespace,
-                name: key.name,
-                service_name,
-                ports: vec![],
-                endpoints: vec![],
-            })
-        }
-        other => return Err(("addressType".into(), format!("unknown address type {other:?}"))),
-    };
-    let mut ports = Vec::new();
-    for (i, p) in m.ports.unwrap_or_default().iter().enumerate() {
-        // A port without a number means "all ports", which a Service proxy cannot use.
-        let Some(number) = p.port else { continue };
-        ports.push(SlicePort {
-            name: p.name.clone().unwrap_or_default(),
-            protocol: protocol(format!("ports[{i}].protocol"), p.protocol.as_deref())?,
-            port: port(format!("ports[{i}].port"), number)?,
-        });
-    }
-    let mut endpoints = Vec::new();
-    for (i, e) in m.endpoints.iter().enumerate() {
-        let mut addresses = Vec::new();
-        for (j, text) in e.addresses.iter().enumerate() {
-            let field = format!("endpoints[{i}].addresses[{j}]");
-            let address = ip(field.clone(), text)?;
-            if address.is_ipv4() != want_v4 {
-                return Err((field, format!("{address} does not match addressType {}", m.address_type)));
-            }
-            addresses.push(address);
-        }
-        let ready = e.conditions.ready.unwrap_or(true);
-        endpoints.push(SliceEndpoint {
-            addresses,
-            ready,
-            serving: e.conditions.serving.unwrap_or(ready),
-            terminating: e.conditions.terminating.unwrap_or(false),
-            node_name: e.node_name.clone(),
-            zone: e.zone.clone(),
-        });
-    }
-    Ok(EndpointSlice { namespace: key.namespace, name: key.name, service_name, ports, endpoints })
-}
-
-#[derive(Deserialize)]
-struct NodeManifest {
-    metadata: Metadata,
-    #[serde(default)]
-    spec: NodeSpec,
-    #[serde(default)]
-    status: NodeStatus,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct NodeSpec {
-    #[serde(rename = "podCIDR")]
-    pod_cidr: Option<String>,
-    #[serde(rename = "podCIDRs")]
-    pod_cidrs: Option<Vec<String>>,
-}
-
-#[derive(Deserialize, Default)]
-struct NodeStatus {
-    #[serde(default)]
-    addresses: Vec<NodeAddress>,
-}
-
-#[derive(Deserialize)]
-struct NodeAddress {
-    #[serde(rename = "type")]
-    address_type: String,
-    address: String,
-}
-
-fn node(m: NodeManifest) -> Result<Node, FieldError> {
-    let mut addresses = Vec::new();
-    for (i, a) in m.status.addresses.iter().enumerate() {
-        if a.address_type == "InternalIP" || a.address_type == "ExternalIP" {
-            addresses.push(ip(format!("status.addresses[{i}].address"), &a.address)?);
-        }
-    }
-    let cidr = |field: String, text: &str| {
-        text.parse::<IpNet>().map_err(|_| (field, format!("{text:?} is not a CIDR")))
-    };
-    let mut pod_cidrs = Vec::new();
-    match (&m.spec.pod_cidrs, &m.spec.pod_cidr) {
-        (Some(list), _) if !list.is_empty() => {
-            for (i, text) in list.iter().enumerate() {
-                pod_cidrs.push(cidr(format!("spec.podCIDRs[{i}]"), text)?);
-            }
-        }
-        (_, Some(text)) => pod_cidrs.push(cidr("spec.podCIDR".into(), text)?),
-        _ => {}
-    }
-    Ok(Node {
-        name: m.metadata.name,
-        addresses,
-        pod_cidrs,
-        zone: m.metadata.labels.get("topology.kubernetes.io/zone").cloned(),
-    })
+    state
 }
 
 #[cfg(test)]

@@ -1,0 +1,62 @@
+//! `kind: Node`.
+
+use serde::Deserialize;
+
+use super::{cidr, ip, FieldError, Metadata};
+use crate::model::Node;
+
+#[derive(Deserialize)]
+pub(super) struct NodeManifest {
+    metadata: Metadata,
+    #[serde(default)]
+    spec: NodeSpec,
+    #[serde(default)]
+    status: NodeStatus,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct NodeSpec {
+    #[serde(rename = "podCIDR")]
+    pod_cidr: Option<String>,
+    #[serde(rename = "podCIDRs")]
+    pod_cidrs: Option<Vec<String>>,
+}
+
+#[derive(Deserialize, Default)]
+struct NodeStatus {
+    #[serde(default)]
+    addresses: Vec<NodeAddress>,
+}
+
+#[derive(Deserialize)]
+struct NodeAddress {
+    #[serde(rename = "type")]
+    address_type: String,
+    address: String,
+}
+
+pub(super) fn node(m: NodeManifest) -> Result<Node, FieldError> {
+    let mut addresses = Vec::new();
+    for (i, a) in m.status.addresses.iter().enumerate() {
+        if a.address_type == "InternalIP" || a.address_type == "ExternalIP" {
+            addresses.push(ip(format!("status.addresses[{i}].address"), &a.address)?);
+        }
+    }
+    let mut pod_cidrs = Vec::new();
+    match (&m.spec.pod_cidrs, &m.spec.pod_cidr) {
+        (Some(list), _) if !list.is_empty() => {
+            for (i, text) in list.iter().enumerate() {
+                pod_cidrs.push(cidr(format!("spec.podCIDRs[{i}]"), text)?);
+            }
+        }
+        (_, Some(text)) => pod_cidrs.push(cidr("spec.podCIDR".into(), text)?),
+        _ => {}
+    }
+    Ok(Node {
+        name: m.metadata.name,
+        addresses,
+        pod_cidrs,
+        zone: m.metadata.labels.get("topology.kubernetes.io/zone").cloned(),
+    })
+}

@@ -1,0 +1,145 @@
+//! `kind: EndpointSlice` (discovery.k8s.io/v1).
+
+use serde::Deserialize;
+
+use super::{ip, port, protocol, FieldError, Metadata};
+use crate::model::{EndpointSlice, SliceEndpoint, SlicePort};
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct EndpointSliceManifest {
+    metadata: Metadata,
+    address_type: String,
+    #[serde(default)]
+    endpoints: Vec<EndpointSpec>,
+    #[serde(default)]
+    ports: Option<Vec<EndpointPortSpec>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EndpointSpec {
+    addresses: Vec<String>,
+    #[serde(default)]
+    conditions: Conditions,
+    #[serde(default)]
+    node_name: Option<String>,
+    #[serde(default)]
+    zone: Option<String>,
+    #[serde(default)]
+    hints: Hints,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct Hints {
+    #[serde(default)]
+    for_zones: Vec<Named>,
+    #[serde(default)]
+    for_nodes: Vec<Named>,
+}
+
+#[derive(Deserialize)]
+struct Named {
+    name: String,
+}
+
+#[derive(Deserialize, Default)]
+struct Conditions {
+    ready: Option<bool>,
+    serving: Option<bool>,
+    terminating: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct EndpointPortSpec {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    protocol: Option<String>,
+    #[serde(default)]
+    port: Option<i64>,
+}
+
+pub(super) fn endpoint_slice(m: EndpointSliceManifest) -> Result<EndpointSlice, FieldError> {
+    let key = m.metadata.key();
+    let service_name =
+        m.metadata.labels.get("kubernetes.io/service-name").cloned().ok_or_else(|| {
+            ("metadata.labels".to_owned(), "no kubernetes.io/service-name label".to_owned())
+        })?;
+    let want_v4 = match m.address_type.as_str() {
+        "IPv4" => true,
+        "IPv6" => false,
+        // FQDN slices carry no addresses a proxy can use.
+        "FQDN" => {
+            return Ok(EndpointSlice {
+                namespace: key.namespace,
+                name: key.name,
+                service_name,
+                ports: vec![],
+                endpoints: vec![],
+            })
+        }
+        other => return Err(("addressType".into(), format!("unknown address type {other:?}"))),
+    };
+    let mut ports = Vec::new();
+    for (i, p) in m.ports.unwrap_or_default().iter().enumerate() {
+        // A port without a number means "all ports", which a Service proxy cannot use.
+        let Some(number) = p.port else { continue };
+        ports.push(SlicePort {
+            name: p.name.clone().unwrap_or_default(),
+            protocol: protocol(format!("ports[{i}].protocol"), p.protocol.as_deref())?,
+            port: port(format!("ports[{i}].port"), number)?,
+        });
+    }
+    let mut endpoints = Vec::new();
+    for (i, e) in m.endpoints.iter().enumerate() {
+        let mut addresses = Vec::new();
+        for (j, text) in e.addresses.iter().enumerate() {
+            let field = format!("endpoints[{i}].addresses[{j}]");
+            let address = ip(field.clone(), text)?;
+            if address.is_ipv4() != want_v4 {
+                return Err((field, format!("{address} does not match addressType {}", m.address_type)));
+            }
+            addresses.push(address);
+        }
+        let ready = e.conditions.ready.unwrap_or(true);
+        endpoints.push(SliceEndpoint {
+            addresses,
+            ready,
+            serving: e.conditions.serving.unwrap_or(ready),
+            terminating: e.conditions.terminating.unwrap_or(false),
+            node_name: e.node_name.clone(),
+            zone: e.zone.clone(),
+            zone_hints: e.hints.for_zones.iter().map(|h| h.name.clone()).collect(),
+            node_hints: e.hints.for_nodes.iter().map(|h| h.name.clone()).collect(),
+        });
+    }
+    Ok(EndpointSlice { namespace: key.namespace, name: key.name, service_name, ports, endpoints })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{parse, Object};
+
+    #[test]
+    fn reads_zone_and_node_hints() {
+        let text = "kind: EndpointSlice\nmetadata: {name: s-1, labels: {kubernetes.io/service-name: s}}\n\
+                    addressType: IPv4\nports: [{port: 80}]\nendpoints:\n\
+                    - addresses: [10.0.0.1]\n  zone: a\n  hints: {forZones: [{name: a}, {name: b}], forNodes: [{name: n1}]}\n\
+                    - addresses: [10.0.0.2]\n";
+        let results = parse(text);
+        let Some(Ok(Object::EndpointSlice(slice))) = results.first() else { panic!("a slice: {results:?}") };
+        assert_eq!(slice.endpoints[0].zone_hints, ["a", "b"]);
+        assert_eq!(slice.endpoints[0].node_hints, ["n1"]);
+        assert!(slice.endpoints[1].zone_hints.is_empty() && slice.endpoints[1].node_hints.is_empty());
+    }
+
+    #[test]
+    fn a_hint_without_a_name_is_named() {
+        let text = "kind: EndpointSlice\nmetadata: {name: s-1, labels: {kubernetes.io/service-name: s}}\n\
+                    addressType: IPv4\nendpoints:\n- addresses: [10.0.0.1]\n  hints: {forNodes: [{}]}\n";
+        let err = parse(text).remove(0).expect_err("no name");
+        assert_eq!(err.field, "endpoints[0].hints.forNodes[0]");
+    }
+}

@@ -1,0 +1,245 @@
+//! Views built from manifests: the selection rules themselves are table-tested in `select`.
+
+use super::*;
+use crate::model::{ClusterState, ObjectKey};
+use crate::source::manifest::state_of;
+
+/// A Service `ns/web` with `spec` (YAML flow mapping entries) and its slices.
+fn manifests(spec: &str, slices: &[(&str, &str)]) -> String {
+    let mut text = format!("kind: Service\nmetadata: {{name: web, namespace: ns}}\nspec: {{{spec}}}\n");
+    for (i, (address_type, endpoints)) in slices.iter().enumerate() {
+        text.push_str(&format!(
+            "---\nkind: EndpointSlice\nmetadata: {{name: web-{i}, namespace: ns, labels: {{kubernetes.io/service-name: web}}}}\n\
+             addressType: {address_type}\nports: [{{name: http, port: {}}}]\nendpoints: [{endpoints}]\n",
+            8080 + i
+        ));
+    }
+    text
+}
+
+fn web(state: &ClusterState) -> &Service {
+    state.services.get(&ObjectKey { namespace: "ns".into(), name: "web".into() }).expect("web")
+}
+
+fn view_at(state: &ClusterState, at: Locality<'_>) -> ServiceView {
+    let index = state.slices_by_service();
+    let svc = web(state);
+    view_for("c", svc, index.get(&svc.key).map_or(&[][..], Vec::as_slice), at)
+}
+
+fn addrs(endpoints: &[kpx_proto::types::Endpoint]) -> Vec<String> {
+    endpoints
+        .iter()
+        .map(|e| format!("{}:{}{}", e.address, e.port, if e.terminating { "(t)" } else { "" }))
+        .collect()
+}
+
+fn node(name: &str) -> Locality<'_> {
+    Locality { node: Some(name), zone: None }
+}
+
+const PORTS: &str = "ports: [{name: http, port: 80}]";
+
+#[test]
+fn ready_endpoints_from_all_slices_with_their_own_target_ports() {
+    let state = state_of(&manifests(
+        &format!("clusterIP: 10.96.0.1, {PORTS}"),
+        &[
+            ("IPv4", "{addresses: [10.0.0.2]}, {addresses: [10.0.0.1]}"),
+            ("IPv4", "{addresses: [10.0.0.3]}, {addresses: [10.0.0.4], conditions: {ready: false}}"),
+        ],
+    ));
+    let view = view_at(&state, Locality::UNKNOWN);
+    assert_eq!(addrs(&view.ports[0].endpoints), ["10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:8081"]);
+}
+
+#[test]
+fn terminating_serving_endpoints_only_when_none_is_ready() {
+    let term = "conditions: {ready: false, serving: true, terminating: true}";
+    let both = state_of(&manifests(
+        &format!("clusterIP: 10.96.0.1, {PORTS}"),
+        &[("IPv4", &format!("{{addresses: [10.0.0.1]}}, {{addresses: [10.0.0.2], {term}}}"))],
+    ));
+    assert_eq!(addrs(&view_at(&both, Locality::UNKNOWN).ports[0].endpoints), ["10.0.0.1:8080"]);
+    let only = state_of(&manifests(
+        &format!("clusterIP: 10.96.0.1, {PORTS}"),
+        &[(
+            "IPv4",
+            &format!(
+                "{{addresses: [10.0.0.2], {term}}}, \
+                 {{addresses: [10.0.0.3], conditions: {{ready: false, serving: false, terminating: true}}}}"
+            ),
+        )],
+    ));
+    assert_eq!(addrs(&view_at(&only, Locality::UNKNOWN).ports[0].endpoints), ["10.0.0.2:8080(t)"]);
+}
+
+#[test]
+fn the_terminating_fallback_is_per_ip_family() {
+    let state = state_of(&manifests(
+        &format!("clusterIPs: [10.96.0.1, 'fd00::1'], {PORTS}"),
+        &[
+            ("IPv4", "{addresses: [10.0.0.1]}"),
+            (
+                "IPv6",
+                "{addresses: ['fd00::5'], conditions: {ready: false, serving: true, terminating: true}}",
+            ),
+        ],
+    ));
+    assert_eq!(
+        addrs(&view_at(&state, Locality::UNKNOWN).ports[0].endpoints),
+        ["10.0.0.1:8080", "fd00::5:8081(t)"]
+    );
+}
+
+#[test]
+fn an_address_listed_twice_counts_once_and_ready_wins() {
+    let state = state_of(&manifests(
+        &format!("clusterIP: 10.96.0.1, {PORTS}"),
+        &[(
+            "IPv4",
+            "{addresses: [10.0.0.1], conditions: {ready: false}}, {addresses: [10.0.0.1], nodeName: n1}",
+        )],
+    ));
+    let view = view_at(&state, Locality::UNKNOWN);
+    assert_eq!(addrs(&view.ports[0].endpoints), ["10.0.0.1:8080"]);
+    assert_eq!(view.ports[0].endpoints[0].node_name, "n1");
+}
+
+#[test]
+fn headless_external_name_and_other_proxies_are_ignored() {
+    let svc = |ips: &[&str]| Service {
+        cluster_ips: ips.iter().map(|i| i.parse().expect("ip")).collect(),
+        ..Service::default()
+    };
+    assert!(is_proxied(&svc(&["10.96.0.1"])));
+    assert!(!is_proxied(&svc(&[])));
+    assert!(!is_proxied(&Service { service_type: ServiceType::ExternalName, ..svc(&["10.96.0.1"]) }));
+    assert!(!is_proxied(&Service { proxy_name: Some("other".into()), ..svc(&["10.96.0.1"]) }));
+}
+
+#[test]
+fn endpoints_of_another_family_are_left_out() {
+    let state = state_of(&manifests(
+        &format!("clusterIP: 10.96.0.1, {PORTS}"),
+        &[("IPv4", "{addresses: [10.0.0.1]}"), ("IPv6", "{addresses: ['fd00::1']}")],
+    ));
+    assert_eq!(addrs(&view_at(&state, Locality::UNKNOWN).ports[0].endpoints), ["10.0.0.1:8080"]);
+}
+
+#[test]
+fn copies_entry_points_source_ranges_and_affinity() {
+    let state = state_of(&format!(
+        "{}status: {{loadBalancer: {{ingress: [{{ip: 203.0.113.2}}, {{ip: 203.0.113.1}}, {{ip: 203.0.113.2}}]}}}}\n",
+        manifests(
+            "type: LoadBalancer, clusterIP: 10.96.0.1, ports: [{name: http, port: 80, nodePort: 30080}], \
+             externalIPs: [192.0.2.9, 192.0.2.1], loadBalancerSourceRanges: [10.1.0.0/16, 10.0.0.0/16], \
+             externalTrafficPolicy: Local, healthCheckNodePort: 31000, sessionAffinity: ClientIP",
+            &[],
+        )
+    ));
+    let view = view_at(&state, Locality::UNKNOWN);
+    assert_eq!(view.ports[0].node_port, Some(30080));
+    let strings = |list: &[IpAddr]| list.iter().map(ToString::to_string).collect::<Vec<_>>();
+    assert_eq!(strings(&view.external_ips), ["192.0.2.1", "192.0.2.9"]);
+    assert_eq!(strings(&view.load_balancer_ips), ["203.0.113.1", "203.0.113.2"]);
+    let ranges: Vec<String> = view.load_balancer_source_ranges.iter().map(ToString::to_string).collect();
+    assert_eq!(ranges, ["10.0.0.0/16", "10.1.0.0/16"]);
+    assert!(view.external_traffic_local && !view.internal_traffic_local);
+    assert_eq!(view.health_check_node_port, Some(31000));
+    assert_eq!(view.session_affinity_timeout, Some(10800));
+}
+
+#[test]
+fn local_external_policy_without_entry_point_is_cluster() {
+    let state = state_of(&manifests(
+        &format!("clusterIP: 10.96.0.1, externalTrafficPolicy: Local, healthCheckNodePort: 31000, {PORTS}"),
+        &[("IPv4", "{addresses: [10.0.0.1], nodeName: n1}")],
+    ));
+    let view = view_at(&state, node("n1"));
+    assert!(!view.external_traffic_local);
+    assert!(view.ports[0].local_endpoints.is_empty());
+    assert_eq!(view.health_check_node_port, None);
+    assert_eq!(view, view_at(&state, Locality::UNKNOWN));
+}
+
+#[test]
+fn external_local_gives_each_node_its_own_endpoints() {
+    let state = state_of(&manifests(
+        "type: NodePort, clusterIP: 10.96.0.1, externalTrafficPolicy: Local, \
+         ports: [{name: http, port: 80, nodePort: 30080}]",
+        &[("IPv4", "{addresses: [10.0.0.1], nodeName: n1}, {addresses: [10.0.0.2], nodeName: n2}")],
+    ));
+    let n1 = view_at(&state, node("n1"));
+    assert!(n1.external_traffic_local);
+    assert_eq!(addrs(&n1.ports[0].endpoints), ["10.0.0.1:8080", "10.0.0.2:8080"]);
+    assert_eq!(addrs(&n1.ports[0].local_endpoints), ["10.0.0.1:8080"]);
+    assert!(view_at(&state, node("n3")).ports[0].local_endpoints.is_empty());
+    assert_eq!(view_at(&state, node("n3")), view_at(&state, Locality::UNKNOWN));
+    assert_eq!(view_at(&state, Locality::UNKNOWN).health_check_node_port, None, "NodePort: no health check");
+}
+
+#[test]
+fn internal_local_keeps_only_this_nodes_endpoints() {
+    let state = state_of(&manifests(
+        &format!("clusterIP: 10.96.0.1, internalTrafficPolicy: Local, {PORTS}"),
+        &[("IPv4", "{addresses: [10.0.0.1], nodeName: n1}, {addresses: [10.0.0.2], nodeName: n2}")],
+    ));
+    let n2 = view_at(&state, node("n2"));
+    assert!(n2.internal_traffic_local);
+    assert_eq!(addrs(&n2.ports[0].endpoints), ["10.0.0.2:8080"]);
+    assert!(n2.ports[0].local_endpoints.is_empty(), "external policy is Cluster");
+    assert!(view_at(&state, Locality::UNKNOWN).ports[0].endpoints.is_empty());
+}
+
+/// Every node and zone outside `localities` gets exactly the default view.
+#[test]
+fn localities_name_every_node_and_zone_whose_view_differs() {
+    let hinted = "{addresses: [10.0.0.1], nodeName: n1, hints: {forZones: [{name: a}], forNodes: [{name: n1}]}}, \
+                  {addresses: [10.0.0.2], nodeName: n2, hints: {forZones: [{name: b}], forNodes: [{name: n3}]}}";
+    let plain = "{addresses: [10.0.0.1], nodeName: n1}, {addresses: [10.0.0.2], nodeName: n2}";
+    let cases = [
+        (format!("clusterIP: 10.96.0.1, {PORTS}"), plain, &[][..], &[][..]),
+        (format!("clusterIP: 10.96.0.1, {PORTS}"), hinted, &["n1", "n3"][..], &["a", "b"][..]),
+        (format!("clusterIP: 10.96.0.1, internalTrafficPolicy: Local, {PORTS}"), plain, &["n1", "n2"], &[]),
+        (format!("clusterIP: 10.96.0.1, externalTrafficPolicy: Local, {PORTS}"), plain, &[], &[]),
+        (
+            "clusterIP: 10.96.0.1, externalTrafficPolicy: Local, externalIPs: [192.0.2.1], ports: [{name: http, port: 80}]"
+                .into(),
+            plain,
+            &["n1", "n2"],
+            &[],
+        ),
+        (format!("clusterIP: 10.96.0.1, internalTrafficPolicy: Local, {PORTS}"), hinted, &["n1", "n2", "n3"], &["a", "b"]),
+    ];
+    for (spec, endpoints, nodes, zones) in cases {
+        let state = state_of(&manifests(&spec, &[("IPv4", endpoints)]));
+        let index = state.slices_by_service();
+        let builder =
+            ViewBuilder::new("c", web(&state), index.get(&web(&state).key).map_or(&[][..], Vec::as_slice));
+        let localities = builder.localities();
+        assert_eq!(localities.nodes.iter().copied().collect::<Vec<_>>(), nodes, "{spec} / {endpoints}");
+        assert_eq!(localities.zones.iter().copied().collect::<Vec<_>>(), zones, "{spec} / {endpoints}");
+        assert_eq!(builder.varies_by_node(), !localities.is_empty(), "{spec}");
+        let default = builder.view(Locality::UNKNOWN);
+        for other in ["n4", "n5"] {
+            for zone in [None, Some("c")] {
+                assert_eq!(builder.view(Locality { node: Some(other), zone }), default, "{spec} at {other}");
+            }
+        }
+        // A node outside `nodes` gets its zone's view.
+        for zone in zones {
+            let zone_view = builder.view(Locality { node: None, zone: Some(zone) });
+            assert_eq!(builder.view(Locality { node: Some("n4"), zone: Some(zone) }), zone_view, "{spec}");
+        }
+    }
+}
+
+#[test]
+fn node_config_carries_the_cluster_cidrs() {
+    let state = state_of("kind: Node\nmetadata: {name: n1, labels: {topology.kubernetes.io/zone: a}}\nspec: {podCIDR: 10.244.1.0/24}\n");
+    let cidrs: Vec<IpNet> = vec!["10.244.0.0/16".parse().expect("cidr")];
+    let config = node_config(&state.nodes["n1"], &cidrs);
+    assert_eq!((config.zone.as_str(), config.cluster_cidrs.as_slice()), ("a", cidrs.as_slice()));
+    assert_eq!(config.local_traffic_cidrs(), cidrs.as_slice());
+}

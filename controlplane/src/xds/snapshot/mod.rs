@@ -1,0 +1,264 @@
+//! What every node should have, as one immutable [`Snapshot`].
+//!
+//! Each resource is encoded once and versioned by its content hash. Most
+//! Services mean the same on every node: one default view, one `Arc<Resource>`
+//! for all. A Service whose meaning depends on locality (see [`crate::view`])
+//! may also have variants: per zone, for the nodes of a zone its topology
+//! hints name, and per node, for the nodes its endpoints or hints name. A
+//! variant is stored only when it differs from what the node would get
+//! without it (its zone's variant, else the default), so memory grows with the
+//! variants that differ, not with Services × nodes.
+//!
+//! Resources are interned by version: identical variants share one `Arc`, and
+//! a new snapshot reuses the `Arc`s of the previous one for unchanged content,
+//! so streams compare pointers first.
+//!
+//! Node names are taken to be unique across clusters (as for node configs).
+//! A node's zone comes from its Node object; a node whose Node object is
+//! unknown has no zone, but still gets its own variant where the Service's
+//! endpoints or `forNodes` hints name it (kube-proxy's locality is the node
+//! name, not the Node object).
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use kpx_proto::version::content_version;
+use kpx_proto::{NODE_CONFIG_TYPE_URL, SERVICE_VIEW_TYPE_URL};
+
+use crate::model::ClusterState;
+use crate::view::{self, Locality, ViewBuilder};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ResourceType {
+    ServiceView,
+    NodeConfig,
+}
+
+impl ResourceType {
+    pub const ALL: [ResourceType; 2] = [ResourceType::ServiceView, ResourceType::NodeConfig];
+
+    pub fn type_url(self) -> &'static str {
+        match self {
+            ResourceType::ServiceView => SERVICE_VIEW_TYPE_URL,
+            ResourceType::NodeConfig => NODE_CONFIG_TYPE_URL,
+        }
+    }
+
+    pub fn from_type_url(url: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.type_url() == url)
+    }
+}
+
+/// One encoded resource.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Resource {
+    pub name: String,
+    pub version: String,
+    pub body: Vec<u8>,
+}
+
+impl Resource {
+    fn new(name: String, body: Vec<u8>) -> Self {
+        Resource { version: content_version(&body), name, body }
+    }
+}
+
+/// What the control plane adds to the cluster state when building snapshots.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BuildOptions {
+    /// `--cluster-cidr`: goes into every node config.
+    pub cluster_cidrs: Vec<IpNet>,
+}
+
+/// Resource name → resource.
+type Resources = BTreeMap<String, Arc<Resource>>;
+
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// The default view of every Service, by resource name.
+    services: Resources,
+    /// Zone → the views that differ from the default for that zone's nodes.
+    zone_variants: HashMap<String, Resources>,
+    /// Node → the views that differ for it from its zone's variant or the default.
+    node_variants: HashMap<String, Resources>,
+    /// The zone of every node whose zone has variants.
+    node_zones: HashMap<String, String>,
+    /// Node configs by node name.
+    node_configs: Resources,
+}
+
+/// Hands out one `Arc` per content version.
+struct Interner {
+    by_version: HashMap<String, Arc<Resource>>,
+}
+
+impl Interner {
+    fn new<'a>(known: impl Iterator<Item = &'a Arc<Resource>>) -> Self {
+        Interner { by_version: known.map(|r| (r.version.clone(), Arc::clone(r))).collect() }
+    }
+
+    fn intern(&mut self, fresh: Resource) -> Arc<Resource> {
+        match self.by_version.get(&fresh.version) {
+            Some(known) if known.name == fresh.name => Arc::clone(known),
+            _ => {
+                let fresh = Arc::new(fresh);
+                self.by_version.insert(fresh.version.clone(), Arc::clone(&fresh));
+                fresh
+            }
+        }
+    }
+}
+
+/// Where nodes are: each known node's zone (from Node objects; a later cluster wins).
+struct Zones<'a> {
+    of_node: HashMap<&'a str, &'a str>,
+    known: HashSet<&'a str>,
+}
+
+impl<'a> Zones<'a> {
+    fn new(clusters: &'a BTreeMap<String, Arc<ClusterState>>) -> Self {
+        let mut of_node = HashMap::new();
+        for node in clusters.values().flat_map(|state| state.nodes.values()) {
+            match node.zone.as_deref() {
+                Some(zone) => of_node.insert(node.name.as_str(), zone),
+                None => of_node.remove(node.name.as_str()),
+            };
+        }
+        let known = of_node.values().copied().collect();
+        Zones { of_node, known }
+    }
+}
+
+impl Snapshot {
+    /// Builds the snapshot of all clusters, reusing the resources of `previous` that did not change.
+    pub fn build(
+        clusters: &BTreeMap<String, Arc<ClusterState>>,
+        previous: &Snapshot,
+        options: &BuildOptions,
+    ) -> Snapshot {
+        let mut views = Interner::new(previous.all_services());
+        let mut configs = Interner::new(previous.node_configs.values());
+        let zones = Zones::new(clusters);
+        let mut snapshot = Snapshot::default();
+        for (cluster, state) in clusters {
+            let slices = state.slices_by_service();
+            for svc in state.services.values().filter(|s| view::is_proxied(s)) {
+                let builder =
+                    ViewBuilder::new(cluster, svc, slices.get(&svc.key).map_or(&[][..], Vec::as_slice));
+                let default = views.intern(encode(&builder, Locality::UNKNOWN));
+                snapshot.add_variants(&builder, &default, &zones, &mut views);
+                snapshot.services.insert(default.name.clone(), default);
+            }
+            for node in state.nodes.values() {
+                let config = view::node_config(node, &options.cluster_cidrs);
+                let resource = configs.intern(Resource::new(config.name.clone(), config.encode()));
+                snapshot.node_configs.insert(resource.name.clone(), resource);
+            }
+        }
+        snapshot.node_zones = zones
+            .of_node
+            .iter()
+            .filter(|(_, zone)| snapshot.zone_variants.contains_key(**zone))
+            .map(|(node, zone)| ((*node).to_owned(), (*zone).to_owned()))
+            .collect();
+        snapshot
+    }
+
+    /// Stores the zone and node views of one Service that differ from what those nodes would get otherwise.
+    fn add_variants(
+        &mut self,
+        builder: &ViewBuilder<'_>,
+        default: &Arc<Resource>,
+        zones: &Zones<'_>,
+        views: &mut Interner,
+    ) {
+        let localities = builder.localities();
+        let name = &default.name;
+        for &zone in localities.zones.iter().filter(|z| zones.known.contains(*z)) {
+            let fresh = encode(builder, Locality { node: None, zone: Some(zone) });
+            if fresh.version != default.version {
+                self.zone_variants
+                    .entry(zone.to_owned())
+                    .or_default()
+                    .insert(name.clone(), views.intern(fresh));
+            }
+        }
+        for &node in &localities.nodes {
+            let zone = zones.of_node.get(node).copied();
+            let fallback =
+                zone.and_then(|z| self.zone_variants.get(z)).and_then(|v| v.get(name)).unwrap_or(default);
+            let fresh = encode(builder, Locality { node: Some(node), zone });
+            if fresh.version != fallback.version {
+                self.node_variants
+                    .entry(node.to_owned())
+                    .or_default()
+                    .insert(name.clone(), views.intern(fresh));
+            }
+        }
+    }
+
+    fn all_services(&self) -> impl Iterator<Item = &Arc<Resource>> {
+        let variants = self.zone_variants.values().chain(self.node_variants.values());
+        self.services.values().chain(variants.flat_map(BTreeMap::values))
+    }
+
+    /// `node`'s variant of the Service view `name`, if it has one.
+    fn variant(&self, node: &str, name: &str) -> Option<&Arc<Resource>> {
+        let own = self.node_variants.get(node).and_then(|v| v.get(name));
+        own.or_else(|| {
+            let zone = self.node_zones.get(node)?;
+            self.zone_variants.get(zone)?.get(name)
+        })
+    }
+
+    /// The resources of one type that `node` should have.
+    pub fn for_node<'a>(
+        &'a self,
+        ty: ResourceType,
+        node: &'a str,
+    ) -> Box<dyn Iterator<Item = &'a Arc<Resource>> + 'a> {
+        match ty {
+            ResourceType::ServiceView => {
+                let has_variants =
+                    self.node_variants.contains_key(node) || self.node_zones.contains_key(node);
+                if !has_variants {
+                    return Box::new(self.services.values());
+                }
+                Box::new(
+                    self.services
+                        .iter()
+                        .map(move |(name, default)| self.variant(node, name).unwrap_or(default)),
+                )
+            }
+            ResourceType::NodeConfig => Box::new(self.node_configs.get(node).into_iter()),
+        }
+    }
+
+    /// One resource that `node` should have, if it exists.
+    pub fn get(&self, ty: ResourceType, node: &str, name: &str) -> Option<&Arc<Resource>> {
+        match ty {
+            ResourceType::ServiceView => {
+                self.services.get(name).map(|default| self.variant(node, name).unwrap_or(default))
+            }
+            ResourceType::NodeConfig => (name == node).then(|| self.node_configs.get(node)).flatten(),
+        }
+    }
+
+    pub fn service_count(&self) -> usize {
+        self.services.len()
+    }
+
+    /// How many zone and node variants are stored besides the default views.
+    pub fn variant_count(&self) -> usize {
+        self.zone_variants.values().chain(self.node_variants.values()).map(BTreeMap::len).sum()
+    }
+}
+
+fn encode(builder: &ViewBuilder<'_>, at: Locality<'_>) -> Resource {
+    let view = builder.view(at);
+    Resource::new(view.resource_name(), view.encode())
+}
