@@ -6,8 +6,10 @@
 //! inside the node namespace with their peer directly in the other one.
 
 pub mod fake_control_plane;
+pub mod manifests;
 pub mod netns;
 pub mod process;
+pub mod scenarios;
 pub mod topology;
 pub mod traffic;
 

@@ -1,11 +1,14 @@
 //! A node with a client and backend pods, and kpx running on it.
 //!
 //! ```text
-//!  client (10.0.0.2) ── veth ── node (10.0.0.1; 10.244.I.1) ── veth ── podI (10.244.I.2)
+//!  client (10.0.0.2, 10.0.0.3,   ── veth ── node (10.0.0.1, 10.0.1.1,   ── veth ── podI (10.244.I+1.2,
+//!          fd00::2)                             fd00::1; 10.244.I+1.1,               fd00:244:I+1::2)
+//!                                               fd00:244:I+1::1)
 //! ```
 //! The node routes between them (it is the default gateway of every other
 //! namespace) and runs the kpx control plane and node agent; kpx's rules live
-//! in the node namespace only.
+//! in the node namespace only. The node's Node object (see [`node_yaml`]) says
+//! it is `node-a` in zone `zone-a` with pod CIDR 10.244.0.0/16.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -16,6 +19,32 @@ use crate::traffic::Backend;
 
 pub const CONTROL_PLANE_ADDR: &str = "127.0.0.1:18000";
 pub const NODE_NAME: &str = "node-a";
+pub const NODE_IP: &str = "10.0.0.1";
+/// A second node address (for NodePort address filtering).
+pub const NODE_IP_2: &str = "10.0.1.1";
+pub const NODE_IP6: &str = "fd00::1";
+pub const CLIENT_IP: &str = "10.0.0.2";
+/// A second client address (for source-range filtering).
+pub const CLIENT_IP_2: &str = "10.0.0.3";
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+
+/// Which backend the node agent drives (`--backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyBackend {
+    Nftables,
+    Iptables,
+    Ipvs,
+}
+
+impl ProxyBackend {
+    pub fn arg(self) -> &'static str {
+        match self {
+            ProxyBackend::Nftables => "nftables",
+            ProxyBackend::Iptables => "iptables",
+            ProxyBackend::Ipvs => "ipvs",
+        }
+    }
+}
 
 pub struct Topology {
     pub node: Netns,
@@ -37,13 +66,20 @@ impl Topology {
                 "net.ipv4.ip_forward=1",
                 "net.ipv4.conf.all.send_redirects=0",
                 "net.ipv4.conf.default.send_redirects=0",
+                "net.ipv6.conf.all.forwarding=1",
             ],
         );
         link(&node, "to-client", "10.0.0.1/24", &client, "10.0.0.2/24");
+        node.ip(&["addr", "add", "10.0.1.1/24", "dev", "to-client"]);
+        node.ip(&["addr", "add", "fd00::1/64", "dev", "to-client", "nodad"]);
+        client.ip(&["addr", "add", "10.0.0.3/24", "dev", "eth0"]);
+        client.ip(&["addr", "add", "fd00::2/64", "dev", "eth0", "nodad"]);
         client.ip(&["route", "add", "default", "via", "10.0.0.1"]);
+        client.ip(&["-6", "route", "add", "default", "via", "fd00::1"]);
         // Unknown destinations leave through the client side, so packets to a
         // Service address without endpoints reach the forward hook (as on a real node).
         node.ip(&["route", "add", "default", "via", "10.0.0.2"]);
+        node.ip(&["-6", "route", "add", "default", "via", "fd00::2"]);
         let pods = (0..pods)
             .map(|i| {
                 let pod = Netns::new(&format!("pod{i}"));
@@ -56,6 +92,16 @@ impl Topology {
                     &format!("10.244.{n}.2/24"),
                 );
                 pod.ip(&["route", "add", "default", "via", &format!("10.244.{n}.1")]);
+                node.ip(&[
+                    "addr",
+                    "add",
+                    &format!("fd00:244:{n}::1/64"),
+                    "dev",
+                    &format!("to-pod{i}"),
+                    "nodad",
+                ]);
+                pod.ip(&["addr", "add", &format!("fd00:244:{n}::2/64"), "dev", "eth0", "nodad"]);
+                pod.ip(&["-6", "route", "add", "default", "via", &format!("fd00:244:{n}::1")]);
                 pod
             })
             .collect();
@@ -67,6 +113,21 @@ impl Topology {
     /// The address of pod `i`.
     pub fn pod_ip(i: usize) -> String {
         format!("10.244.{}.2", i + 1)
+    }
+
+    /// The IPv6 address of pod `i`.
+    pub fn pod_ip6(i: usize) -> String {
+        format!("fd00:244:{}::2", i + 1)
+    }
+
+    /// The node's address on the link to pod `i` (the source of masqueraded traffic to it).
+    pub fn node_ip_towards_pod(i: usize) -> String {
+        format!("10.244.{}.1", i + 1)
+    }
+
+    /// Writes the node's Node object (zone `zone-a`, addresses 10.0.0.1, 10.0.1.1 and fd00::1).
+    pub fn write_node(&self) {
+        self.write_manifest("node.yaml", &node_yaml(NODE_NAME, "zone-a"));
     }
 
     /// Starts a backend named `pod<i>` in every pod, on `port`.
@@ -88,20 +149,32 @@ impl Topology {
     }
 
     pub fn start_control_plane(&self) -> KpxProcess {
-        let args = vec![
+        self.start_control_plane_with(&[])
+    }
+
+    /// The control plane with extra flags (e.g. `--cluster-cidr=…`).
+    pub fn start_control_plane_with(&self, extra: &[&str]) -> KpxProcess {
+        let mut args = vec![
             format!("--source=file:{}", self.manifests().display()),
             format!("--listen={CONTROL_PLANE_ADDR}"),
         ];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
         KpxProcess::start(&self.node, "kpx-controlplane", &args, self.log_path("controlplane"))
     }
 
     pub fn start_dataplane(&self) -> KpxProcess {
-        let args = vec![
+        self.start_dataplane_with(ProxyBackend::Nftables, &[])
+    }
+
+    /// The node agent driving `backend`, with extra flags (e.g. `--masquerade-all`).
+    pub fn start_dataplane_with(&self, backend: ProxyBackend, extra: &[&str]) -> KpxProcess {
+        let mut args = vec![
             format!("--node-name={NODE_NAME}"),
             format!("--control-plane=http://{CONTROL_PLANE_ADDR}"),
-            "--backend=nftables".to_owned(),
+            format!("--backend={}", backend.arg()),
             format!("--state-dir={}", self.dir.path().join("state").display()),
         ];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
         KpxProcess::start(&self.node, "kpx-dataplane", &args, self.log_path("dataplane"))
     }
 
@@ -141,9 +214,17 @@ pub fn write_atomically(path: &Path, text: &str) {
     std::fs::rename(&tmp, path).expect("rename manifest");
 }
 
-/// `addr:port` as a socket address.
+/// `addr:port` as a socket address (IPv6 addresses without brackets too).
 pub fn sock(addr: &str, port: u16) -> SocketAddr {
-    format!("{addr}:{port}").parse().expect("socket address")
+    let ip: std::net::IpAddr = addr.parse().expect("IP address");
+    SocketAddr::new(ip, port)
+}
+
+/// A Node object: its name, zone, addresses (InternalIP) and pod CIDR.
+pub fn node_yaml(name: &str, zone: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels: {{topology.kubernetes.io/zone: {zone}}}\nspec: {{podCIDR: 10.244.0.0/16, podCIDRs: [10.244.0.0/16, 'fd00:244::/48']}}\nstatus:\n  addresses:\n  - {{type: InternalIP, address: {NODE_IP}}}\n  - {{type: InternalIP, address: {NODE_IP_2}}}\n  - {{type: InternalIP, address: '{NODE_IP6}'}}\n"
+    )
 }
 
 /// A Service and its EndpointSlice as manifests: `ports` are (name, protocol, port, target port).

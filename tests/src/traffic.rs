@@ -1,56 +1,161 @@
 //! Real listeners and real clients. A backend answers every TCP connection
 //! and every UDP datagram with its own name, so a client sees where the
-//! kernel sent it.
+//! kernel sent it, and remembers who connected, so a test sees whether the
+//! client address was kept or masqueraded.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::netns::Netns;
 
-/// A TCP and a UDP listener on one port in a namespace, stopped on drop.
+/// TCP and UDP listeners on one port (IPv4 and IPv6) in a namespace, stopped on drop.
 pub struct Backend {
     stop: Arc<AtomicBool>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    peers: Arc<Mutex<BTreeSet<IpAddr>>>,
 }
 
 impl Backend {
     pub fn start(ns: &Netns, name: &str, port: u16) -> Backend {
         let stop = Arc::new(AtomicBool::new(false));
-        let addr: SocketAddr = ([0, 0, 0, 0], port).into();
-        let (tcp, udp) = ns.run_in(move || {
-            let tcp = TcpListener::bind(addr).expect("bind tcp");
-            tcp.set_nonblocking(true).expect("nonblocking");
-            let udp = UdpSocket::bind(addr).expect("bind udp");
-            udp.set_read_timeout(Some(Duration::from_millis(50))).expect("timeout");
-            (tcp, udp)
-        });
-        let (name_tcp, stop_tcp) = (name.to_owned(), Arc::clone(&stop));
-        let tcp_thread = std::thread::spawn(move || {
-            while !stop_tcp.load(Ordering::Relaxed) {
-                match tcp.accept() {
-                    Ok((mut conn, _)) => {
-                        let _ = conn.set_nonblocking(false);
-                        let _ = conn.write_all(name_tcp.as_bytes());
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
-                }
-            }
-        });
-        let (name_udp, stop_udp) = (name.to_owned(), Arc::clone(&stop));
-        let udp_thread = std::thread::spawn(move || {
-            let mut buf = [0u8; 512];
-            while !stop_udp.load(Ordering::Relaxed) {
-                if let Ok((_, from)) = udp.recv_from(&mut buf) {
-                    let _ = udp.send_to(name_udp.as_bytes(), from);
-                }
-            }
-        });
-        Backend { stop, threads: vec![tcp_thread, udp_thread] }
+        let peers = Arc::new(Mutex::new(BTreeSet::new()));
+        let mut threads = Vec::new();
+        for addr in [SocketAddr::from(([0, 0, 0, 0], port)), SocketAddr::from(([0u16; 8], port))] {
+            threads.extend(listen(ns, name, addr, &stop, &peers));
+        }
+        Backend { stop, threads, peers }
     }
+
+    /// The source addresses of every connection and datagram seen so far.
+    pub fn peers(&self) -> BTreeSet<IpAddr> {
+        self.peers.lock().expect("peers").clone()
+    }
+
+    pub fn clear_peers(&self) {
+        self.peers.lock().expect("peers").clear();
+    }
+}
+
+fn listen(
+    ns: &Netns,
+    name: &str,
+    addr: SocketAddr,
+    stop: &Arc<AtomicBool>,
+    peers: &Arc<Mutex<BTreeSet<IpAddr>>>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    let (tcp, udp) = ns.run_in(move || {
+        let tcp = bind_tcp(addr);
+        tcp.set_nonblocking(true).expect("nonblocking");
+        let udp = bind_udp(addr);
+        udp.set_read_timeout(Some(Duration::from_millis(50))).expect("timeout");
+        (tcp, udp)
+    });
+    let (name_tcp, stop_tcp, peers_tcp) = (name.to_owned(), Arc::clone(stop), Arc::clone(peers));
+    let tcp_thread = std::thread::spawn(move || {
+        while !stop_tcp.load(Ordering::Relaxed) {
+            match tcp.accept() {
+                Ok((mut conn, from)) => {
+                    peers_tcp.lock().expect("peers").insert(canonical(from.ip()));
+                    let _ = conn.set_nonblocking(false);
+                    let _ = conn.write_all(name_tcp.as_bytes());
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+    });
+    let (name_udp, stop_udp, peers_udp) = (name.to_owned(), Arc::clone(stop), Arc::clone(peers));
+    let udp_thread = std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while !stop_udp.load(Ordering::Relaxed) {
+            if let Ok((_, from)) = udp.recv_from(&mut buf) {
+                peers_udp.lock().expect("peers").insert(canonical(from.ip()));
+                let _ = udp.send_to(name_udp.as_bytes(), from);
+            }
+        }
+    });
+    vec![tcp_thread, udp_thread]
+}
+
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// A socket of `kind` bound to `addr`; IPv6 sockets are IPv6-only so both families can bind the port.
+fn bound_socket(addr: SocketAddr, kind: libc::c_int) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    let domain = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: plain socket calls on a descriptor this function owns; errors are checked.
+    unsafe {
+        let fd = libc::socket(domain, kind | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let owned = std::os::fd::OwnedFd::from_raw_fd(fd);
+        let on: libc::c_int = 1;
+        let size = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, (&on as *const libc::c_int).cast(), size);
+        if addr.is_ipv6() {
+            libc::setsockopt(
+                fd,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_V6ONLY,
+                (&on as *const libc::c_int).cast(),
+                size,
+            );
+        }
+        let (storage, len) = sockaddr(addr);
+        let rc = libc::bind(fd, (&storage as *const libc::sockaddr_storage).cast(), len);
+        assert_eq!(rc, 0, "bind {addr}: {}", std::io::Error::last_os_error());
+        owned
+    }
+}
+
+fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain data; zeroed is a valid value.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_in fits in sockaddr_storage.
+            unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                sin6_scope_id: 0,
+            };
+            // SAFETY: sockaddr_in6 fits in sockaddr_storage.
+            unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (storage, len as libc::socklen_t)
+}
+
+fn bind_tcp(addr: SocketAddr) -> TcpListener {
+    let fd = bound_socket(addr, libc::SOCK_STREAM);
+    // SAFETY: listen on the socket we own.
+    let rc = unsafe { libc::listen(std::os::fd::AsRawFd::as_raw_fd(&fd), 128) };
+    assert_eq!(rc, 0, "listen {addr}: {}", std::io::Error::last_os_error());
+    TcpListener::from(fd)
+}
+
+fn bind_udp(addr: SocketAddr) -> UdpSocket {
+    UdpSocket::from(bound_socket(addr, libc::SOCK_DGRAM))
 }
 
 impl Drop for Backend {
@@ -87,9 +192,62 @@ pub fn tcp_request(to: SocketAddr) -> Answer {
     }
 }
 
+/// One TCP connection from source address `from` (one of the caller's namespace).
+pub fn tcp_request_from(from: IpAddr, to: SocketAddr) -> Answer {
+    let fd = bound_socket(SocketAddr::new(from, 0), libc::SOCK_STREAM);
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    let timeout = libc::timeval { tv_sec: 2, tv_usec: 0 };
+    let (storage, len) = sockaddr(to);
+    // SAFETY: socket calls on a descriptor we own; on Linux SO_SNDTIMEO bounds a blocking connect.
+    let rc = unsafe {
+        libc::setsockopt(
+            raw,
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            (&timeout as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        );
+        libc::connect(raw, (&storage as *const libc::sockaddr_storage).cast(), len)
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.kind() == std::io::ErrorKind::ConnectionRefused {
+            Answer::Refused
+        } else {
+            Answer::Failed(e.to_string())
+        };
+    }
+    let mut stream = TcpStream::from(fd);
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut name = String::new();
+    match stream.read_to_string(&mut name) {
+        Ok(_) if !name.is_empty() => Answer::From(name),
+        Ok(_) => Answer::Failed("empty answer".into()),
+        Err(e) => Answer::Failed(e.to_string()),
+    }
+}
+
+/// `GET /` over HTTP/1.1: the status code and the body, or why it failed.
+pub fn http_get(to: SocketAddr) -> Result<(u16, String), String> {
+    let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2)).map_err(|e| e.to_string())?;
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    s.write_all(format!("GET / HTTP/1.1\r\nHost: {to}\r\nConnection: close\r\n\r\n").as_bytes())
+        .map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).map_err(|e| e.to_string())?;
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("not an HTTP response: {text:?}"))?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Ok((status, body))
+}
+
 /// One UDP exchange from a fresh socket (a fresh conntrack entry): who answered.
 pub fn udp_request(to: SocketAddr) -> Answer {
-    let sock = match UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0))) {
+    let any: SocketAddr = if to.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { ([0u16; 8], 0).into() };
+    let sock = match UdpSocket::bind(any) {
         Ok(s) => s,
         Err(e) => return Answer::Failed(e.to_string()),
     };

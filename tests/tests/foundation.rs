@@ -182,7 +182,9 @@ fn view(endpoint: &str, port: u32, protocol: i32) -> kpx_proto::pb::ServiceView 
                 node_name: "node-a".into(),
                 terminating: false,
             }],
+            ..Default::default()
         }],
+        ..Default::default()
     }
 }
 

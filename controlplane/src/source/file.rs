@@ -110,7 +110,9 @@ fn read_files(cluster: &str, files: &Fingerprint) -> ClusterState {
                     cluster,
                     file = %path.display(),
                     document = e.document,
+                    object = e.object.trim().trim_start_matches('(').trim_end_matches(')'),
                     field = %e.field,
+                    reason = %e.reason,
                     "skipping manifest document: {e}"
                 ),
             }

@@ -1,0 +1,118 @@
+//! Kubernetes manifests for tests: Services as YAML written by the test, and
+//! EndpointSlices built from a list of endpoints with their conditions,
+//! nodes and hints.
+
+use crate::topology::NODE_NAME;
+
+/// A Service in namespace `test` with `spec` given as YAML lines (indented by two spaces);
+/// `status` likewise ("" for none).
+pub fn service(name: &str, spec: &str, status: &str) -> String {
+    let mut s =
+        format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: test}}\nspec:\n{spec}");
+    if !s.ends_with('\n') {
+        s.push('\n');
+    }
+    if !status.is_empty() {
+        s.push_str("status:\n");
+        s.push_str(status);
+        if !s.ends_with('\n') {
+            s.push('\n');
+        }
+    }
+    s
+}
+
+/// One endpoint of a slice.
+#[derive(Debug, Clone)]
+pub struct Ep {
+    pub address: String,
+    pub node: String,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    pub zone_hints: Vec<String>,
+    pub node_hints: Vec<String>,
+}
+
+/// A ready endpoint on this test's node.
+pub fn ep(address: impl Into<String>) -> Ep {
+    Ep {
+        address: address.into(),
+        node: NODE_NAME.into(),
+        ready: true,
+        serving: true,
+        terminating: false,
+        zone_hints: vec![],
+        node_hints: vec![],
+    }
+}
+
+impl Ep {
+    /// Running on another node.
+    pub fn on(mut self, node: &str) -> Ep {
+        self.node = node.into();
+        self
+    }
+
+    /// Terminating but still serving.
+    pub fn terminating(mut self) -> Ep {
+        self.ready = false;
+        self.serving = true;
+        self.terminating = true;
+        self
+    }
+
+    /// Neither ready nor serving.
+    pub fn not_ready(mut self) -> Ep {
+        self.ready = false;
+        self.serving = false;
+        self
+    }
+
+    pub fn for_zone(mut self, zone: &str) -> Ep {
+        self.zone_hints.push(zone.into());
+        self
+    }
+
+    pub fn for_node(mut self, node: &str) -> Ep {
+        self.node_hints.push(node.into());
+        self
+    }
+}
+
+/// An EndpointSlice of Service `service`; `ports` are (name, protocol, port).
+pub fn slice(service: &str, name: &str, ipv6: bool, ports: &[(&str, &str, u16)], endpoints: &[Ep]) -> String {
+    let family = if ipv6 { "IPv6" } else { "IPv4" };
+    let mut s = format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: test\n  labels: {{kubernetes.io/service-name: {service}}}\naddressType: {family}\nports:\n"
+    );
+    for (pname, proto, port) in ports {
+        s.push_str(&format!("- {{name: {pname}, protocol: {proto}, port: {port}}}\n"));
+    }
+    if endpoints.is_empty() {
+        s.push_str("endpoints: []\n");
+        return s;
+    }
+    s.push_str("endpoints:\n");
+    for e in endpoints {
+        s.push_str(&format!(
+            "- addresses: ['{}']\n  nodeName: {}\n  conditions: {{ready: {}, serving: {}, terminating: {}}}\n",
+            e.address, e.node, e.ready, e.serving, e.terminating
+        ));
+        if !e.zone_hints.is_empty() || !e.node_hints.is_empty() {
+            let names =
+                |v: &[String]| v.iter().map(|n| format!("{{name: {n}}}")).collect::<Vec<_>>().join(", ");
+            s.push_str(&format!(
+                "  hints: {{forZones: [{}], forNodes: [{}]}}\n",
+                names(&e.zone_hints),
+                names(&e.node_hints)
+            ));
+        }
+    }
+    s
+}
+
+/// Several documents as one file.
+pub fn documents(docs: &[String]) -> String {
+    docs.join("---\n")
+}

@@ -1,0 +1,556 @@
+//! The behaviour suite: one scenario per Service behaviour kube-proxy has,
+//! proven with real traffic, parameterised by backend. Every backend's test
+//! file runs all of them through [`crate::behaviour_suite!`]; a scenario
+//! knows nothing of the backend beyond passing it to the node agent (the only
+//! backend-specific look is [`Scene::rules_mention`], which reads whatever the
+//! backend programmed as text).
+//!
+//! The node (`node-a`, zone `zone-a`, 10.0.0.1 / 10.0.1.1 / fd00::1, pod CIDR
+//! 10.244.0.0/16) runs the control plane and the agent; backends listen on
+//! 8080 in every pod; the client is 10.0.0.2 (and 10.0.0.3, fd00::2).
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use crate::manifests::{documents, ep, service, slice, Ep};
+use crate::netns::Netns;
+use crate::process::KpxProcess;
+use crate::topology::{
+    sock, ProxyBackend, Topology, CLIENT_IP, CLIENT_IP_2, CLUSTER_CIDR, NODE_IP, NODE_IP_2,
+};
+use crate::traffic::{http_get, tcp_request, tcp_request_from, udp_exchange, udp_request, Answer, Backend};
+use crate::{wait_for, DEADLINE};
+
+/// Generates one `#[test]` per scenario for a backend.
+#[macro_export]
+macro_rules! behaviour_suite {
+    ($backend:expr) => {
+        $crate::behaviour_suite!(@tests $backend;
+            node_port, external_and_load_balancer_ips, external_traffic_policy_local,
+            internal_traffic_policy_local, topology_hints, session_affinity, terminating_endpoints,
+            masquerade, dual_stack, ports, udp_conntrack, ignored_services, bad_input);
+    };
+    (@tests $backend:expr; $($scenario:ident),*) => {
+        $(
+            #[test]
+            fn $scenario() {
+                $crate::scenarios::$scenario($backend);
+            }
+        )*
+    };
+}
+
+/// A started topology with backends on 8080 in every pod.
+pub struct Scene {
+    pub t: Topology,
+    pub backends: Vec<Backend>,
+    pub cp: KpxProcess,
+    pub dp: KpxProcess,
+    pub backend: ProxyBackend,
+}
+
+impl Scene {
+    /// Writes the node's Node object and `manifests`, then starts everything.
+    pub fn start(
+        backend: ProxyBackend,
+        pods: usize,
+        manifests: &[(&str, String)],
+        cp_args: &[&str],
+        dp_args: &[&str],
+    ) -> Scene {
+        let t = Topology::new(pods);
+        let backends = t.start_backends(8080);
+        t.write_node();
+        for (file, text) in manifests {
+            t.write_manifest(file, text);
+        }
+        let cp = t.start_control_plane_with(cp_args);
+        let dp = t.start_dataplane_with(backend, dp_args);
+        Scene { t, backends, cp, dp, backend }
+    }
+
+    /// Whether what the backend programmed mentions `text` (nft, iptables-save or ipvsadm output).
+    pub fn rules_mention(&self, text: &str) -> bool {
+        let dump = match self.backend {
+            ProxyBackend::Nftables => self.t.ruleset(),
+            ProxyBackend::Iptables => {
+                String::from_utf8_lossy(&self.t.node.try_exec("iptables-save", &[]).stdout).into_owned()
+            }
+            ProxyBackend::Ipvs => {
+                String::from_utf8_lossy(&self.t.node.try_exec("ipvsadm", &["-Ln"]).stdout).into_owned()
+            }
+        };
+        dump.to_lowercase().contains(&text.to_lowercase())
+    }
+
+    /// The peers pod `i`'s backend has seen.
+    fn peers(&self, i: usize) -> BTreeSet<IpAddr> {
+        self.backends[i].peers()
+    }
+
+    fn clear_peers(&self) {
+        self.backends.iter().for_each(Backend::clear_peers);
+    }
+}
+
+fn pod(i: usize) -> String {
+    Topology::pod_ip(i)
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("IP address")
+}
+
+/// Who answered `n` TCP requests from `ns` to `to`.
+fn answers(ns: &Netns, n: usize, to: SocketAddr) -> BTreeSet<Answer> {
+    ns.run_in(move || (0..n).map(|_| tcp_request(to)).collect())
+}
+
+/// Waits until `n` TCP requests in a row from `ns` to `to` are answered by exactly the backends `expected`.
+fn wait_answered_by(ns: &Netns, to: SocketAddr, expected: &[&str]) {
+    let want: BTreeSet<Answer> = expected.iter().map(|e| Answer::From((*e).to_owned())).collect();
+    let n = 12 * expected.len().max(1);
+    wait_for(&format!("{to} to be answered by exactly {expected:?}"), DEADLINE, || {
+        let got = answers(ns, n, to);
+        (got == want).then_some(())
+    });
+}
+
+/// Waits until a TCP request from `ns` to `to` gets no answer at all (dropped: neither answered nor refused).
+fn wait_dropped(ns: &Netns, to: SocketAddr) {
+    wait_for(&format!("{to} to be dropped"), DEADLINE, || {
+        matches!(ns.run_in(move || tcp_request(to)), Answer::Failed(_)).then_some(())
+    });
+}
+
+fn wait_udp_answered_by(ns: &Netns, to: SocketAddr, expected: &str) {
+    wait_for(&format!("UDP {to} to be answered by {expected}"), DEADLINE, || {
+        (ns.run_in(move || udp_request(to)) == Answer::From(expected.to_owned())).then_some(())
+    });
+}
+
+/// NodePort on the node's addresses inside `--nodeport-addresses`, TCP and UDP, masqueraded
+/// (policy Cluster); not on another node address, not on 127.0.0.1. SCTP: rules only (no SCTP
+/// sockets on this kernel; SCTP traffic is proven in the VM).
+pub fn node_port(backend: ProxyBackend) {
+    let spec = "  type: NodePort\n  clusterIP: 10.96.1.1\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30080}\n  - {name: dns, protocol: UDP, port: 53, nodePort: 30053}\n  - {name: sctp, protocol: SCTP, port: 9, nodePort: 30009}\n";
+    let eps = [ep(pod(0)), ep(pod(1))];
+    let ports = [("http", "TCP", 8080), ("dns", "UDP", 8080), ("sctp", "SCTP", 8080)];
+    let s = Scene::start(
+        backend,
+        2,
+        &[("np.yaml", documents(&[service("np", spec, ""), slice("np", "np-1", false, &ports, &eps)]))],
+        &[],
+        &["--nodeport-addresses=10.0.0.0/24"],
+    );
+    wait_answered_by(&s.t.client, sock(NODE_IP, 30080), &["pod0", "pod1"]);
+    wait_udp_answered_by(&s.t.client, sock(NODE_IP, 30053), "pod0");
+    wait_udp_answered_by(&s.t.client, sock(NODE_IP, 30053), "pod1");
+    let seen: BTreeSet<IpAddr> = s.peers(0).union(&s.peers(1)).copied().collect();
+    assert!(!seen.contains(&ip(CLIENT_IP)), "policy Cluster masquerades NodePort traffic: {seen:?}");
+    assert_eq!(
+        s.t.client.run_in(|| tcp_request(sock(NODE_IP_2, 30080))),
+        Answer::Refused,
+        "no NodePort on an address outside --nodeport-addresses"
+    );
+    assert_eq!(
+        s.t.node.run_in(|| tcp_request(sock("127.0.0.1", 30080))),
+        Answer::Refused,
+        "no NodePort on loopback"
+    );
+    assert!(s.rules_mention("30009"), "the SCTP NodePort is programmed");
+}
+
+/// External IPs and load-balancer IPs; source ranges filter the load-balancer IPs only; a node
+/// whose address is inside the ranges reaches the load-balancer IP.
+pub fn external_and_load_balancer_ips(backend: ProxyBackend) {
+    let spec = format!(
+        "  type: LoadBalancer\n  clusterIP: 10.96.1.2\n  externalIPs: [192.0.2.10]\n  loadBalancerSourceRanges: [{CLIENT_IP_2}/32, {NODE_IP}/32]\n  ports:\n  - {{name: http, protocol: TCP, port: 80, nodePort: 30081}}\n"
+    );
+    let status = "  loadBalancer: {ingress: [{ip: 192.0.2.20}]}\n";
+    let s = Scene::start(
+        backend,
+        1,
+        &[(
+            "lb.yaml",
+            documents(&[
+                service("lb", &spec, status),
+                slice("lb", "lb-1", false, &[("http", "TCP", 8080)], &[ep(pod(0))]),
+            ]),
+        )],
+        &[],
+        &[],
+    );
+    wait_answered_by(&s.t.client, sock("192.0.2.10", 80), &["pod0"]);
+    let lb = sock("192.0.2.20", 80);
+    wait_for("the load-balancer IP to answer an allowed source", DEADLINE, || {
+        (s.t.client.run_in(move || tcp_request_from(ip(CLIENT_IP_2), lb)) == Answer::From("pod0".into()))
+            .then_some(())
+    });
+    let denied = s.t.client.run_in(move || tcp_request_from(ip(CLIENT_IP), lb));
+    assert!(matches!(denied, Answer::Failed(_)), "a source outside the ranges is dropped: {denied:?}");
+    let external = s.t.client.run_in(|| tcp_request_from(ip(CLIENT_IP), sock("192.0.2.10", 80)));
+    assert_eq!(external, Answer::From("pod0".into()), "external IPs are not filtered");
+    let node_port = s.t.client.run_in(|| tcp_request_from(ip(CLIENT_IP), sock(NODE_IP, 30081)));
+    assert_eq!(node_port, Answer::From("pod0".into()), "NodePorts are not filtered");
+    assert_eq!(
+        s.t.node.run_in(move || tcp_request(lb)),
+        Answer::From("pod0".into()),
+        "the node itself is allowed"
+    );
+}
+
+/// externalTrafficPolicy Local: external traffic only to this node's endpoints, client address kept,
+/// dropped without local endpoints; the health-check node port counts them; pods are short-circuited.
+pub fn external_traffic_policy_local(backend: ProxyBackend) {
+    let spec = "  type: LoadBalancer\n  clusterIP: 10.96.1.3\n  externalIPs: [192.0.2.11]\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 32000\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30082}\n";
+    let write = |t: &Topology, eps: &[Ep]| {
+        t.write_manifest(
+            "local.yaml",
+            &documents(&[
+                service("local", spec, ""),
+                slice("local", "local-1", false, &[("http", "TCP", 8080)], eps),
+            ]),
+        );
+    };
+    let s = Scene::start(backend, 2, &[], &[&format!("--cluster-cidr={CLUSTER_CIDR}")], &[]);
+    write(&s.t, &[ep(pod(0)), ep(pod(1)).on("node-b")]);
+    wait_answered_by(&s.t.client, sock(NODE_IP, 30082), &["pod0"]);
+    wait_answered_by(&s.t.client, sock("192.0.2.11", 80), &["pod0"]);
+    assert!(s.peers(0).contains(&ip(CLIENT_IP)), "the client address is kept: {:?}", s.peers(0));
+    wait_answered_by(&s.t.client, sock("10.96.1.3", 80), &["pod0", "pod1"]);
+    let health = s.t.client.run_in(|| http_get(sock(NODE_IP, 32000)));
+    let (status, body) = health.expect("health-check answer");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"localEndpoints\":1") && body.contains("\"name\":\"local\""), "{body}");
+    // A pod on this node is short-circuited to all endpoints.
+    assert!(matches!(s.t.pods[1].run_in(|| tcp_request(sock(NODE_IP, 30082))), Answer::From(_)));
+
+    write(&s.t, &[ep(pod(0)).on("node-b"), ep(pod(1)).on("node-b")]);
+    wait_dropped(&s.t.client, sock(NODE_IP, 30082));
+    wait_for("the health check to report no local endpoint", DEADLINE, || {
+        s.t.client.run_in(|| http_get(sock(NODE_IP, 32000))).ok().filter(|(status, _)| *status == 503)
+    });
+    let (_, body) = s.t.client.run_in(|| http_get(sock(NODE_IP, 32000))).expect("health-check answer");
+    assert!(body.contains("\"localEndpoints\":0"), "{body}");
+}
+
+/// internalTrafficPolicy Local: ClusterIP traffic only to this node's endpoints, dropped without.
+pub fn internal_traffic_policy_local(backend: ProxyBackend) {
+    let spec = "  clusterIP: 10.96.1.4\n  internalTrafficPolicy: Local\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
+    let write = |t: &Topology, eps: &[Ep]| {
+        t.write_manifest(
+            "itp.yaml",
+            &documents(&[
+                service("itp", spec, ""),
+                slice("itp", "itp-1", false, &[("http", "TCP", 8080)], eps),
+            ]),
+        );
+    };
+    let s = Scene::start(backend, 2, &[], &[], &[]);
+    write(&s.t, &[ep(pod(0)), ep(pod(1)).on("node-b")]);
+    wait_answered_by(&s.t.client, sock("10.96.1.4", 80), &["pod0"]);
+    write(&s.t, &[ep(pod(0)).on("node-b"), ep(pod(1)).on("node-b")]);
+    wait_dropped(&s.t.client, sock("10.96.1.4", 80));
+}
+
+/// Topology hints: same node when every endpoint has node hints and one names this node, else
+/// same zone when all have zone hints and one matches, else all.
+pub fn topology_hints(backend: ProxyBackend) {
+    let spec = "  clusterIP: 10.96.1.5\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
+    let write = |t: &Topology, eps: &[Ep]| {
+        t.write_manifest(
+            "hints.yaml",
+            &documents(&[
+                service("hints", spec, ""),
+                slice("hints", "hints-1", false, &[("http", "TCP", 8080)], eps),
+            ]),
+        );
+    };
+    let s = Scene::start(backend, 3, &[], &[], &[]);
+    let vip = sock("10.96.1.5", 80);
+    write(
+        &s.t,
+        &[ep(pod(0)).for_zone("zone-a"), ep(pod(1)).for_zone("zone-b"), ep(pod(2)).for_zone("zone-b")],
+    );
+    wait_answered_by(&s.t.client, vip, &["pod0"]);
+    write(
+        &s.t,
+        &[
+            ep(pod(0)).for_zone("zone-a").for_node("node-b"),
+            ep(pod(1)).for_zone("zone-a").for_node("node-c"),
+            ep(pod(2)).for_zone("zone-b").for_node("node-a"),
+        ],
+    );
+    wait_answered_by(&s.t.client, vip, &["pod2"]);
+    write(&s.t, &[ep(pod(0)).for_zone("zone-a"), ep(pod(1)), ep(pod(2)).for_zone("zone-b")]);
+    wait_answered_by(&s.t.client, vip, &["pod0", "pod1", "pod2"]);
+}
+
+/// sessionAffinity ClientIP: a client keeps its endpoint while it keeps coming back within the
+/// timeout; after the timeout its next connection is balanced afresh.
+pub fn session_affinity(backend: ProxyBackend) {
+    let spec = "  clusterIP: 10.96.1.6\n  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 2}}\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
+    let eps = [ep(pod(0)), ep(pod(1)), ep(pod(2))];
+    let s = Scene::start(
+        backend,
+        3,
+        &[(
+            "sa.yaml",
+            documents(&[service("sa", spec, ""), slice("sa", "sa-1", false, &[("http", "TCP", 8080)], &eps)]),
+        )],
+        &[],
+        &[],
+    );
+    let vip = sock("10.96.1.6", 80);
+    wait_for("the Service to answer", DEADLINE, || {
+        matches!(s.t.client.run_in(move || tcp_request(vip)), Answer::From(_)).then_some(())
+    });
+    for from in [CLIENT_IP, CLIENT_IP_2] {
+        let got: BTreeSet<Answer> =
+            s.t.client.run_in(move || (0..30).map(|_| tcp_request_from(ip(from), vip)).collect());
+        assert_eq!(got.len(), 1, "{from} sticks to one endpoint: {got:?}");
+        assert!(got.iter().all(|a| matches!(a, Answer::From(_))), "{got:?}");
+    }
+    // After the timeout the next connection is balanced again: over several expiries a client
+    // lands on more than one endpoint (all the same by chance: 3 × (1/3)^8 ≈ 0.05%).
+    let mut seen = BTreeSet::new();
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(3200));
+        seen.insert(s.t.client.run_in(move || tcp_request_from(ip(CLIENT_IP), vip)));
+        if seen.len() > 1 {
+            break;
+        }
+    }
+    assert!(seen.len() > 1, "affinity expires: {seen:?}");
+}
+
+/// Terminating endpoints serve only when no ready endpoint exists, separately for the cluster set
+/// and the node's local set.
+pub fn terminating_endpoints(backend: ProxyBackend) {
+    let spec = "  type: NodePort\n  clusterIP: 10.96.1.7\n  externalTrafficPolicy: Local\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30083}\n";
+    let write = |t: &Topology, eps: &[Ep]| {
+        t.write_manifest(
+            "term.yaml",
+            &documents(&[
+                service("term", spec, ""),
+                slice("term", "term-1", false, &[("http", "TCP", 8080)], eps),
+            ]),
+        );
+    };
+    let s = Scene::start(backend, 2, &[], &[], &[]);
+    let vip = sock("10.96.1.7", 80);
+    write(&s.t, &[ep(pod(0)), ep(pod(1)).terminating()]);
+    wait_answered_by(&s.t.client, vip, &["pod0"]);
+    write(&s.t, &[ep(pod(0)).not_ready(), ep(pod(1)).terminating()]);
+    wait_answered_by(&s.t.client, vip, &["pod1"]);
+    // pod0 is this node's only endpoint and terminating; pod1 is ready elsewhere.
+    write(&s.t, &[ep(pod(0)).terminating(), ep(pod(1)).on("node-b")]);
+    wait_answered_by(&s.t.client, vip, &["pod1"]);
+    wait_answered_by(&s.t.client, sock(NODE_IP, 30083), &["pod0"]);
+}
+
+/// Masquerade: ClusterIP traffic from outside the cluster CIDR is masqueraded, pod traffic is not,
+/// hairpin is; `--masquerade-all` masquerades everything.
+pub fn masquerade(backend: ProxyBackend) {
+    let spec = "  clusterIP: 10.96.1.8\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
+    let manifests = [(
+        "m.yaml",
+        documents(&[
+            service("m", spec, ""),
+            slice("m", "m-1", false, &[("http", "TCP", 8080)], &[ep(pod(0))]),
+        ]),
+    )];
+    let cidr = format!("--cluster-cidr={CLUSTER_CIDR}");
+    let mut s = Scene::start(backend, 2, &manifests, &[&cidr], &[]);
+    let vip = sock("10.96.1.8", 80);
+    let node_side = ip(&Topology::node_ip_towards_pod(0));
+    wait_answered_by(&s.t.client, vip, &["pod0"]);
+    assert_eq!(s.peers(0), BTreeSet::from([node_side]), "from outside the cluster CIDR: masqueraded");
+    s.clear_peers();
+    assert_eq!(s.t.pods[1].run_in(move || tcp_request(vip)), Answer::From("pod0".into()));
+    assert_eq!(s.peers(0), BTreeSet::from([ip(&pod(1))]), "from a pod: the pod's own address");
+    s.clear_peers();
+    assert_eq!(s.t.pods[0].run_in(move || tcp_request(vip)), Answer::From("pod0".into()), "hairpin");
+    assert_eq!(s.peers(0), BTreeSet::from([node_side]), "hairpin is masqueraded");
+
+    s.dp.kill();
+    s.dp = s.t.start_dataplane_with(backend, &["--masquerade-all"]);
+    s.dp.wait_event("the restarted agent programmed its state", DEADLINE, |e| {
+        e["message"] == "programmed stored state"
+    });
+    s.clear_peers();
+    assert_eq!(s.t.pods[1].run_in(move || tcp_request(vip)), Answer::From("pod0".into()));
+    assert_eq!(s.peers(0), BTreeSet::from([node_side]), "--masquerade-all: masqueraded");
+}
+
+/// Dual-stack and single-stack IPv6 Services, TCP and UDP.
+pub fn dual_stack(backend: ProxyBackend) {
+    let dual = "  clusterIP: 10.96.1.9\n  clusterIPs: [10.96.1.9, 'fd00:96::9']\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n  - {name: dns, protocol: UDP, port: 53}\n";
+    let v6 = "  clusterIP: 'fd00:96::10'\n  ipFamilies: [IPv6]\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
+    let ports = [("http", "TCP", 8080), ("dns", "UDP", 8080)];
+    let pods6 = [ep(Topology::pod_ip6(0)), ep(Topology::pod_ip6(1))];
+    let manifests = [
+        (
+            "dual.yaml",
+            documents(&[
+                service("dual", dual, ""),
+                slice("dual", "dual-4", false, &ports, &[ep(pod(0)), ep(pod(1))]),
+                slice("dual", "dual-6", true, &ports, &pods6),
+            ]),
+        ),
+        ("v6.yaml", documents(&[service("v6", v6, ""), slice("v6", "v6-1", true, &ports[..1], &pods6[1..])])),
+    ];
+    let s = Scene::start(backend, 2, &manifests, &[], &[]);
+    wait_answered_by(&s.t.client, sock("10.96.1.9", 80), &["pod0", "pod1"]);
+    wait_answered_by(&s.t.client, sock("fd00:96::9", 80), &["pod0", "pod1"]);
+    wait_udp_answered_by(&s.t.client, sock("fd00:96::9", 53), "pod0");
+    wait_udp_answered_by(&s.t.client, sock("fd00:96::9", 53), "pod1");
+    wait_answered_by(&s.t.client, sock("fd00:96::10", 80), &["pod1"]);
+}
+
+/// Several ports per Service; a named targetPort resolved per endpoint (different numbers).
+pub fn ports(backend: ProxyBackend) {
+    let spec = "  clusterIP: 10.96.1.10\n  ports:\n  - {name: web, protocol: TCP, port: 80, targetPort: web}\n  - {name: alt, protocol: TCP, port: 81, targetPort: 7070}\n  - {name: stream, protocol: SCTP, port: 82}\n";
+    let t_manifests = [(
+        "ports.yaml",
+        documents(&[
+            service("multi", spec, ""),
+            slice(
+                "multi",
+                "multi-a",
+                false,
+                &[("web", "TCP", 8080), ("alt", "TCP", 7070), ("stream", "SCTP", 7070)],
+                &[ep(pod(0))],
+            ),
+            slice(
+                "multi",
+                "multi-b",
+                false,
+                &[("web", "TCP", 9090), ("alt", "TCP", 7070), ("stream", "SCTP", 7070)],
+                &[ep(pod(1))],
+            ),
+        ]),
+    )];
+    let s = Scene::start(backend, 2, &t_manifests, &[], &[]);
+    // pod0 serves web on 8080 (started by the scene); pod1 on 9090; both serve alt on 7070.
+    let _more = [
+        Backend::start(&s.t.pods[1], "pod1", 9090),
+        Backend::start(&s.t.pods[0], "pod0-alt", 7070),
+        Backend::start(&s.t.pods[1], "pod1-alt", 7070),
+    ];
+    wait_answered_by(&s.t.client, sock("10.96.1.10", 80), &["pod0", "pod1"]);
+    wait_answered_by(&s.t.client, sock("10.96.1.10", 81), &["pod0-alt", "pod1-alt"]);
+    assert!(s.rules_mention("sctp"), "the SCTP port is programmed");
+}
+
+/// After a UDP endpoint goes away, a client that keeps one socket and keeps sending reaches a live
+/// endpoint (its stale conntrack entries, to the ClusterIP and the NodePort, are deleted).
+pub fn udp_conntrack(backend: ProxyBackend) {
+    let spec = "  type: NodePort\n  clusterIP: 10.96.1.11\n  ports:\n  - {name: dns, protocol: UDP, port: 53, nodePort: 30054}\n";
+    let write = |t: &Topology, eps: &[Ep]| {
+        t.write_manifest(
+            "udp.yaml",
+            &documents(&[
+                service("udp", spec, ""),
+                slice("udp", "udp-1", false, &[("dns", "UDP", 8080)], eps),
+            ]),
+        );
+    };
+    let s = Scene::start(backend, 2, &[], &[], &[]);
+    write(&s.t, &[ep(pod(0))]);
+    for to in [sock("10.96.1.11", 53), sock(NODE_IP, 30054)] {
+        wait_udp_answered_by(&s.t.client, to, "pod0");
+    }
+    let (stop, handles): (std::sync::Arc<std::sync::atomic::AtomicBool>, Vec<_>) = {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let handles = [sock("10.96.1.11", 53), sock(NODE_IP, 30054)]
+            .into_iter()
+            .map(|to| {
+                let stop = std::sync::Arc::clone(&stop);
+                let (tx, rx) = std::sync::mpsc::channel();
+                let thread = s.t.client.spawn_in(move || {
+                    // One socket for the whole test, sending all the time.
+                    let sock = std::net::UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0))).expect("bind");
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let _ = tx.send(udp_exchange(&sock, to));
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                });
+                (to, rx, thread)
+            })
+            .collect();
+        (stop, handles)
+    };
+    for (to, rx, _) in &handles {
+        wait_for(&format!("the kept socket to {to} to reach pod0"), DEADLINE, || {
+            (rx.recv_timeout(Duration::from_secs(2)).ok()? == Answer::From("pod0".into())).then_some(())
+        });
+    }
+    write(&s.t, &[ep(pod(1))]);
+    for (to, rx, _) in &handles {
+        wait_for(&format!("the kept socket to {to} to reach pod1"), DEADLINE, || {
+            (rx.recv_timeout(Duration::from_secs(2)).ok()? == Answer::From("pod1".into())).then_some(())
+        });
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for (_, _, thread) in handles {
+        let _ = thread.join();
+    }
+}
+
+/// Services of another proxy (`service.kubernetes.io/service-proxy-name`), headless and
+/// ExternalName Services are left alone.
+pub fn ignored_services(backend: ProxyBackend) {
+    let other = "apiVersion: v1\nkind: Service\nmetadata:\n  name: other\n  namespace: test\n  labels: {service.kubernetes.io/service-proxy-name: someone-else}\nspec:\n  clusterIP: 10.96.1.12\n  ports: [{port: 80}]\n".to_owned();
+    let headless = service("headless", "  clusterIP: None\n  ports: [{port: 80}]\n", "");
+    let external = service("ext", "  type: ExternalName\n  externalName: example.invalid\n", "");
+    let normal = service("normal", "  clusterIP: 10.96.1.13\n  ports: [{name: http, port: 80}]\n", "");
+    let http = [("http", "TCP", 8080)];
+    let manifests = [(
+        "ignored.yaml",
+        documents(&[
+            other,
+            slice("other", "other-1", false, &http, &[ep(pod(0))]),
+            headless,
+            slice("headless", "headless-1", false, &http, &[ep(pod(0))]),
+            external,
+            normal,
+            slice("normal", "normal-1", false, &http, &[ep(pod(0))]),
+        ]),
+    )];
+    let s = Scene::start(backend, 1, &manifests, &[], &[]);
+    wait_answered_by(&s.t.client, sock("10.96.1.13", 80), &["pod0"]);
+    assert!(!s.rules_mention("10.96.1.12"), "another proxy's Service is not programmed");
+    assert!(!matches!(s.t.client.run_in(|| tcp_request(sock("10.96.1.12", 80))), Answer::From(_)));
+}
+
+/// Bad input in a Service's fields: an error naming the Service and the field; the rest is served.
+pub fn bad_input(backend: ProxyBackend) {
+    let http = [("http", "TCP", 8080)];
+    let bad = [
+        ("badport", "  type: NodePort\n  clusterIP: 10.96.1.20\n  ports: [{name: http, port: 80, nodePort: 70000}]\n", "spec.ports[0].nodePort"),
+        ("badrange", "  type: LoadBalancer\n  clusterIP: 10.96.1.21\n  loadBalancerSourceRanges: [10.0.0.0/33]\n  ports: [{name: http, port: 80}]\n", "spec.loadBalancerSourceRanges[0]"),
+        ("badfamily", "  clusterIP: 10.96.1.22\n  externalIPs: ['fd00::22']\n  ports: [{name: http, port: 80}]\n", "spec.externalIPs[0]"),
+    ];
+    let mut docs: Vec<String> = bad
+        .iter()
+        .flat_map(|(name, spec, _)| {
+            [service(name, spec, ""), slice(name, &format!("{name}-1"), false, &http, &[ep(pod(0))])]
+        })
+        .collect();
+    docs.push(service("good", "  clusterIP: 10.96.1.23\n  ports: [{name: http, port: 80}]\n", ""));
+    docs.push(slice("good", "good-1", false, &http, &[ep(pod(0))]));
+    let s = Scene::start(backend, 1, &[("bad.yaml", documents(&docs))], &[], &[]);
+    wait_answered_by(&s.t.client, sock("10.96.1.23", 80), &["pod0"]);
+    for (name, _, field) in bad {
+        let error = s.cp.wait_event(&format!("the error about {name}"), DEADLINE, |e| {
+            e["field"] == field && e["object"].as_str().is_some_and(|o| o.contains(&format!("test/{name}")))
+        });
+        assert!(error["reason"].as_str().is_some_and(|r| !r.is_empty()), "{error}");
+    }
+    for vip in ["10.96.1.20", "10.96.1.21", "10.96.1.22"] {
+        assert!(!s.rules_mention(vip), "{vip}: a Service with a bad field is not programmed");
+    }
+}
