@@ -5,7 +5,12 @@
 //! After a failure it must not trust its idea of the kernel: the next apply is
 //! a full sync.
 
+pub mod categorize;
+pub mod family;
+pub mod iptables;
 pub mod nftables;
+
+pub use family::Family;
 
 use crate::state::{ChangeSet, NodeState};
 

@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 
 use kpx_proto::types::{Endpoint, ServicePort};
 
-use super::render::{socket_text, Family, FAMILY, TABLE};
+use super::render::{socket_text, Family, NftFamily, FAMILY, TABLE};
 use super::skeleton::{mark_for_masquerade, EndpointSet};
 
 /// A chain or set of a Service's own.
@@ -48,7 +48,7 @@ pub fn objects(
     port: &ServicePort,
     family: Family,
     set: EndpointSet,
-    endpoints: &[Endpoint],
+    endpoints: &[&Endpoint],
     timeout: u32,
     masquerade_all: bool,
 ) -> AffinityObjects {
@@ -181,7 +181,7 @@ mod tests {
             &port,
             Family::V4,
             EndpointSet::Cluster,
-            &eps(&["10.0.0.1", "10.0.0.2"]),
+            &eps(&["10.0.0.1", "10.0.0.2"]).iter().collect::<Vec<_>>(),
             60,
             false,
         );
@@ -190,7 +190,7 @@ mod tests {
             &port,
             Family::V4,
             EndpointSet::Cluster,
-            &eps(&["10.0.0.1", "10.0.0.3"]),
+            &eps(&["10.0.0.1", "10.0.0.3"]).iter().collect::<Vec<_>>(),
             60,
             false,
         );

@@ -30,39 +30,25 @@ pub const TABLE: &str = "kpx";
 /// The packet mark bit that asks nat-postrouting to masquerade.
 pub const MASQUERADE_MARK: u32 = 0x2000;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Family {
-    V4,
-    V6,
+pub use crate::backend::Family;
+
+/// How nft spells a family.
+pub trait NftFamily {
+    /// The payload keyword (`ip` / `ip6`).
+    fn nft(self) -> &'static str;
+    /// The address type of sets and maps.
+    fn addr_type(self) -> &'static str;
 }
 
-impl Family {
-    pub const ALL: [Family; 2] = [Family::V4, Family::V6];
-
-    pub fn of(ip: &IpAddr) -> Family {
-        if ip.is_ipv4() {
-            Family::V4
-        } else {
-            Family::V6
-        }
-    }
-
-    pub fn suffix(self) -> &'static str {
-        match self {
-            Family::V4 => "v4",
-            Family::V6 => "v6",
-        }
-    }
-
-    /// The nft payload keyword of this family (`ip` / `ip6`).
-    pub fn nft(self) -> &'static str {
+impl NftFamily for Family {
+    fn nft(self) -> &'static str {
         match self {
             Family::V4 => "ip",
             Family::V6 => "ip6",
         }
     }
 
-    pub fn addr_type(self) -> &'static str {
+    fn addr_type(self) -> &'static str {
         match self {
             Family::V4 => "ipv4_addr",
             Family::V6 => "ipv6_addr",

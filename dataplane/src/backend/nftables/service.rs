@@ -5,11 +5,12 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use kpx_proto::types::{Endpoint, ServicePort, ServiceView};
+use kpx_proto::types::{Endpoint, ServiceView};
 
 use super::affinity::{self, NftObject};
 use super::render::{Collection, Element, Family};
 use super::skeleton::{pick_chain_name, EndpointSet};
+use crate::backend::categorize::{self, Action, EntryKind, PortFamily};
 
 /// What the rendering of a Service depends on besides the Service.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -37,177 +38,92 @@ pub struct ServiceRules {
     pub max_endpoints: usize,
 }
 
-/// How an entry point is reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum EntryKind {
-    ClusterIp,
-    ExternalIp,
-    LoadBalancer,
-    NodePort,
-}
-
 /// The elements and objects a Service needs.
 pub fn service_rules(view: &ServiceView, ctx: &ServiceContext) -> ServiceRules {
     let mut rules = ServiceRules::default();
-    let families: BTreeSet<Family> = view.cluster_ips.iter().map(Family::of).collect();
-    for port in &view.ports {
-        for &family in &families {
-            PortRenderer { view, port, family, ctx, rules: &mut rules }.render();
-        }
+    for pf in categorize::port_families(view, &ctx.nodeport_addresses) {
+        render_port(&pf, ctx, &mut rules);
     }
     rules
-}
-
-struct PortRenderer<'a> {
-    view: &'a ServiceView,
-    port: &'a ServicePort,
-    family: Family,
-    ctx: &'a ServiceContext,
-    rules: &'a mut ServiceRules,
 }
 
 /// Where an entry's traffic goes for one endpoint set.
 enum Target {
     /// A pick chain over the endpoints map (`count` endpoints).
-    Pick {
-        chain: String,
-        count: usize,
-    },
+    Pick { chain: String, count: usize },
     /// A session-affinity chain of the Service's own.
     Affinity(String),
-    None,
 }
 
-impl PortRenderer<'_> {
-    fn render(mut self) {
-        let family = self.family;
-        let of_family = |eps: &[Endpoint]| -> Vec<Endpoint> {
-            eps.iter().filter(|e| Family::of(&e.address) == family).cloned().collect()
-        };
-        let cluster = of_family(&self.port.endpoints);
-        let local =
-            if self.view.external_traffic_local { of_family(&self.port.local_endpoints) } else { Vec::new() };
-        let cluster_target = self.target(EndpointSet::Cluster, &cluster);
-        let local_target = self.target(EndpointSet::Local, &local);
-        for ep in cluster.iter().chain(&local) {
-            self.rules.shared.insert(Element::set(
-                Collection::Hairpin(family),
-                format!("{} . {}", ep.address, ep.address),
-            ));
+fn render_port(pf: &PortFamily, ctx: &ServiceContext, rules: &mut ServiceRules) {
+    let f = pf.family;
+    let cluster_target = target(pf, EndpointSet::Cluster, &pf.cluster, ctx, rules);
+    let local_target = target(pf, EndpointSet::Local, &pf.local, ctx, rules);
+    for ep in pf.all_endpoints() {
+        rules.shared.insert(Element::set(Collection::Hairpin(f), format!("{} . {}", ep.address, ep.address)));
+    }
+    for entry in &pf.entries {
+        let key = format!("{} . {} . {}", entry.address, pf.port.protocol, entry.port);
+        rules.entries.push((f, key.clone()));
+        let mut add = |e: Element| rules.elements.push((key.clone(), e));
+        if entry.kind == EntryKind::ClusterIp {
+            add(Element::set(Collection::ClusterEntries(f), &key));
         }
-        for (kind, address, port) in self.entries() {
-            let entry = format!("{address} . {} . {port}", self.port.protocol);
-            self.rules.entries.push((family, entry.clone()));
-            self.entry_elements(kind, &address, &entry, &cluster, &cluster_target, &local, &local_target);
+        match (pf.cluster_action(entry.kind), &cluster_target) {
+            (Action::Pick, Some(target)) => {
+                endpoint_elements(&mut add, EndpointSet::Cluster, f, &key, target, &pf.cluster)
+            }
+            (Action::Reject, _) => add(Element::set(Collection::NoEndpoints(f), &key)),
+            _ => add(Element::map(Collection::ServiceIps(f), &key, "drop")),
+        }
+        match (pf.local_action(entry.kind), &local_target) {
+            (Some(Action::Pick), Some(target)) => {
+                endpoint_elements(&mut add, EndpointSet::Local, f, &key, target, &pf.local)
+            }
+            (Some(_), _) => add(Element::map(Collection::ExternalLocal(f), &key, "drop")),
+            (None, _) => {}
+        }
+        if pf.masquerade_external(entry.kind) {
+            add(Element::set(Collection::Masquerade(f), &key));
+        }
+        if let Some(allowed) = pf.allowed_sources(entry, &ctx.node_addresses) {
+            add(Element::set(Collection::LbFiltered(f), &key));
+            for source in allowed {
+                add(Element::set(Collection::LbAllowed(f), format!("{key} . {source}")));
+            }
         }
     }
+}
 
-    /// Every entry point of this port in this family.
-    fn entries(&self) -> Vec<(EntryKind, IpAddr, u16)> {
-        let family = self.family;
-        let mine =
-            |ips: &[IpAddr]| ips.iter().filter(|a| Family::of(a) == family).copied().collect::<Vec<_>>();
-        let mut out = Vec::new();
-        let port = self.port.port;
-        out.extend(mine(&self.view.cluster_ips).into_iter().map(|a| (EntryKind::ClusterIp, a, port)));
-        out.extend(mine(&self.view.external_ips).into_iter().map(|a| (EntryKind::ExternalIp, a, port)));
-        out.extend(
-            mine(&self.view.load_balancer_ips).into_iter().map(|a| (EntryKind::LoadBalancer, a, port)),
-        );
-        if let Some(node_port) = self.port.node_port {
-            out.extend(
-                mine(&self.ctx.nodeport_addresses).into_iter().map(|a| (EntryKind::NodePort, a, node_port)),
+fn target(
+    pf: &PortFamily,
+    set: EndpointSet,
+    endpoints: &[&Endpoint],
+    ctx: &ServiceContext,
+    rules: &mut ServiceRules,
+) -> Option<Target> {
+    if endpoints.is_empty() {
+        return None;
+    }
+    Some(match pf.view.session_affinity_timeout {
+        Some(timeout) => {
+            let objects = affinity::objects(
+                &pf.view.resource_name(),
+                pf.port,
+                pf.family,
+                set,
+                endpoints,
+                timeout,
+                ctx.masquerade_all,
             );
+            rules.objects.extend(objects.objects);
+            Target::Affinity(objects.entry_chain)
         }
-        out
-    }
-
-    fn target(&mut self, set: EndpointSet, endpoints: &[Endpoint]) -> Target {
-        if endpoints.is_empty() {
-            return Target::None;
+        None => {
+            rules.max_endpoints = rules.max_endpoints.max(endpoints.len());
+            Target::Pick { chain: pick_chain_name(set, pf.family, endpoints.len()), count: endpoints.len() }
         }
-        match self.view.session_affinity_timeout {
-            Some(timeout) => {
-                let objects = affinity::objects(
-                    &self.view.resource_name(),
-                    self.port,
-                    self.family,
-                    set,
-                    endpoints,
-                    timeout,
-                    self.ctx.masquerade_all,
-                );
-                let chain = objects.entry_chain.clone();
-                self.rules.objects.extend(objects.objects);
-                Target::Affinity(chain)
-            }
-            None => {
-                self.rules.max_endpoints = self.rules.max_endpoints.max(endpoints.len());
-                Target::Pick {
-                    chain: pick_chain_name(set, self.family, endpoints.len()),
-                    count: endpoints.len(),
-                }
-            }
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn entry_elements(
-        &mut self,
-        kind: EntryKind,
-        address: &IpAddr,
-        entry: &str,
-        cluster: &[Endpoint],
-        cluster_target: &Target,
-        local: &[Endpoint],
-        local_target: &Target,
-    ) {
-        let f = self.family;
-        let external = kind != EntryKind::ClusterIp;
-        let external_local = external && self.view.external_traffic_local;
-        let mut add = |e: Element| self.rules.elements.push((entry.to_owned(), e));
-        if kind == EntryKind::ClusterIp {
-            add(Element::set(Collection::ClusterEntries(f), entry));
-        }
-        // The cluster set: ClusterIP traffic, external traffic of policy Cluster, and
-        // policy-Local external traffic from the node's own pods or the node itself.
-        match cluster_target {
-            Target::None if cluster.is_empty() && local.is_empty() && !self.view.internal_traffic_local => {
-                add(Element::set(Collection::NoEndpoints(f), entry));
-            }
-            Target::None if kind == EntryKind::ClusterIp && !self.view.internal_traffic_local => {
-                add(Element::set(Collection::NoEndpoints(f), entry));
-            }
-            Target::None => add(Element::map(Collection::ServiceIps(f), entry, "drop")),
-            target => endpoint_elements(&mut add, EndpointSet::Cluster, f, entry, target, cluster),
-        }
-        if external_local {
-            match local_target {
-                Target::None if cluster.is_empty() => {}
-                Target::None => add(Element::map(Collection::ExternalLocal(f), entry, "drop")),
-                target => endpoint_elements(&mut add, EndpointSet::Local, f, entry, target, local),
-            }
-        } else if external {
-            add(Element::set(Collection::Masquerade(f), entry));
-        }
-        if kind == EntryKind::LoadBalancer && !self.view.load_balancer_source_ranges.is_empty() {
-            add(Element::set(Collection::LbFiltered(f), entry));
-            let ranges: Vec<_> = self
-                .view
-                .load_balancer_source_ranges
-                .iter()
-                .filter(|r| r.addr().is_ipv4() == address.is_ipv4())
-                .collect();
-            for range in &ranges {
-                add(Element::set(Collection::LbAllowed(f), format!("{entry} . {}", range.trunc())));
-            }
-            // A node whose own address is allowed may also reach the load-balancer IP with
-            // that IP as source (it is local when the load balancer delivers to the node).
-            if self.ctx.node_addresses.iter().any(|n| ranges.iter().any(|r| r.contains(n))) {
-                add(Element::set(Collection::LbAllowed(f), format!("{entry} . {address}")));
-            }
-        }
-    }
+    })
 }
 
 /// The vmap element of an entry and, for pick chains, the endpoints it picks from.
@@ -217,7 +133,7 @@ fn endpoint_elements(
     family: Family,
     entry: &str,
     target: &Target,
-    endpoints: &[Endpoint],
+    endpoints: &[&Endpoint],
 ) {
     let vmap = match set {
         EndpointSet::Cluster => Collection::ServiceIps(family),
@@ -235,7 +151,6 @@ fn endpoint_elements(
             }
         }
         Target::Affinity(chain) => add(Element::map(vmap, entry, format!("goto {chain}"))),
-        Target::None => {}
     }
 }
 
@@ -243,7 +158,7 @@ fn endpoint_elements(
 mod tests {
     use super::super::render::element_commands;
     use super::*;
-    use kpx_proto::types::Protocol;
+    use kpx_proto::types::{Protocol, ServicePort};
 
     fn ep(a: &str, node: &str) -> Endpoint {
         Endpoint { address: a.parse().expect("ip"), port: 8080, node_name: node.into(), terminating: false }

@@ -19,7 +19,7 @@ use std::fmt::Write as _;
 
 use ipnet::IpNet;
 
-use super::render::{Collection, Element, Family, FAMILY, MASQUERADE_MARK, TABLE};
+use super::render::{Collection, Element, Family, NftFamily, FAMILY, MASQUERADE_MARK, TABLE};
 
 /// What the fixed part depends on.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -1,0 +1,2 @@
+pub mod names;
+pub mod runner;
