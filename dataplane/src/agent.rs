@@ -98,6 +98,11 @@ impl Agent {
         }
         if let Err(source) = self.backend.apply(&self.state, &changes) {
             self.state.undo(undo);
+            // A backend that commits per table (iptables) may have taken part of it:
+            // put the kernel back to the last good state.
+            if let Err(resync) = self.backend.full_sync(&self.state) {
+                tracing::error!(error = %resync, "could not restore the last good rules after a refused update");
+            }
             return Err(ApplyError::Backend { backend: self.backend.name(), source });
         }
         if let Err(e) = self.store.commit(&self.state, &changes) {

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use kpx_dataplane::agent::Agent;
+use kpx_dataplane::backend::iptables::IptablesMode;
 use kpx_dataplane::backend::{BackendKind, ProxyOptions};
 use kpx_dataplane::store::Store;
 use kpx_dataplane::{healthcheck, xds_client};
@@ -31,6 +32,9 @@ struct Args {
     /// default: on all of the node's addresses (never on loopback).
     #[arg(long, value_delimiter = ',', value_parser = parse_cidr)]
     nodeport_addresses: Vec<ipnet::IpNet>,
+    /// Which iptables flavour `--backend iptables` drives (auto: the one holding more rules).
+    #[arg(long, value_enum, default_value = "auto")]
+    iptables_mode: IptablesMode,
     /// Remove everything kpx programmed, then exit.
     #[arg(long)]
     cleanup: bool,
@@ -56,7 +60,7 @@ fn main() -> ExitCode {
     init_logs(args.log_format);
     let options =
         ProxyOptions { masquerade_all: args.masquerade_all, nodeport_cidrs: args.nodeport_addresses };
-    let mut backend = match args.backend.create(options) {
+    let mut backend = match args.backend.create(options, args.iptables_mode) {
         Ok(b) => b,
         Err(message) => {
             eprintln!("kpx-dataplane: {message}");

@@ -74,8 +74,15 @@ impl Scene {
     pub fn rules_mention(&self, text: &str) -> bool {
         let dump = match self.backend {
             ProxyBackend::Nftables => self.t.ruleset(),
-            ProxyBackend::Iptables => {
-                String::from_utf8_lossy(&self.t.node.try_exec("iptables-save", &[]).stdout).into_owned()
+            ProxyBackend::Iptables | ProxyBackend::IptablesLegacy => {
+                let flavour = if self.backend == ProxyBackend::Iptables { "nft" } else { "legacy" };
+                ["iptables", "ip6tables"]
+                    .iter()
+                    .map(|tool| {
+                        let out = self.t.node.try_exec(&format!("{tool}-{flavour}-save"), &[]);
+                        String::from_utf8_lossy(&out.stdout).into_owned()
+                    })
+                    .collect()
             }
             ProxyBackend::Ipvs => {
                 String::from_utf8_lossy(&self.t.node.try_exec("ipvsadm", &["-Ln"]).stdout).into_owned()

@@ -32,16 +32,20 @@ pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProxyBackend {
     Nftables,
+    /// iptables, nf_tables flavour.
     Iptables,
+    IptablesLegacy,
     Ipvs,
 }
 
 impl ProxyBackend {
-    pub fn arg(self) -> &'static str {
+    /// The node agent's flags that select this backend.
+    pub fn args(self) -> &'static [&'static str] {
         match self {
-            ProxyBackend::Nftables => "nftables",
-            ProxyBackend::Iptables => "iptables",
-            ProxyBackend::Ipvs => "ipvs",
+            ProxyBackend::Nftables => &["--backend=nftables"],
+            ProxyBackend::Iptables => &["--backend=iptables", "--iptables-mode=nft"],
+            ProxyBackend::IptablesLegacy => &["--backend=iptables", "--iptables-mode=legacy"],
+            ProxyBackend::Ipvs => &["--backend=ipvs"],
         }
     }
 }
@@ -171,10 +175,9 @@ impl Topology {
         let mut args = vec![
             format!("--node-name={NODE_NAME}"),
             format!("--control-plane=http://{CONTROL_PLANE_ADDR}"),
-            format!("--backend={}", backend.arg()),
             format!("--state-dir={}", self.dir.path().join("state").display()),
         ];
-        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        args.extend(backend.args().iter().chain(extra).map(|a| (*a).to_owned()));
         KpxProcess::start(&self.node, "kpx-dataplane", &args, self.log_path("dataplane"))
     }
 

@@ -57,10 +57,19 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
-    pub fn create(self, options: ProxyOptions) -> Result<Box<dyn Backend>, String> {
+    pub fn create(
+        self,
+        options: ProxyOptions,
+        iptables_mode: iptables::IptablesMode,
+    ) -> Result<Box<dyn Backend>, String> {
         match self {
             BackendKind::Nftables => {
                 Ok(Box::new(nftables::NftablesBackend::new(nftables::NftProcess, options)))
+            }
+            BackendKind::Iptables => {
+                let mode = iptables_mode.resolve();
+                tracing::info!(?mode, "iptables flavour");
+                Ok(Box::new(iptables::IptablesBackend::new(iptables::IptablesProcess { mode }, options)))
             }
             other => Err(format!("--backend {other:?}: not available in this build yet (use nftables)")),
         }

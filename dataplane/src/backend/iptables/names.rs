@@ -19,6 +19,8 @@ pub const NODEPORTS: &str = "KPX-NODEPORTS";
 pub const POSTROUTING: &str = "KPX-POSTROUTING";
 pub const MARK_MASQ: &str = "KPX-MARK-MASQ";
 pub const MARK_DROP: &str = "KPX-MARK-DROP";
+/// Masquerades unless the source is a pod (the local-traffic detector).
+pub const MASQ_NONLOCAL: &str = "KPX-MASQ-NONLOCAL";
 /// filter: drops what was marked for dropping, then rejects Services without endpoints.
 pub const FILTER: &str = "KPX-FILTER";
 /// filter: one REJECT rule per entry without endpoints.

@@ -1,0 +1,417 @@
+//! What kpx believes its iptables chains hold, and the `iptables-restore
+//! --noflush` input that takes them to a new desired state: per family, one
+//! block per table (each committed atomically). A change rewrites only the
+//! chains of the Services that changed, and adds or deletes only their rules
+//! in the shared chains.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::Write as _;
+
+use kpx_proto::types::NodeConfig;
+
+use super::names::PREFIX;
+use super::service::{self, ChainKey, ServiceContext, ServiceRules, SharedRule, Table};
+use super::skeleton::{self, HOOKS};
+use crate::backend::{Family, ProxyOptions};
+use crate::state::{ChangeSet, NodeState};
+
+pub fn context(options: &ProxyOptions, node: Option<&NodeConfig>) -> ServiceContext {
+    let node_addresses = node.map(|n| n.addresses.clone()).unwrap_or_default();
+    let nodeport_addresses = node_addresses
+        .iter()
+        .filter(|a| {
+            options.nodeport_cidrs.is_empty() || options.nodeport_cidrs.iter().any(|c| c.contains(*a))
+        })
+        .copied()
+        .collect();
+    ServiceContext {
+        nodeport_addresses,
+        node_addresses,
+        masquerade_all: options.masquerade_all,
+        local_cidrs: node
+            .map(|n| n.local_traffic_cidrs().iter().map(|c| c.trunc()).collect())
+            .unwrap_or_default(),
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Programmed {
+    services: HashMap<String, ServiceRules>,
+    owners: HashMap<(Family, String), String>,
+    ctx: ServiceContext,
+}
+
+/// The restore input per family, and the bookkeeping to record once the kernel took it.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub scripts: BTreeMap<Family, String>,
+    services: Vec<(String, Option<ServiceRules>)>,
+    /// The node's addresses or pod CIDRs changed: only a full sync can rewrite the fixed chains.
+    pub needs_full_sync: bool,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.scripts.is_empty() && !self.needs_full_sync
+    }
+}
+
+/// The lines of one table block.
+#[derive(Default)]
+struct Block {
+    declare: BTreeSet<String>,
+    fill: Vec<String>,
+    delete_rules: Vec<String>,
+    add_rules: Vec<String>,
+    remove_chains: BTreeSet<String>,
+}
+
+#[derive(Default)]
+struct Script {
+    blocks: BTreeMap<(Family, Table), Block>,
+}
+
+impl Script {
+    fn block(&mut self, family: Family, table: Table) -> &mut Block {
+        self.blocks.entry((family, table)).or_default()
+    }
+
+    fn write_chain(&mut self, key: &ChainKey, rules: &[String]) {
+        let block = self.block(key.0, key.1);
+        block.declare.insert(key.2.clone());
+        block.fill.extend(rules.iter().map(|r| format!("-A {} {r}", key.2)));
+    }
+
+    fn remove_chain(&mut self, key: &ChainKey) {
+        let block = self.block(key.0, key.1);
+        block.declare.insert(key.2.clone());
+        block.remove_chains.insert(key.2.clone());
+    }
+
+    fn finish(self) -> BTreeMap<Family, String> {
+        let mut out: BTreeMap<Family, String> = BTreeMap::new();
+        for ((family, table), b) in self.blocks {
+            if b.declare.is_empty()
+                && b.fill.is_empty()
+                && b.delete_rules.is_empty()
+                && b.add_rules.is_empty()
+            {
+                continue;
+            }
+            let s = out.entry(family).or_default();
+            let _ = writeln!(s, "*{}", table.name());
+            for chain in &b.declare {
+                let _ = writeln!(s, ":{chain} - [0:0]");
+            }
+            for line in b.fill.iter().chain(&b.delete_rules).chain(&b.add_rules) {
+                let _ = writeln!(s, "{line}");
+            }
+            for chain in &b.remove_chains {
+                let _ = writeln!(s, "-X {chain}");
+            }
+            let _ = writeln!(s, "COMMIT");
+        }
+        out
+    }
+}
+
+impl Programmed {
+    /// Restore input that makes kpx's chains hold exactly `desired`, given what
+    /// `iptables-save` shows now (per family): stale kpx chains are removed, missing hooks added.
+    pub fn full(
+        desired: &NodeState,
+        options: &ProxyOptions,
+        saved: &BTreeMap<Family, String>,
+    ) -> (Programmed, Plan) {
+        let ctx = context(options, desired.node.as_ref().map(|n| &n.value));
+        let empty = Programmed { ctx: ctx.clone(), ..Default::default() };
+        let all = ChangeSet { services: desired.services.keys().cloned().collect(), node: false };
+        let (mut plan, mut script) = empty.plan_script(desired, &all);
+        let mut wanted: BTreeSet<(Family, Table, String)> = BTreeSet::new();
+        for family in Family::ALL {
+            let cidrs: Vec<_> =
+                ctx.local_cidrs.iter().filter(|c| Family::of_net(c) == family).copied().collect();
+            for chain in skeleton::fixed_chains(family, &cidrs) {
+                let key = (family, chain.table, chain.name.to_owned());
+                script.write_chain(&key, &chain.rules);
+                wanted.insert(key);
+            }
+        }
+        for (_, rules) in &plan.services {
+            for key in rules.iter().flat_map(|r| r.chains.keys()) {
+                wanted.insert(key.clone());
+            }
+        }
+        for family in &Family::ALL {
+            let text = saved.get(family).map_or("", String::as_str);
+            let existing = saved_chains(text);
+            for key in &existing {
+                let full_key = (*family, key.0, key.1.clone());
+                if key.1.starts_with(PREFIX) && !wanted.contains(&full_key) {
+                    script.remove_chain(&full_key);
+                }
+            }
+            for hook in &HOOKS {
+                let line = format!("-A {} {}", hook.builtin, hook.spec);
+                if !saved_rules(text, hook.table).iter().any(|l| *l == line) {
+                    script
+                        .block(*family, hook.table)
+                        .add_rules
+                        .push(format!("-I {} 1 {}", hook.builtin, hook.spec));
+                }
+            }
+        }
+        plan.scripts = script.finish();
+        let mut programmed = empty;
+        programmed.commit(std::mem::take(&mut plan.services).into_iter().collect());
+        (programmed, plan)
+    }
+
+    /// The restore input for the Services in `changes`.
+    pub fn plan(&self, desired: &NodeState, changes: &ChangeSet, options: &ProxyOptions) -> Plan {
+        if changes.node && context(options, desired.node.as_ref().map(|n| &n.value)) != self.ctx {
+            return Plan { needs_full_sync: true, ..Default::default() };
+        }
+        let (mut plan, script) = self.plan_script(desired, changes);
+        plan.scripts = script.finish();
+        plan
+    }
+
+    fn plan_script(&self, desired: &NodeState, changes: &ChangeSet) -> (Plan, Script) {
+        let mut plan = Plan::default();
+        let mut script = Script::default();
+        let mut owners_now: HashMap<(Family, String), Option<&str>> = HashMap::new();
+        for name in &changes.services {
+            for entry in self.services.get(name).iter().flat_map(|r| &r.entries) {
+                if self.owners.get(entry) == Some(name) {
+                    owners_now.insert(entry.clone(), None);
+                }
+            }
+        }
+        let mut deleted: BTreeSet<SharedRule> = BTreeSet::new();
+        let mut added: BTreeSet<SharedRule> = BTreeSet::new();
+        for name in &changes.services {
+            let old = self.services.get(name);
+            let new = desired.services.get(name).map(|s| {
+                let mut rules = service::service_rules(&s.value, &self.ctx);
+                let mut taken = Vec::new();
+                for entry in &rules.entries {
+                    let owner = owners_now
+                        .get(entry)
+                        .copied()
+                        .unwrap_or_else(|| self.owners.get(entry).map(String::as_str));
+                    match owner {
+                        Some(owner) if owner != name => tracing::warn!(
+                            service = %name,
+                            owner,
+                            entry = %entry.1,
+                            "address and port already used by another Service; not programmed for this one"
+                        ),
+                        _ => taken.push(entry.clone()),
+                    }
+                }
+                for entry in &taken {
+                    owners_now.insert(entry.clone(), Some(name.as_str()));
+                }
+                rules.shared.retain(|(entry, r)| taken.iter().any(|t| &t.1 == entry && t.0 == r.family));
+                rules.entries = taken;
+                rules
+            });
+            let old_shared: BTreeSet<&SharedRule> =
+                old.iter().flat_map(|r| r.shared.iter().map(|(_, s)| s)).collect();
+            let new_shared: BTreeSet<&SharedRule> =
+                new.iter().flat_map(|r| r.shared.iter().map(|(_, s)| s)).collect();
+            deleted.extend(old_shared.difference(&new_shared).map(|r| (*r).clone()));
+            added.extend(new_shared.difference(&old_shared).map(|r| (*r).clone()));
+            let empty = BTreeMap::new();
+            let old_chains = old.map_or(&empty, |r| &r.chains);
+            let new_chains = new.as_ref().map_or(&empty, |r| &r.chains);
+            for (key, rules) in new_chains {
+                if old_chains.get(key) != Some(rules) {
+                    script.write_chain(key, rules);
+                }
+            }
+            for key in old_chains.keys().filter(|k| !new_chains.contains_key(*k)) {
+                script.remove_chain(key);
+            }
+            plan.services.push((name.clone(), new));
+        }
+        for rule in deleted {
+            script
+                .block(rule.family, rule.table)
+                .delete_rules
+                .push(format!("-D {} {}", rule.chain, rule.spec));
+        }
+        for rule in added {
+            script.block(rule.family, rule.table).add_rules.push(format!("-A {} {}", rule.chain, rule.spec));
+        }
+        (plan, script)
+    }
+
+    /// Records a plan the kernel accepted.
+    pub fn commit(&mut self, services: Vec<(String, Option<ServiceRules>)>) {
+        for (name, rules) in services {
+            if let Some(old) = self.services.remove(&name) {
+                for entry in old.entries {
+                    if self.owners.get(&entry) == Some(&name) {
+                        self.owners.remove(&entry);
+                    }
+                }
+            }
+            if let Some(rules) = rules {
+                for entry in &rules.entries {
+                    self.owners.insert(entry.clone(), name.clone());
+                }
+                self.services.insert(name, rules);
+            }
+        }
+    }
+
+    pub fn take_services(plan: &mut Plan) -> Vec<(String, Option<ServiceRules>)> {
+        std::mem::take(&mut plan.services)
+    }
+}
+
+/// `(table, chain)` of every user chain in `iptables-save` output.
+pub fn saved_chains(text: &str) -> Vec<(Table, String)> {
+    let mut table = None;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if let Some(name) = line.strip_prefix('*') {
+            table = Table::ALL.into_iter().find(|t| t.name() == name);
+        } else if let (Some(t), Some(rest)) = (table, line.strip_prefix(':')) {
+            if let Some(chain) = rest.split_whitespace().next() {
+                out.push((t, chain.to_owned()));
+            }
+        }
+    }
+    out
+}
+
+/// The `-A …` lines of one table in `iptables-save` output.
+pub fn saved_rules(text: &str, wanted: Table) -> Vec<&str> {
+    let mut table = None;
+    text.lines()
+        .filter(|line| {
+            if let Some(name) = line.strip_prefix('*') {
+                table = Table::ALL.into_iter().find(|t| t.name() == name);
+            }
+            table == Some(wanted) && line.starts_with("-A ")
+        })
+        .collect()
+}
+
+/// Restore input that removes everything kpx owns (hooks, then its chains), given `iptables-save` output.
+pub fn cleanup_script(saved: &str) -> String {
+    let mut s = String::new();
+    for table in Table::ALL {
+        let ours: Vec<String> = saved_chains(saved)
+            .into_iter()
+            .filter(|(t, c)| *t == table && c.starts_with(PREFIX))
+            .map(|(_, c)| c)
+            .collect();
+        let hooks: Vec<&str> = saved_rules(saved, table)
+            .into_iter()
+            .filter(|l| {
+                let chain = l.split_whitespace().nth(1).unwrap_or_default();
+                !chain.starts_with(PREFIX) && l.contains(&format!("-j {PREFIX}"))
+            })
+            .collect();
+        if ours.is_empty() && hooks.is_empty() {
+            continue;
+        }
+        let _ = writeln!(s, "*{}", table.name());
+        for chain in &ours {
+            let _ = writeln!(s, ":{chain} - [0:0]");
+        }
+        for hook in hooks {
+            let _ = writeln!(s, "-D {}", hook.trim_start_matches("-A "));
+        }
+        for chain in &ours {
+            let _ = writeln!(s, "-X {chain}");
+        }
+        let _ = writeln!(s, "COMMIT");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::Versioned;
+    use kpx_proto::types::{Endpoint, Protocol, ServicePort, ServiceView};
+
+    fn state(services: &[(&str, &str, &[&str])]) -> NodeState {
+        let mut s = NodeState::default();
+        for (name, vip, endpoints) in services {
+            let eps = endpoints
+                .iter()
+                .map(|a| Endpoint {
+                    address: a.parse().expect("ip"),
+                    port: 8080,
+                    node_name: String::new(),
+                    terminating: false,
+                })
+                .collect();
+            let view = ServiceView::new(
+                "c",
+                "ns",
+                name,
+                vec![vip.parse().expect("ip")],
+                vec![ServicePort::new("http", Protocol::Tcp, 80, eps)],
+            );
+            s.services.insert(view.resource_name(), Versioned { version: endpoints.join(","), value: view });
+        }
+        s
+    }
+
+    fn changed(names: &[&str]) -> ChangeSet {
+        ChangeSet { services: names.iter().map(|n| format!("c/ns/{n}")).collect(), node: false }
+    }
+
+    const NO: ProxyOptions = ProxyOptions { masquerade_all: false, nodeport_cidrs: Vec::new() };
+
+    #[test]
+    fn one_endpoint_change_rewrites_only_that_services_chains() {
+        let before =
+            state(&[("a", "10.96.0.1", &["10.0.0.1", "10.0.0.2"]), ("b", "10.96.0.2", &["10.0.0.9"])]);
+        let (mut programmed, full) = Programmed::full(&before, &NO, &BTreeMap::new());
+        let full_v4 = &full.scripts[&Family::V4];
+        assert!(
+            full_v4.contains("-I PREROUTING 1 -m comment --comment \"kpx service portals\" -j KPX-PORTALS")
+        );
+        let after =
+            state(&[("a", "10.96.0.1", &["10.0.0.1", "10.0.0.3"]), ("b", "10.96.0.2", &["10.0.0.9"])]);
+        let mut plan = programmed.plan(&after, &changed(&["a"]), &NO);
+        let script = &plan.scripts[&Family::V4];
+        assert!(!plan.scripts.contains_key(&Family::V6));
+        // a's pick chain and its two changed endpoint chains; nothing of b; no shared rule touched.
+        assert_eq!(script.matches("\n:").count() + usize::from(script.starts_with(':')), 3, "{script}");
+        assert_eq!(script.matches("-X KPX-SEP-").count(), 1, "{script}");
+        assert!(
+            script.contains("--to-destination 10.0.0.3:8080") && !script.contains("10.0.0.9"),
+            "{script}"
+        );
+        assert!(!script.contains("-A KPX-SERVICES") && !script.contains("-D KPX-SERVICES"), "{script}");
+        programmed.commit(Programmed::take_services(&mut plan));
+        assert!(programmed.plan(&after, &changed(&["a"]), &NO).is_empty());
+    }
+
+    #[test]
+    fn a_removed_service_loses_its_rules_and_chains_and_cleanup_keeps_foreign_ones() {
+        let before = state(&[("a", "10.96.0.1", &["10.0.0.1"])]);
+        let (programmed, _) = Programmed::full(&before, &NO, &BTreeMap::new());
+        let plan = programmed.plan(&NodeState::default(), &changed(&["a"]), &NO);
+        let script = &plan.scripts[&Family::V4];
+        assert!(script.contains("-D KPX-SERVICES -d 10.96.0.1/32"), "{script}");
+        assert_eq!(script.matches("-X KPX-").count(), 2, "{script}");
+        let saved = "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KPX-PORTALS - [0:0]\n\
+                     -A PREROUTING -m comment --comment \"kpx service portals\" -j KPX-PORTALS\n\
+                     -A PREROUTING -j KUBE-SERVICES\nCOMMIT\n";
+        let cleanup = cleanup_script(saved);
+        assert_eq!(
+            cleanup,
+            "*nat\n:KPX-PORTALS - [0:0]\n-D PREROUTING -m comment --comment \"kpx service portals\" -j KPX-PORTALS\n-X KPX-PORTALS\nCOMMIT\n"
+        );
+    }
+}

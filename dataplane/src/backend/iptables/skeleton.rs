@@ -1,0 +1,95 @@
+//! The fixed chains of kpx's iptables layout and their hooks in the built-in chains.
+
+use ipnet::IpNet;
+
+use super::names::{self, DROP_MARK, MASQ_MARK};
+use super::service::Table;
+use crate::backend::Family;
+
+/// A fixed chain and its rules.
+pub struct FixedChain {
+    pub table: Table,
+    pub name: &'static str,
+    pub rules: Vec<String>,
+}
+
+/// A jump from a built-in chain into kpx's.
+pub struct Hook {
+    pub table: Table,
+    pub builtin: &'static str,
+    pub spec: &'static str,
+}
+
+pub const HOOKS: [Hook; 6] = [
+    Hook {
+        table: Table::Nat,
+        builtin: "PREROUTING",
+        spec: "-m comment --comment \"kpx service portals\" -j KPX-PORTALS",
+    },
+    Hook {
+        table: Table::Nat,
+        builtin: "OUTPUT",
+        spec: "-m comment --comment \"kpx service portals\" -j KPX-PORTALS",
+    },
+    Hook {
+        table: Table::Nat,
+        builtin: "POSTROUTING",
+        spec: "-m comment --comment \"kpx postrouting rules\" -j KPX-POSTROUTING",
+    },
+    Hook {
+        table: Table::Filter,
+        builtin: "INPUT",
+        spec: "-m comment --comment \"kpx firewall\" -j KPX-FILTER",
+    },
+    Hook {
+        table: Table::Filter,
+        builtin: "FORWARD",
+        spec: "-m comment --comment \"kpx firewall\" -j KPX-FILTER",
+    },
+    Hook {
+        table: Table::Filter,
+        builtin: "OUTPUT",
+        spec: "-m comment --comment \"kpx firewall\" -j KPX-FILTER",
+    },
+];
+
+/// The fixed chains of one family; `local_cidrs` are the pod CIDRs of that family.
+pub fn fixed_chains(family: Family, local_cidrs: &[IpNet]) -> Vec<FixedChain> {
+    let _ = family;
+    let chain = |table, name, rules: Vec<String>| FixedChain { table, name, rules };
+    let mut masq_nonlocal: Vec<String> = local_cidrs.iter().map(|c| format!("-s {c} -j RETURN")).collect();
+    masq_nonlocal.push(format!("-j {}", names::MARK_MASQ));
+    vec![
+        chain(
+            Table::Nat,
+            names::PORTALS,
+            vec![
+                format!("-j {}", names::SERVICES),
+                format!("-m addrtype --dst-type LOCAL -j {}", names::NODEPORTS),
+            ],
+        ),
+        chain(Table::Nat, names::SERVICES, vec![]),
+        chain(Table::Nat, names::NODEPORTS, vec![]),
+        chain(Table::Nat, names::MARK_MASQ, vec![format!("-j MARK --or-mark {MASQ_MARK}")]),
+        chain(Table::Nat, names::MARK_DROP, vec![format!("-j MARK --or-mark {DROP_MARK}")]),
+        chain(Table::Nat, names::MASQ_NONLOCAL, masq_nonlocal),
+        chain(
+            Table::Nat,
+            names::POSTROUTING,
+            vec![
+                format!("-m mark ! --mark {MASQ_MARK}/{MASQ_MARK} -j RETURN"),
+                format!("-j MARK --xor-mark {MASQ_MARK}"),
+                "-j MASQUERADE --random-fully".to_owned(),
+            ],
+        ),
+        chain(
+            Table::Filter,
+            names::FILTER,
+            vec![
+                format!("-m mark --mark {DROP_MARK}/{DROP_MARK} -j DROP"),
+                format!("-m conntrack --ctstate NEW -j {}", names::REJECT),
+            ],
+        ),
+        chain(Table::Filter, names::REJECT, vec![]),
+    ]
+}

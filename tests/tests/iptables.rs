@@ -1,0 +1,111 @@
+//! The iptables backend's own promises, beyond the behaviour suite: it runs
+//! beside a kube-proxy (its `KUBE-*` chains and a user's rules stay as they
+//! are) and `--cleanup` removes exactly what kpx owns, in both flavours.
+//! Run as root (network namespaces); binaries built first (see README).
+
+use kpx_e2e::manifests::{documents, ep, service, slice};
+use kpx_e2e::process::binary;
+use kpx_e2e::topology::{sock, ProxyBackend, Topology};
+use kpx_e2e::traffic::{tcp_request, Answer};
+use kpx_e2e::{wait_for, DEADLINE};
+
+/// The rules and user chains of `*-save` output (per tool and table), without counters.
+fn saved(t: &Topology, flavour: &str) -> String {
+    let mut out = Vec::new();
+    for tool in ["iptables", "ip6tables"] {
+        let text = t.node.try_exec(&format!("{tool}-{flavour}-save"), &[]).stdout;
+        let mut table = String::new();
+        for line in String::from_utf8_lossy(&text).lines() {
+            if let Some(name) = line.strip_prefix('*') {
+                table = name.to_owned();
+            } else if line.starts_with("-A ") || (line.starts_with(':') && line.contains(" - ")) {
+                let line = line.split(" [").next().unwrap_or(line);
+                out.push(format!("{tool} {table} {line}"));
+            }
+        }
+    }
+    out.join("\n")
+}
+
+fn runs_beside_kube_proxy_and_cleans_up_only_its_own(backend: ProxyBackend, flavour: &str) {
+    let t = Topology::new(1);
+    let _backends = t.start_backends(8080);
+    let tool = format!("iptables-{flavour}");
+    // What a kube-proxy and a user left there.
+    t.node.exec(&tool, &["-t", "nat", "-N", "KUBE-SERVICES"]);
+    t.node.exec(
+        &tool,
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "KUBE-SERVICES",
+            "-d",
+            "10.96.9.9/32",
+            "-p",
+            "tcp",
+            "--dport",
+            "80",
+            "-j",
+            "RETURN",
+        ],
+    );
+    t.node.exec(&tool, &["-t", "nat", "-A", "PREROUTING", "-j", "KUBE-SERVICES"]);
+    t.node.exec(
+        &tool,
+        &[
+            "-A",
+            "INPUT",
+            "-p",
+            "tcp",
+            "--dport",
+            "2222",
+            "-m",
+            "comment",
+            "--comment",
+            "a user rule",
+            "-j",
+            "ACCEPT",
+        ],
+    );
+    let before = saved(&t, flavour);
+
+    let spec = "  clusterIP: 10.96.2.1\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
+    t.write_manifest(
+        "web.yaml",
+        &documents(&[
+            service("web", spec, ""),
+            slice("web", "web-1", false, &[("http", "TCP", 8080)], &[ep(Topology::pod_ip(0))]),
+        ]),
+    );
+    let _cp = t.start_control_plane();
+    let mut dp = t.start_dataplane_with(backend, &[]);
+    wait_for("the Service to answer", DEADLINE, || {
+        (t.client.run_in(|| tcp_request(sock("10.96.2.1", 80))) == Answer::From("pod0".into())).then_some(())
+    });
+    let programmed = saved(&t, flavour);
+    assert!(programmed.contains("-m comment --comment \"test/web:http cluster IP\""), "{programmed}");
+    assert!(programmed.contains("-j KPX-SVC-"), "{programmed}");
+    for line in before.lines() {
+        assert!(programmed.contains(line), "kpx changed a rule it does not own: {line:?}\n{programmed}");
+    }
+
+    dp.stop();
+    t.node.exec(
+        &binary("kpx-dataplane").display().to_string(),
+        &["--cleanup", "--backend=iptables", &format!("--iptables-mode={flavour}")],
+    );
+    let after = saved(&t, flavour);
+    assert!(!after.contains("KPX-"), "{after}");
+    assert_eq!(after, before, "cleanup leaves exactly what was there before");
+}
+
+#[test]
+fn nft_flavour_runs_beside_kube_proxy_and_cleans_up_only_its_own() {
+    runs_beside_kube_proxy_and_cleans_up_only_its_own(ProxyBackend::Iptables, "nft");
+}
+
+#[test]
+fn legacy_flavour_runs_beside_kube_proxy_and_cleans_up_only_its_own() {
+    runs_beside_kube_proxy_and_cleans_up_only_its_own(ProxyBackend::IptablesLegacy, "legacy");
+}
