@@ -68,6 +68,19 @@ impl Agent {
         Ok(Agent { node_name, state, backend, store, health })
     }
 
+    /// Programs the whole state again (the periodic full resync).
+    pub fn resync(&mut self) {
+        let started = Instant::now();
+        match self.backend.full_sync(&self.state) {
+            Ok(()) => tracing::info!(
+                services = self.state.services.len(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "periodic full resync"
+            ),
+            Err(e) => tracing::error!(error = %e, "periodic full resync failed; retrying at the next period"),
+        }
+    }
+
     /// The health-check ports to serve, kept current (see [`healthcheck::serve`]).
     pub fn health_checks(&self) -> watch::Receiver<BTreeMap<u16, ServiceHealth>> {
         self.health.subscribe()

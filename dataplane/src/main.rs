@@ -35,6 +35,9 @@ struct Args {
     /// Which iptables flavour `--backend iptables` drives (auto: the one holding more rules).
     #[arg(long, value_enum, default_value = "auto")]
     iptables_mode: IptablesMode,
+    /// Reprogram everything every this many seconds (0: never), repairing rules changed behind kpx's back.
+    #[arg(long, default_value_t = 3600)]
+    full_sync_period: u64,
     /// Remove everything kpx programmed, then exit.
     #[arg(long)]
     cleanup: bool,
@@ -94,6 +97,8 @@ fn main() -> ExitCode {
         eprintln!("kpx-dataplane: --state-dir {}: {e}", state_dir.display());
         return ExitCode::from(2);
     }
+    let full_sync_period =
+        (args.full_sync_period > 0).then(|| std::time::Duration::from_secs(args.full_sync_period));
     let result = (|| -> anyhow::Result<()> {
         let store = Store::open(&state_dir)?;
         let agent = Agent::start(node_name, backend, store)?;
@@ -101,7 +106,7 @@ fn main() -> ExitCode {
         runtime.block_on(async {
             tokio::spawn(healthcheck::serve(agent.health_checks()));
             tokio::select! {
-                _ = xds_client::run(control_plane, agent) => {},
+                _ = xds_client::run(control_plane, agent, full_sync_period) => {},
                 _ = shutdown() => {},
             }
         });

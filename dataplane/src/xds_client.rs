@@ -20,11 +20,13 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// gRPC status code INVALID_ARGUMENT, carried in NACKs.
 const INVALID_ARGUMENT: i32 = 3;
 
-/// Runs forever: connect, stream, and on any failure back off and resume.
-pub async fn run(control_plane: String, mut agent: Agent) {
+/// Runs forever: connect, stream, and on any failure back off and resume. While a
+/// stream is open the kernel is fully resynchronised every `full_sync_period`
+/// (`None`: never), repairing rules someone else changed.
+pub async fn run(control_plane: String, mut agent: Agent, full_sync_period: Option<Duration>) {
     let mut backoff = INITIAL_BACKOFF;
     loop {
-        match stream_once(&control_plane, &mut agent).await {
+        match stream_once(&control_plane, &mut agent, full_sync_period).await {
             Ok(()) => {
                 tracing::warn!(control_plane, "control plane closed the stream");
                 backoff = INITIAL_BACKOFF;
@@ -56,7 +58,11 @@ fn subscription(agent: &Agent, kind: Kind) -> DeltaDiscoveryRequest {
     }
 }
 
-async fn stream_once(control_plane: &str, agent: &mut Agent) -> Result<(), StreamEnd> {
+async fn stream_once(
+    control_plane: &str,
+    agent: &mut Agent,
+    full_sync_period: Option<Duration>,
+) -> Result<(), StreamEnd> {
     let fail = |established: bool| move |e: anyhow::Error| StreamEnd { error: e, established };
     let mut client = AggregatedDiscoveryServiceClient::connect(control_plane.to_owned())
         .await
@@ -78,8 +84,17 @@ async fn stream_once(control_plane: &str, agent: &mut Agent) -> Result<(), Strea
         services = agent.state().services.len(),
         "stream open; resuming with the versions this node has"
     );
+    let period = full_sync_period.unwrap_or(Duration::from_secs(365 * 24 * 3600));
+    let mut resync = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     loop {
-        let response = match inbound.message().await {
+        let message = tokio::select! {
+            message = inbound.message() => message,
+            _ = resync.tick(), if full_sync_period.is_some() => {
+                tokio::task::block_in_place(|| agent.resync());
+                continue;
+            }
+        };
+        let response = match message {
             Ok(Some(r)) => r,
             Ok(None) => return Ok(()),
             Err(status) => return Err(fail(true)(anyhow::anyhow!("stream: {}", status.message()))),

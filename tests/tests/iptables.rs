@@ -109,3 +109,34 @@ fn nft_flavour_runs_beside_kube_proxy_and_cleans_up_only_its_own() {
 fn legacy_flavour_runs_beside_kube_proxy_and_cleans_up_only_its_own() {
     runs_beside_kube_proxy_and_cleans_up_only_its_own(ProxyBackend::IptablesLegacy, "legacy");
 }
+
+#[test]
+fn the_periodic_full_resync_repairs_rules_changed_behind_its_back() {
+    let t = Topology::new(1);
+    let _backends = t.start_backends(8080);
+    let spec = "  clusterIP: 10.96.2.2\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
+    t.write_manifest(
+        "web.yaml",
+        &documents(&[
+            service("web", spec, ""),
+            slice("web", "web-1", false, &[("http", "TCP", 8080)], &[ep(Topology::pod_ip(0))]),
+        ]),
+    );
+    let _cp = t.start_control_plane();
+    let dp = t.start_dataplane_with(ProxyBackend::Iptables, &["--full-sync-period=2"]);
+    let vip = sock("10.96.2.2", 80);
+    wait_for("the Service to answer", DEADLINE, || {
+        (t.client.run_in(move || tcp_request(vip)) == Answer::From("pod0".into())).then_some(())
+    });
+    let resyncs = || dp.events().iter().filter(|e| e["message"] == "periodic full resync").count();
+    let before = resyncs();
+    t.node.exec("iptables-nft", &["-t", "nat", "-F", "KPX-SERVICES"]);
+    let rule_there = || saved(&t, "nft").contains("test/web:http cluster IP");
+    wait_for("two periodic full resyncs after the flush (one wholly after it)", DEADLINE, || {
+        (resyncs() > before + 1).then_some(())
+    });
+    assert!(rule_there(), "the resync put the rule back");
+    wait_for("the Service to answer again", DEADLINE, || {
+        (t.client.run_in(move || tcp_request(vip)) == Answer::From("pod0".into())).then_some(())
+    });
+}
