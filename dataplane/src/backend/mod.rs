@@ -7,8 +7,11 @@
 
 pub mod categorize;
 pub mod family;
+#[cfg(test)]
+pub mod fixtures;
 pub mod iptables;
 pub mod nftables;
+pub mod owners;
 
 pub use family::Family;
 

@@ -12,6 +12,7 @@ use kpx_proto::types::NodeConfig;
 use super::names::PREFIX;
 use super::service::{self, ChainKey, ServiceContext, ServiceRules, SharedRule, Table};
 use super::skeleton::{self, HOOKS};
+use crate::backend::owners::Owners;
 use crate::backend::{Family, ProxyOptions};
 use crate::state::{ChangeSet, NodeState};
 
@@ -37,7 +38,7 @@ pub fn context(options: &ProxyOptions, node: Option<&NodeConfig>) -> ServiceCont
 #[derive(Debug, Default)]
 pub struct Programmed {
     services: HashMap<String, ServiceRules>,
-    owners: HashMap<(Family, String), String>,
+    owners: Owners,
     ctx: ServiceContext,
 }
 
@@ -180,39 +181,19 @@ impl Programmed {
     fn plan_script(&self, desired: &NodeState, changes: &ChangeSet) -> (Plan, Script) {
         let mut plan = Plan::default();
         let mut script = Script::default();
-        let mut owners_now: HashMap<(Family, String), Option<&str>> = HashMap::new();
-        for name in &changes.services {
-            for entry in self.services.get(name).iter().flat_map(|r| &r.entries) {
-                if self.owners.get(entry) == Some(name) {
-                    owners_now.insert(entry.clone(), None);
-                }
-            }
-        }
+        let mut claims = self.owners.begin(
+            changes
+                .services
+                .iter()
+                .filter_map(|n| self.services.get(n).map(|r| (n.as_str(), &r.entries[..]))),
+        );
         let mut deleted: BTreeSet<SharedRule> = BTreeSet::new();
         let mut added: BTreeSet<SharedRule> = BTreeSet::new();
         for name in &changes.services {
             let old = self.services.get(name);
             let new = desired.services.get(name).map(|s| {
                 let mut rules = service::service_rules(&s.value, &self.ctx);
-                let mut taken = Vec::new();
-                for entry in &rules.entries {
-                    let owner = owners_now
-                        .get(entry)
-                        .copied()
-                        .unwrap_or_else(|| self.owners.get(entry).map(String::as_str));
-                    match owner {
-                        Some(owner) if owner != name => tracing::warn!(
-                            service = %name,
-                            owner,
-                            entry = %entry.1,
-                            "address and port already used by another Service; not programmed for this one"
-                        ),
-                        _ => taken.push(entry.clone()),
-                    }
-                }
-                for entry in &taken {
-                    owners_now.insert(entry.clone(), Some(name.as_str()));
-                }
+                let taken = claims.claim(name, &rules.entries);
                 rules.shared.retain(|(entry, r)| taken.iter().any(|t| &t.1 == entry && t.0 == r.family));
                 rules.entries = taken;
                 rules
@@ -251,17 +232,13 @@ impl Programmed {
     /// Records a plan the kernel accepted.
     pub fn commit(&mut self, services: Vec<(String, Option<ServiceRules>)>) {
         for (name, rules) in services {
-            if let Some(old) = self.services.remove(&name) {
-                for entry in old.entries {
-                    if self.owners.get(&entry) == Some(&name) {
-                        self.owners.remove(&entry);
-                    }
-                }
-            }
+            let old = self.services.remove(&name);
+            self.owners.commit(
+                &name,
+                old.as_ref().map(|r| &r.entries[..]),
+                rules.as_ref().map(|r| &r.entries[..]),
+            );
             if let Some(rules) = rules {
-                for entry in &rules.entries {
-                    self.owners.insert(entry.clone(), name.clone());
-                }
                 self.services.insert(name, rules);
             }
         }
@@ -338,38 +315,7 @@ pub fn cleanup_script(saved: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::Versioned;
-    use kpx_proto::types::{Endpoint, Protocol, ServicePort, ServiceView};
-
-    fn state(services: &[(&str, &str, &[&str])]) -> NodeState {
-        let mut s = NodeState::default();
-        for (name, vip, endpoints) in services {
-            let eps = endpoints
-                .iter()
-                .map(|a| Endpoint {
-                    address: a.parse().expect("ip"),
-                    port: 8080,
-                    node_name: String::new(),
-                    terminating: false,
-                })
-                .collect();
-            let view = ServiceView::new(
-                "c",
-                "ns",
-                name,
-                vec![vip.parse().expect("ip")],
-                vec![ServicePort::new("http", Protocol::Tcp, 80, eps)],
-            );
-            s.services.insert(view.resource_name(), Versioned { version: endpoints.join(","), value: view });
-        }
-        s
-    }
-
-    fn changed(names: &[&str]) -> ChangeSet {
-        ChangeSet { services: names.iter().map(|n| format!("c/ns/{n}")).collect(), node: false }
-    }
-
-    const NO: ProxyOptions = ProxyOptions { masquerade_all: false, nodeport_cidrs: Vec::new() };
+    use crate::backend::fixtures::{changed, state, NO};
 
     #[test]
     fn one_endpoint_change_rewrites_only_that_services_chains() {

@@ -7,9 +7,10 @@ use std::collections::{BTreeSet, HashMap};
 use kpx_proto::types::NodeConfig;
 
 use super::affinity::{self, NftObject};
-use super::render::{self, Element, Family};
+use super::render::{self, Element};
 use super::service::{self, ServiceContext, ServiceRules};
 use super::skeleton::{self, TableOptions};
+use crate::backend::owners::Owners;
 use crate::backend::ProxyOptions;
 use crate::state::{ChangeSet, NodeState};
 
@@ -36,8 +37,8 @@ impl ProxyOptions {
 pub struct Programmed {
     /// The elements programmed for each Service (entries it lost to another Service left out).
     services: HashMap<String, ServiceRules>,
-    /// Which Service owns each `vip . proto . port` entry.
-    owners: HashMap<(Family, String), String>,
+    /// Which Service owns each entry.
+    owners: Owners,
     /// How many Services use each shared element.
     shared: HashMap<Element, usize>,
     table: TableOptions,
@@ -99,45 +100,20 @@ impl Programmed {
         let mut old_objects: Vec<&NftObject> = Vec::new();
         let mut new_objects: Vec<NftObject> = Vec::new();
         let mut shared_delta: HashMap<Element, isize> = HashMap::new();
-        let mut owners_now: HashMap<(Family, String), Option<&str>> = HashMap::new();
-        // Entries of changed Services are released first, so a Service can take over a freed address.
-        for name in &changes.services {
-            if let Some(old) = self.services.get(name) {
-                for entry in &old.entries {
-                    if self.owners.get(entry) == Some(name) {
-                        owners_now.insert(entry.clone(), None);
-                    }
-                }
-            }
-        }
+        let mut claims = self.owners.begin(
+            changes
+                .services
+                .iter()
+                .filter_map(|n| self.services.get(n).map(|r| (n.as_str(), &r.entries[..]))),
+        );
         for name in &changes.services {
             let old = self.services.get(name);
             let new = desired.services.get(name).map(|s| {
                 let mut rules = service::service_rules(&s.value, &self.ctx);
-                let mut taken = Vec::new();
-                for entry in &rules.entries {
-                    let owner = match owners_now.get(entry) {
-                        Some(now) => *now,
-                        None => self.owners.get(entry).map(String::as_str),
-                    };
-                    match owner {
-                        Some(owner) if owner != name => {
-                            tracing::warn!(
-                                service = %name,
-                                owner,
-                                entry = %entry.1,
-                                "address and port already used by another Service; not programmed for this one"
-                            );
-                        }
-                        _ => taken.push(entry.clone()),
-                    }
-                }
-                for entry in &taken {
-                    owners_now.insert(entry.clone(), Some(name.as_str()));
-                }
-                rules.elements.retain(|(entry, e)| {
-                    taken.iter().any(|t| &t.1 == entry && t.0 == e.collection.family())
-                });
+                let taken = claims.claim(name, &rules.entries);
+                rules
+                    .elements
+                    .retain(|(entry, e)| taken.iter().any(|t| &t.1 == entry && t.0 == e.collection.family()));
                 rules.entries = taken;
                 rules
             });
@@ -185,17 +161,13 @@ impl Programmed {
     /// Records a plan the kernel accepted.
     pub fn commit(&mut self, plan: Plan) {
         for (name, rules) in plan.services {
-            if let Some(old) = self.services.remove(&name) {
-                for entry in old.entries {
-                    if self.owners.get(&entry) == Some(&name) {
-                        self.owners.remove(&entry);
-                    }
-                }
-            }
+            let old = self.services.remove(&name);
+            self.owners.commit(
+                &name,
+                old.as_ref().map(|r| &r.entries[..]),
+                rules.as_ref().map(|r| &r.entries[..]),
+            );
             if let Some(rules) = rules {
-                for entry in &rules.entries {
-                    self.owners.insert(entry.clone(), name.clone());
-                }
                 self.services.insert(name, rules);
             }
         }
@@ -212,38 +184,7 @@ impl Programmed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::Versioned;
-    use kpx_proto::types::{Endpoint, Protocol, ServicePort, ServiceView};
-
-    fn state(services: &[(&str, &str, &[&str])]) -> NodeState {
-        let mut s = NodeState::default();
-        for (name, vip, endpoints) in services {
-            let eps = endpoints
-                .iter()
-                .map(|a| Endpoint {
-                    address: a.parse().expect("ip"),
-                    port: 8080,
-                    node_name: String::new(),
-                    terminating: false,
-                })
-                .collect();
-            let view = ServiceView::new(
-                "c",
-                "ns",
-                name,
-                vec![vip.parse().expect("ip")],
-                vec![ServicePort::new("", Protocol::Tcp, 80, eps)],
-            );
-            s.services.insert(view.resource_name(), Versioned { version: endpoints.join(","), value: view });
-        }
-        s
-    }
-
-    const NO: ProxyOptions = ProxyOptions { masquerade_all: false, nodeport_cidrs: Vec::new() };
-
-    fn changed(names: &[&str]) -> ChangeSet {
-        ChangeSet { services: names.iter().map(|n| format!("c/ns/{n}")).collect(), node: false }
-    }
+    use crate::backend::fixtures::{changed, state, NO};
 
     #[test]
     fn one_endpoint_change_touches_only_that_service() {

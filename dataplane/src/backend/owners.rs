@@ -1,0 +1,73 @@
+//! Which Service owns each entry (`address . proto . port`, per family), for
+//! every backend: when two Services claim the same entry, the first keeps it
+//! and the other is warned about and not programmed there.
+
+use std::collections::HashMap;
+
+use super::Family;
+
+/// An entry point: its family and `address . proto . port`.
+pub type EntryKey = (Family, String);
+
+#[derive(Debug, Default)]
+pub struct Owners(HashMap<EntryKey, String>);
+
+/// Claims made while planning one change, over the owners programmed now.
+pub struct Claims<'a> {
+    owners: &'a Owners,
+    now: HashMap<EntryKey, Option<&'a str>>,
+}
+
+impl Owners {
+    /// Starts planning a change of the Services in `changed` (name, entries they hold now):
+    /// their entries are released first, so a Service can take over a freed address.
+    pub fn begin<'a>(&'a self, changed: impl IntoIterator<Item = (&'a str, &'a [EntryKey])>) -> Claims<'a> {
+        let mut now = HashMap::new();
+        for (name, entries) in changed {
+            for entry in entries {
+                if self.0.get(entry).map(String::as_str) == Some(name) {
+                    now.insert(entry.clone(), None);
+                }
+            }
+        }
+        Claims { owners: self, now }
+    }
+
+    /// Records what a Service holds after an accepted change (`None`: removed).
+    pub fn commit(&mut self, name: &str, old: Option<&[EntryKey]>, new: Option<&[EntryKey]>) {
+        for entry in old.unwrap_or_default() {
+            if self.0.get(entry).map(String::as_str) == Some(name) {
+                self.0.remove(entry);
+            }
+        }
+        for entry in new.unwrap_or_default() {
+            self.0.insert(entry.clone(), name.to_owned());
+        }
+    }
+}
+
+impl<'a> Claims<'a> {
+    /// The entries of `wanted` that `service` gets; the others are taken and logged.
+    pub fn claim(&mut self, service: &'a str, wanted: &[EntryKey]) -> Vec<EntryKey> {
+        let mut taken = Vec::new();
+        for entry in wanted {
+            let owner = match self.now.get(entry) {
+                Some(now) => *now,
+                None => self.owners.0.get(entry).map(String::as_str),
+            };
+            match owner {
+                Some(owner) if owner != service => tracing::warn!(
+                    service,
+                    owner,
+                    entry = %entry.1,
+                    "address and port already used by another Service; not programmed for this one"
+                ),
+                _ => taken.push(entry.clone()),
+            }
+        }
+        for entry in &taken {
+            self.now.insert(entry.clone(), Some(service));
+        }
+        taken
+    }
+}
