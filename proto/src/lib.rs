@@ -5,18 +5,40 @@
 //! [`convert`] turns one into the other, and validates on the way in so that an
 //! invalid resource is refused with the field that is wrong.
 
+pub mod categorize;
 pub mod convert;
+pub mod family;
+pub mod trace;
 pub mod types;
 pub mod version;
 
-/// Generated protobuf messages of `kpx/v1/kpx.proto`.
+/// Generated protobuf messages of `kpx/v1/kpx.proto` (re-exported here) and the admin
+/// services of `kpx/admin/v1/admin.proto` (in [`admin`]).
 pub mod pb {
     #![allow(clippy::all)]
-    include!(concat!(env!("OUT_DIR"), "/kpx.v1.rs"));
+    pub mod kpx {
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/kpx.v1.rs"));
+        }
+        pub mod admin {
+            pub mod v1 {
+                include!(concat!(env!("OUT_DIR"), "/kpx.admin.v1.rs"));
+            }
+        }
+    }
+    pub use kpx::v1::*;
 }
 
-/// Encoded `FileDescriptorSet` of kpx's messages (for gRPC reflection).
+/// The admin APIs: `ControlPlaneAdmin` and `NodeAdmin`, servers and clients.
+pub mod admin {
+    pub use crate::pb::kpx::admin::v1::*;
+}
+
+/// Encoded `FileDescriptorSet` of kpx's messages and admin services (for gRPC reflection).
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kpx_descriptor.bin"));
+
+/// Encoded `FileDescriptorSet` of Envoy's ADS service and its imports (for gRPC reflection).
+pub const XDS_FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xds_descriptor.bin"));
 
 /// Type URL of [`types::ServiceView`] resources.
 pub const SERVICE_VIEW_TYPE_URL: &str = "type.googleapis.com/kpx.v1.ServiceView";

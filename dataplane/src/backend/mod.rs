@@ -5,15 +5,14 @@
 //! After a failure it must not trust its idea of the kernel: the next apply is
 //! a full sync.
 
-pub mod categorize;
-pub mod family;
+pub use kpx_proto::categorize;
 #[cfg(test)]
 pub mod fixtures;
 pub mod iptables;
 pub mod nftables;
 pub mod owners;
 
-pub use family::Family;
+pub use kpx_proto::family::Family;
 
 use crate::state::{ChangeSet, NodeState};
 

@@ -1,14 +1,14 @@
-//! What a Service port means on this node, per IP family, whatever the
-//! backend: its entry points and, for each, where the traffic goes. Every
-//! backend renders these decisions; none makes its own, so policy behaves the
-//! same in all of them.
+//! What a Service port means on a node, per IP family, whatever the backend:
+//! its entry points and, for each, where the traffic goes. Every backend
+//! renders these decisions and the packet tracer explains them; none makes its
+//! own, so policy behaves the same everywhere.
 
 use std::net::IpAddr;
 
+use crate::types::{Endpoint, ServicePort, ServiceView};
 use ipnet::IpNet;
-use kpx_proto::types::{Endpoint, ServicePort, ServiceView};
 
-use super::Family;
+use crate::family::Family;
 
 /// How an entry point is reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

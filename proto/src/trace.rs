@@ -1,0 +1,318 @@
+//! The packet tracer: how a node will treat a packet to `address:port`, and
+//! why, from the views it holds. It reads the same decisions the backends
+//! render ([`crate::categorize`]), so what it says is what the rules do.
+
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
+
+use crate::categorize::{self, Action, EntryKind, PortFamily};
+use crate::family::Family;
+use crate::types::{NodeConfig, Protocol, ServiceView};
+
+/// What the tracer needs to know about the node agent's settings.
+#[derive(Debug, Clone, Default)]
+pub struct TraceOptions {
+    pub masquerade_all: bool,
+    pub nodeport_cidrs: Vec<IpNet>,
+}
+
+/// A packet to trace.
+#[derive(Debug, Clone, Copy)]
+pub struct Packet {
+    pub destination: SocketAddr,
+    pub protocol: Protocol,
+    /// The client; `None` for "some client outside the cluster".
+    pub source: Option<IpAddr>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Dnat,
+    Reject,
+    Drop,
+    NotAService,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Dnat => "dnat",
+            Verdict::Reject => "reject",
+            Verdict::Drop => "drop",
+            Verdict::NotAService => "not a service",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    pub endpoint: SocketAddr,
+    pub probability: f64,
+    pub node: String,
+    pub terminating: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trace {
+    /// `<cluster>/<namespace>/<name>:<port name>`; empty when no Service matches.
+    pub service: String,
+    /// (what, why) in the order the kernel meets them.
+    pub steps: Vec<(String, String)>,
+    pub candidates: Vec<Candidate>,
+    pub masquerade: bool,
+    pub verdict: Verdict,
+}
+
+impl Trace {
+    fn step(&mut self, what: impl Into<String>, why: impl Into<String>) {
+        self.steps.push((what.into(), why.into()));
+    }
+}
+
+fn kind_name(kind: EntryKind) -> &'static str {
+    match kind {
+        EntryKind::ClusterIp => "ClusterIP",
+        EntryKind::ExternalIp => "external IP",
+        EntryKind::LoadBalancer => "load-balancer IP",
+        EntryKind::NodePort => "NodePort",
+    }
+}
+
+fn list(nets: &[IpNet]) -> String {
+    nets.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// Traces `packet` through the Services `views` on a node with `node` config.
+pub fn trace<'a>(
+    views: impl IntoIterator<Item = &'a ServiceView>,
+    node: Option<&NodeConfig>,
+    options: &TraceOptions,
+    packet: Packet,
+) -> Trace {
+    let node_addresses: Vec<IpAddr> = node.map(|n| n.addresses.clone()).unwrap_or_default();
+    let nodeport_addresses: Vec<IpAddr> = node_addresses
+        .iter()
+        .filter(|a| {
+            options.nodeport_cidrs.is_empty() || options.nodeport_cidrs.iter().any(|c| c.contains(*a))
+        })
+        .copied()
+        .collect();
+    for view in views {
+        for pf in categorize::port_families(view, &nodeport_addresses) {
+            if pf.port.protocol != packet.protocol {
+                continue;
+            }
+            let hit = pf
+                .entries
+                .iter()
+                .find(|e| e.address == packet.destination.ip() && e.port == packet.destination.port());
+            if let Some(entry) = hit {
+                return trace_entry(&pf, entry.kind, node, &node_addresses, options, packet);
+            }
+        }
+    }
+    let mut t = Trace {
+        service: String::new(),
+        steps: vec![],
+        candidates: vec![],
+        masquerade: false,
+        verdict: Verdict::NotAService,
+    };
+    t.step(
+        format!("no Service has {}/{}", packet.destination, packet.protocol),
+        "kpx leaves the packet alone: it is routed as addressed",
+    );
+    t
+}
+
+fn trace_entry(
+    pf: &PortFamily,
+    kind: EntryKind,
+    node: Option<&NodeConfig>,
+    node_addresses: &[IpAddr],
+    options: &TraceOptions,
+    packet: Packet,
+) -> Trace {
+    let view = pf.view;
+    let port_name = if pf.port.name.is_empty() { pf.port.port.to_string() } else { pf.port.name.clone() };
+    let mut t = Trace {
+        service: format!("{}:{port_name}", view.resource_name()),
+        steps: vec![],
+        candidates: vec![],
+        masquerade: false,
+        verdict: Verdict::Dnat,
+    };
+    t.step(
+        format!("{} {}/{} of {}", kind_name(kind), packet.destination, packet.protocol, t.service),
+        "the destination is one of the Service's entry points",
+    );
+    let local_cidrs: Vec<IpNet> = node
+        .map(|n| n.local_traffic_cidrs().iter().filter(|c| Family::of_net(c) == pf.family).copied().collect())
+        .unwrap_or_default();
+    let from_pod = packet.source.is_some_and(|s| local_cidrs.iter().any(|c| c.contains(&s)));
+    let from_node = packet.source.is_some_and(|s| node_addresses.contains(&s));
+    let entry = pf.entries.iter().find(|e| e.kind == kind && e.address == packet.destination.ip());
+    if let Some(allowed) = entry.and_then(|e| pf.allowed_sources(e, node_addresses)) {
+        match packet.source {
+            Some(s) if !allowed.iter().any(|r| r.contains(&s)) => {
+                t.step("drop", format!("source {s} is not in loadBalancerSourceRanges ({})", list(&allowed)));
+                t.verdict = Verdict::Drop;
+                return t;
+            }
+            Some(s) => t.step(
+                "source allowed",
+                format!("{s} is inside loadBalancerSourceRanges ({})", list(&allowed)),
+            ),
+            None => t.step(
+                "loadBalancerSourceRanges",
+                format!("only {} may connect (give a source to check one)", list(&allowed)),
+            ),
+        }
+    }
+    if options.masquerade_all {
+        t.masquerade = true;
+        t.step("masquerade", "masqueradeAll is on");
+    }
+    let mut use_local = false;
+    if kind != EntryKind::ClusterIp {
+        if !pf.external_local() {
+            t.masquerade = true;
+            t.step("masquerade", "externalTrafficPolicy: Cluster masquerades external traffic");
+        } else if from_pod {
+            t.step(
+                "all endpoints",
+                "the source is a pod (inside the cluster CIDR): externalTrafficPolicy Local applies to traffic from outside",
+            );
+        } else if from_node {
+            t.masquerade = true;
+            t.step("masquerade, all endpoints", "the source is the node itself");
+        } else {
+            use_local = true;
+            t.step("this node's endpoints only", "externalTrafficPolicy: Local keeps the client address");
+        }
+    } else {
+        if !local_cidrs.is_empty() && !from_pod && !t.masquerade {
+            t.masquerade = true;
+            let who = packet.source.map_or("a client outside the cluster".to_owned(), |s| s.to_string());
+            t.step("masquerade", format!("{who} is outside the cluster CIDR ({})", list(&local_cidrs)));
+        }
+        if view.internal_traffic_local {
+            t.step("this node's endpoints only", "internalTrafficPolicy: Local");
+        }
+    }
+    let (action, set) = if use_local {
+        (pf.local_action(kind).unwrap_or_else(|| pf.cluster_action(kind)), &pf.local)
+    } else {
+        (pf.cluster_action(kind), &pf.cluster)
+    };
+    match action {
+        Action::Reject => {
+            t.verdict = Verdict::Reject;
+            t.masquerade = false;
+            t.step("reject", "the Service has no endpoints: connections are refused at once");
+        }
+        Action::Drop => {
+            t.verdict = Verdict::Drop;
+            t.masquerade = false;
+            let why = if use_local {
+                "externalTrafficPolicy: Local and no endpoint on this node"
+            } else {
+                "traffic policy Local and no endpoint on this node"
+            };
+            t.step("drop", why);
+        }
+        Action::Pick => {
+            let n = set.len() as f64;
+            t.candidates = set
+                .iter()
+                .map(|e| Candidate {
+                    endpoint: SocketAddr::new(e.address, e.port),
+                    probability: 1.0 / n,
+                    node: e.node_name.clone(),
+                    terminating: e.terminating,
+                })
+                .collect();
+            if set.iter().all(|e| e.terminating) {
+                t.step(
+                    "terminating endpoints",
+                    "no endpoint is ready: serving-and-terminating ones take the traffic",
+                );
+            }
+            if let Some(timeout) = view.session_affinity_timeout {
+                t.step(
+                    "sessionAffinity: ClientIP",
+                    format!("a client keeps its endpoint until {timeout} s after its last new connection"),
+                );
+            }
+            if let Some(s) = packet.source.filter(|s| set.iter().any(|e| e.address == *s)) {
+                t.step(
+                    "hairpin",
+                    format!("if {s} picks itself, the packet is masqueraded so the reply comes back"),
+                );
+            }
+            t.step(
+                format!("dnat to one of {} endpoint(s)", set.len()),
+                "each new connection picks one at random, evenly",
+            );
+        }
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{Endpoint, ServicePort};
+
+    fn ep(a: &str, node: &str) -> Endpoint {
+        Endpoint { address: a.parse().expect("ip"), port: 8080, node_name: node.into(), terminating: false }
+    }
+
+    fn node() -> NodeConfig {
+        NodeConfig {
+            name: "n1".into(),
+            addresses: vec!["10.0.0.1".parse().expect("ip")],
+            cluster_cidrs: vec!["10.244.0.0/16".parse().expect("cidr")],
+            ..Default::default()
+        }
+    }
+
+    fn packet(dst: &str, source: Option<&str>) -> Packet {
+        Packet {
+            destination: dst.parse().expect("socket"),
+            protocol: Protocol::Tcp,
+            source: source.map(|s| s.parse().expect("ip")),
+        }
+    }
+
+    #[test]
+    fn explains_a_cluster_ip_a_local_node_port_and_a_miss() {
+        let mut port =
+            ServicePort::new("http", Protocol::Tcp, 80, vec![ep("10.244.1.2", "n1"), ep("10.244.2.2", "n2")]);
+        port.node_port = Some(30080);
+        port.local_endpoints = vec![ep("10.244.1.2", "n1")];
+        let mut view =
+            ServiceView::new("c", "ns", "web", vec!["10.96.0.10".parse().expect("ip")], vec![port]);
+        view.external_traffic_local = true;
+        let opts = TraceOptions::default();
+
+        let t = trace([&view], Some(&node()), &opts, packet("10.96.0.10:80", None));
+        assert_eq!(t.service, "c/ns/web:http");
+        assert_eq!(t.verdict, Verdict::Dnat);
+        assert!(t.masquerade, "from outside the cluster CIDR: {t:?}");
+        assert_eq!(t.candidates.len(), 2);
+        assert!((t.candidates[0].probability - 0.5).abs() < 1e-9);
+
+        let t = trace([&view], Some(&node()), &opts, packet("10.0.0.1:30080", Some("192.0.2.1")));
+        assert!(!t.masquerade && t.candidates.len() == 1, "{t:?}");
+        assert!(t.steps.iter().any(|(w, _)| w == "this node's endpoints only"), "{t:?}");
+
+        view.ports[0].local_endpoints.clear();
+        let t = trace([&view], Some(&node()), &opts, packet("10.0.0.1:30080", Some("192.0.2.1")));
+        assert_eq!(t.verdict, Verdict::Drop);
+
+        let t = trace([&view], Some(&node()), &opts, packet("10.96.0.99:80", None));
+        assert_eq!(t.verdict, Verdict::NotAService);
+    }
+}
