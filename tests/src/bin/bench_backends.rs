@@ -47,15 +47,13 @@ fn service(i: usize, generation: usize) -> Versioned<ServiceView> {
 }
 
 fn state(services: usize) -> NodeState {
-    let mut s = NodeState::default();
-    s.node = Some(Versioned {
-        version: "1".into(),
-        value: NodeConfig {
-            name: "n".into(),
-            addresses: vec!["10.0.0.1".parse().expect("ip")],
-            ..Default::default()
-        },
-    });
+    let node = NodeConfig {
+        name: "n".into(),
+        addresses: vec!["10.0.0.1".parse().expect("ip")],
+        ..Default::default()
+    };
+    let mut s =
+        NodeState { node: Some(Versioned { version: "1".into(), value: node }), ..Default::default() };
     for i in 0..services {
         let v = service(i, 0);
         s.services.insert(v.value.resource_name(), v);
