@@ -1,5 +1,7 @@
 //! kpx control plane: sources → cluster model → per-node views → delta xDS.
 
+pub mod admin;
+pub mod metrics;
 pub mod model;
 pub mod publisher;
 pub mod source;

@@ -9,9 +9,14 @@ use anyhow::Context;
 use clap::Parser;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use ipnet::IpNet;
+use kpx_controlplane::admin::ControlPlaneAdminService;
+use kpx_controlplane::metrics::ControlPlaneMetrics;
 use kpx_controlplane::source::{self, SourceSpec};
+use kpx_controlplane::xds::nodes::NodeRegistry;
 use kpx_controlplane::xds::snapshot::BuildOptions;
 use kpx_controlplane::{publisher, xds};
+use kpx_proto::admin::control_plane_admin_server::ControlPlaneAdminServer;
+use std::sync::Arc;
 use tokio::sync::watch;
 
 #[derive(Parser, Debug)]
@@ -29,9 +34,12 @@ struct Args {
     /// Without it, each node uses its own podCIDRs.
     #[arg(long = "cluster-cidr", value_name = "CIDR", value_parser = cidr)]
     cluster_cidrs: Vec<IpNet>,
-    /// gRPC address (delta ADS and health).
+    /// gRPC address: delta ADS, the admin API, health and reflection.
     #[arg(long, default_value = "0.0.0.0:18000")]
     listen: SocketAddr,
+    /// Prometheus /metrics.
+    #[arg(long, default_value = "127.0.0.1:18002")]
+    metrics_listen: SocketAddr,
     /// Log format.
     #[arg(long, value_enum, default_value = "human")]
     log_format: LogFormat,
@@ -101,31 +109,66 @@ fn init_logs(format: LogFormat) {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let mut sources = BTreeMap::new();
+    let mut source_list = Vec::new();
     for spec in &args.sources {
-        sources.insert(spec.cluster.clone(), source::spawn(spec));
+        let rx = source::spawn(spec);
+        source_list.push((spec.clone(), rx.clone()));
+        sources.insert(spec.cluster.clone(), rx);
     }
+    let metrics = Arc::new(ControlPlaneMetrics::default());
+    let nodes = NodeRegistry::default();
     let (snapshot_tx, snapshot_rx) = watch::channel(None);
     let mut cluster_cidrs = args.cluster_cidrs.clone();
     cluster_cidrs.sort();
     cluster_cidrs.dedup();
     let options = BuildOptions { cluster_cidrs };
-    tokio::spawn(publisher::run(sources, options, snapshot_tx));
+    tokio::spawn(publisher::run(sources, options, snapshot_tx, Arc::clone(&metrics)));
+    let metrics_listener = tokio::net::TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (--metrics-listen)", args.metrics_listen))?;
+    let router = metrics_router(Arc::clone(&metrics));
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(metrics_listener, router).await {
+            tracing::error!(error = %e, "metrics server failed");
+        }
+    });
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<AggregatedDiscoveryServiceServer<xds::server::AdsServer>>().await;
-    let ads = AggregatedDiscoveryServiceServer::new(xds::server::AdsServer::new(snapshot_rx))
+    health_reporter.set_serving::<ControlPlaneAdminServer<ControlPlaneAdminService>>().await;
+    let admin = ControlPlaneAdminServer::new(ControlPlaneAdminService::new(
+        snapshot_rx.clone(),
+        nodes.clone(),
+        source_list,
+    ));
+    let ads = AggregatedDiscoveryServiceServer::new(xds::server::AdsServer::new(snapshot_rx, nodes, metrics))
         .max_decoding_message_size(64 << 20);
+    let reflection = kpx_proto::grpc::reflection_routes(true).context("reflection descriptors")?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
-    tracing::info!(listen = %args.listen, "serving delta xDS");
+    tracing::info!(listen = %args.listen, metrics = %args.metrics_listen, "serving delta xDS and the admin API");
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+        .add_routes(reflection)
         .add_service(health_service)
+        .add_service(admin)
         .add_service(ads)
         .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown())
         .await
         .context("gRPC server failed")
+}
+
+fn metrics_router(metrics: Arc<ControlPlaneMetrics>) -> axum::Router {
+    axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || async move {
+            (
+                [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+                metrics.render(),
+            )
+        }),
+    )
 }
 
 async fn shutdown() {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
+use crate::metrics::ControlPlaneMetrics;
 use crate::model::ClusterState;
 use crate::source::StateReceiver;
 use crate::xds::snapshot::BuildOptions;
@@ -17,6 +18,7 @@ pub async fn run(
     mut sources: BTreeMap<String, StateReceiver>,
     options: BuildOptions,
     tx: watch::Sender<Option<Arc<Snapshot>>>,
+    metrics: Arc<ControlPlaneMetrics>,
 ) {
     let mut previous = Arc::new(Snapshot::default());
     loop {
@@ -27,6 +29,9 @@ pub async fn run(
         if let Some(states) = states {
             let started = std::time::Instant::now();
             let snapshot = Arc::new(Snapshot::build(&states, &previous, &options));
+            metrics.snapshot_build.observe(started.elapsed().as_secs_f64());
+            metrics.services.set(snapshot.service_count() as i64);
+            metrics.node_variants.set(snapshot.variant_count() as i64);
             tracing::info!(
                 services = snapshot.service_count(),
                 node_variants = snapshot.variant_count(),

@@ -1,18 +1,23 @@
 //! The apply pipeline for one delta: validate → desired state → backend
 //! (one atomic kernel transaction) → store commit (flushed) → ACK. A failure
 //! anywhere is a NACK with the reason; kernel and store keep the last good state.
-
-use std::time::{Duration, Instant};
+//!
+//! The agent is shared (`SharedAgent`) between the xDS client, which applies,
+//! and the admin and health servers, which read.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
 
 use kpx_proto::types::{Protocol, ServiceView};
 use tokio::sync::watch;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, BackendError};
 use crate::conntrack;
 use crate::healthcheck::{self, ServiceHealth};
+use crate::metrics::{labels, AgentMetrics};
 use crate::state::{Delta, NodeState, RawResource};
+use crate::status::{unix_seconds, AgentStatus};
 use crate::store::Store;
 
 pub struct Agent {
@@ -22,6 +27,23 @@ pub struct Agent {
     store: Store,
     /// The health-check ports the accepted state asks for.
     health: watch::Sender<BTreeMap<u16, ServiceHealth>>,
+    pub status: AgentStatus,
+    metrics: Arc<AgentMetrics>,
+}
+
+/// The agent, shared between the xDS client and the admin, metrics and health servers.
+#[derive(Clone)]
+pub struct SharedAgent(Arc<Mutex<Agent>>);
+
+impl SharedAgent {
+    pub fn new(agent: Agent) -> Self {
+        SharedAgent(Arc::new(Mutex::new(agent)))
+    }
+
+    /// The agent; a panic elsewhere while it was held does not make it unusable.
+    pub fn lock(&self) -> MutexGuard<'_, Agent> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 /// The result of applying one response.
@@ -42,9 +64,27 @@ pub enum ApplyError {
     Store(#[from] crate::store::StoreError),
 }
 
+/// Whether two views differ in more than their endpoints.
+fn service_changed(a: &ServiceView, b: &ServiceView) -> bool {
+    let strip = |v: &ServiceView| {
+        let mut v = v.clone();
+        for p in &mut v.ports {
+            p.endpoints.clear();
+            p.local_endpoints.clear();
+        }
+        v
+    };
+    strip(a) != strip(b)
+}
+
 impl Agent {
     /// Loads the stored state and programs the kernel from it, before any control plane answers.
-    pub fn start(node_name: String, mut backend: Box<dyn Backend>, store: Store) -> anyhow::Result<Agent> {
+    pub fn start(
+        node_name: String,
+        mut backend: Box<dyn Backend>,
+        store: Store,
+        control_plane: String,
+    ) -> anyhow::Result<Agent> {
         let state = match store.load()? {
             Ok(state) => state,
             Err(damaged) => {
@@ -54,30 +94,74 @@ impl Agent {
                 empty
             }
         };
+        let metrics = Arc::new(AgentMetrics::new(backend.name()));
         let started = Instant::now();
         backend.full_sync(&state).map_err(|e| {
             anyhow::anyhow!("{} backend: programming the stored state failed: {e}", backend.name())
         })?;
+        let elapsed = started.elapsed();
         tracing::info!(
             services = state.services.len(),
             node_config = state.node.is_some(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
+            elapsed_ms = elapsed.as_millis() as u64,
             "programmed stored state"
         );
         let (health, _) = watch::channel(healthcheck::desired(&state));
-        Ok(Agent { node_name, state, backend, store, health })
+        let status = AgentStatus { control_plane, ..Default::default() };
+        let mut agent = Agent { node_name, state, backend, store, health, status, metrics };
+        agent.synced(elapsed, true);
+        Ok(agent)
+    }
+
+    /// Records a successful kernel sync.
+    fn synced(&mut self, elapsed: Duration, full: bool) {
+        let now = SystemTime::now();
+        self.status.last_synced_at = Some(now);
+        self.status.out_of_sync = false;
+        self.metrics.sync_duration.observe(elapsed.as_secs_f64());
+        let which = if full { &self.metrics.full_sync_duration } else { &self.metrics.partial_sync_duration };
+        which.observe(elapsed.as_secs_f64());
+        self.metrics.last_sync_timestamp.set(unix_seconds(now));
+        self.metrics.services.set(self.state.services.len() as i64);
+        for (policy, count) in self.no_local_endpoints() {
+            self.metrics.no_local_endpoints.get_or_create(&labels(&[("traffic_policy", policy)])).set(count);
+        }
+    }
+
+    /// Services with a Local traffic policy and no endpoint here, per policy.
+    fn no_local_endpoints(&self) -> [(&'static str, i64); 2] {
+        let views = || self.state.services.values().map(|s| &s.value);
+        let internal = views()
+            .filter(|v| v.internal_traffic_local && v.ports.iter().all(|p| p.endpoints.is_empty()))
+            .count();
+        let external = views()
+            .filter(|v| v.external_traffic_local && v.ports.iter().all(|p| p.local_endpoints.is_empty()))
+            .count();
+        [("internal", internal as i64), ("external", external as i64)]
+    }
+
+    fn sync_failed(&mut self, error: &BackendError) {
+        self.status.out_of_sync = true;
+        self.status.last_error = error.to_string();
+        self.metrics.sync_failures.inc();
     }
 
     /// Programs the whole state again (the periodic full resync).
     pub fn resync(&mut self) {
         let started = Instant::now();
         match self.backend.full_sync(&self.state) {
-            Ok(()) => tracing::info!(
-                services = self.state.services.len(),
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "periodic full resync"
-            ),
-            Err(e) => tracing::error!(error = %e, "periodic full resync failed; retrying at the next period"),
+            Ok(()) => {
+                self.synced(started.elapsed(), true);
+                tracing::info!(
+                    services = self.state.services.len(),
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "periodic full resync"
+                )
+            }
+            Err(e) => {
+                self.sync_failed(&e);
+                tracing::error!(error = %e, "periodic full resync failed; retrying at the next period")
+            }
         }
     }
 
@@ -94,6 +178,31 @@ impl Agent {
         &self.state
     }
 
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    pub fn metrics(&self) -> &Arc<AgentMetrics> {
+        &self.metrics
+    }
+
+    /// The rules as the kernel holds them, in the backend's own text.
+    pub fn rules(&mut self) -> Result<String, BackendError> {
+        self.backend.dump()
+    }
+
+    /// Records the stream's state for the admin API and metrics.
+    pub fn set_connected(&mut self, connected: bool, error: Option<String>) {
+        if connected && !self.status.connected {
+            self.status.connected_since = Some(SystemTime::now());
+        }
+        self.status.connected = connected;
+        if let Some(e) = error {
+            self.status.last_error = e;
+        }
+        self.metrics.xds_connected.set(i64::from(connected));
+    }
+
     /// Applies one response of `type_url`.
     pub fn apply(
         &mut self,
@@ -102,30 +211,68 @@ impl Agent {
         removed: Vec<String>,
     ) -> Result<Applied, ApplyError> {
         let started = Instant::now();
+        self.metrics.last_queued_timestamp.set(unix_seconds(SystemTime::now()));
+        let result = self.apply_delta(type_url, resources, removed, started);
+        let outcome = if result.is_ok() { "ack" } else { "nack" };
+        self.metrics.xds_responses.get_or_create(&labels(&[("result", outcome)])).inc();
+        match &result {
+            Ok(applied) => {
+                self.status.applies += 1;
+                self.status.last_apply = Some(applied.elapsed);
+                self.status.last_apply_at = Some(SystemTime::now());
+                self.metrics.network_programming.observe(applied.elapsed.as_secs_f64());
+            }
+            Err(e) => {
+                self.status.nacks += 1;
+                self.status.last_error = e.to_string();
+            }
+        }
+        result
+    }
+
+    fn apply_delta(
+        &mut self,
+        type_url: &str,
+        resources: Vec<RawResource>,
+        removed: Vec<String>,
+        started: Instant,
+    ) -> Result<Applied, ApplyError> {
         let delta = Delta::validate(&self.node_name, type_url, resources, removed)?;
         let (resources, removed) = (delta.resource_count(), delta.removed_services.len());
         let udp_before = self.udp_services(&delta);
+        let (endpoint_changes, service_changes) = self.classify(&delta);
         let (changes, undo) = self.state.apply(delta);
         if changes.is_empty() {
             return Ok(Applied { resources, removed, elapsed: started.elapsed() });
         }
+        let sync_started = Instant::now();
         if let Err(source) = self.backend.apply(&self.state, &changes) {
+            self.sync_failed(&source);
             self.state.undo(undo);
             // A backend that commits per table (iptables) may have taken part of it:
             // put the kernel back to the last good state.
-            if let Err(resync) = self.backend.full_sync(&self.state) {
-                tracing::error!(error = %resync, "could not restore the last good rules after a refused update");
+            let restart = Instant::now();
+            match self.backend.full_sync(&self.state) {
+                Ok(()) => self.synced(restart.elapsed(), true),
+                Err(resync) => {
+                    tracing::error!(error = %resync, "could not restore the last good rules after a refused update")
+                }
             }
             return Err(ApplyError::Backend { backend: self.backend.name(), source });
         }
+        let sync_elapsed = sync_started.elapsed();
         if let Err(e) = self.store.commit(&self.state, &changes) {
             // The kernel moved ahead of the store: put both back to the last good state.
             self.state.undo(undo);
             if let Err(resync) = self.backend.full_sync(&self.state) {
+                self.sync_failed(&resync);
                 tracing::error!(error = %resync, "could not restore the last good rules after a store failure");
             }
             return Err(e.into());
         }
+        self.synced(sync_elapsed, false);
+        self.metrics.endpoint_changes.inc_by(endpoint_changes);
+        self.metrics.service_changes.inc_by(service_changes);
         for (name, old) in udp_before {
             let new = self.state.services.get(&name).map(|s| &s.value);
             let stale = conntrack::stale_flows(old.as_ref(), new);
@@ -140,6 +287,21 @@ impl Agent {
             changed
         });
         Ok(Applied { resources, removed, elapsed: started.elapsed() })
+    }
+
+    /// How many Services of a delta change only their endpoints, and how many more than that.
+    fn classify(&self, delta: &Delta) -> (u64, u64) {
+        let (mut endpoints, mut services) = (0, 0);
+        for svc in &delta.services {
+            match self.state.services.get(&svc.value.resource_name()) {
+                Some(old) if old.version == svc.version => {}
+                Some(old) if !service_changed(&old.value, &svc.value) => endpoints += 1,
+                _ => services += 1,
+            }
+        }
+        services +=
+            delta.removed_services.iter().filter(|n| self.state.services.contains_key(*n)).count() as u64;
+        (endpoints, services)
     }
 
     /// The Services of a delta that have (or get) UDP ports, as they are before it.

@@ -4,11 +4,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use kpx_dataplane::agent::Agent;
+use kpx_dataplane::agent::{Agent, SharedAgent};
 use kpx_dataplane::backend::iptables::IptablesMode;
 use kpx_dataplane::backend::{BackendKind, ProxyOptions};
 use kpx_dataplane::store::Store;
-use kpx_dataplane::{healthcheck, xds_client};
+use kpx_dataplane::{serve, xds_client};
 
 #[derive(Parser, Debug)]
 #[command(name = "kpx-dataplane", version, about = "kpx node agent: programs the kernel from delta xDS")]
@@ -38,6 +38,15 @@ struct Args {
     /// Reprogram everything every this many seconds (0: never), repairing rules changed behind kpx's back.
     #[arg(long, default_value_t = 3600)]
     full_sync_period: u64,
+    /// The admin gRPC API (kpx.admin.v1.NodeAdmin, health, reflection).
+    #[arg(long, default_value = "127.0.0.1:18001")]
+    admin_listen: std::net::SocketAddr,
+    /// kube-proxy's /healthz and /livez.
+    #[arg(long, default_value = "0.0.0.0:10256")]
+    healthz_listen: std::net::SocketAddr,
+    /// Prometheus /metrics.
+    #[arg(long, default_value = "127.0.0.1:10249")]
+    metrics_listen: std::net::SocketAddr,
     /// Remove everything kpx programmed, then exit.
     #[arg(long)]
     cleanup: bool,
@@ -63,7 +72,7 @@ fn main() -> ExitCode {
     init_logs(args.log_format);
     let options =
         ProxyOptions { masquerade_all: args.masquerade_all, nodeport_cidrs: args.nodeport_addresses };
-    let mut backend = match args.backend.create(options, args.iptables_mode) {
+    let mut backend = match args.backend.create(options.clone(), args.iptables_mode) {
         Ok(b) => b,
         Err(message) => {
             eprintln!("kpx-dataplane: {message}");
@@ -99,18 +108,23 @@ fn main() -> ExitCode {
     }
     let full_sync_period =
         (args.full_sync_period > 0).then(|| std::time::Duration::from_secs(args.full_sync_period));
+    let listen = serve::Listen {
+        admin: args.admin_listen,
+        healthz: args.healthz_listen,
+        metrics: args.metrics_listen,
+    };
     let result = (|| -> anyhow::Result<()> {
         let store = Store::open(&state_dir)?;
-        let agent = Agent::start(node_name, backend, store)?;
+        let agent = SharedAgent::new(Agent::start(node_name, backend, store, control_plane.clone())?);
         let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
         runtime.block_on(async {
-            tokio::spawn(healthcheck::serve(agent.health_checks()));
+            serve::start(&agent, options, listen).await?;
             tokio::select! {
                 _ = xds_client::run(control_plane, agent, full_sync_period) => {},
                 _ = shutdown() => {},
             }
-        });
-        Ok(())
+            anyhow::Ok(())
+        })
     })();
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -12,7 +12,7 @@ use rand::Rng;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::agent::Agent;
+use crate::agent::{Agent, SharedAgent};
 use crate::state::{Kind, RawResource};
 
 const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
@@ -23,18 +23,20 @@ const INVALID_ARGUMENT: i32 = 3;
 /// Runs forever: connect, stream, and on any failure back off and resume. While a
 /// stream is open the kernel is fully resynchronised every `full_sync_period`
 /// (`None`: never), repairing rules someone else changed.
-pub async fn run(control_plane: String, mut agent: Agent, full_sync_period: Option<Duration>) {
+pub async fn run(control_plane: String, agent: SharedAgent, full_sync_period: Option<Duration>) {
     let mut backoff = INITIAL_BACKOFF;
     loop {
-        match stream_once(&control_plane, &mut agent, full_sync_period).await {
+        match stream_once(&control_plane, &agent, full_sync_period).await {
             Ok(()) => {
                 tracing::warn!(control_plane, "control plane closed the stream");
+                agent.lock().set_connected(false, Some("control plane closed the stream".into()));
                 backoff = INITIAL_BACKOFF;
             }
             Err(StreamEnd { error, established }) => {
                 if established {
                     backoff = INITIAL_BACKOFF;
                 }
+                agent.lock().set_connected(false, Some(format!("{error:#}")));
                 tracing::warn!(control_plane, error = %error, retry_in_ms = backoff.as_millis() as u64, "control plane unreachable; rules stay as they are");
             }
         }
@@ -60,7 +62,7 @@ fn subscription(agent: &Agent, kind: Kind) -> DeltaDiscoveryRequest {
 
 async fn stream_once(
     control_plane: &str,
-    agent: &mut Agent,
+    agent: &SharedAgent,
     full_sync_period: Option<Duration>,
 ) -> Result<(), StreamEnd> {
     let fail = |established: bool| move |e: anyhow::Error| StreamEnd { error: e, established };
@@ -70,27 +72,27 @@ async fn stream_once(
         .max_decoding_message_size(256 << 20);
     let (tx, rx) = mpsc::channel(16);
     for kind in Kind::ALL {
-        tx.send(subscription(agent, kind))
-            .await
-            .map_err(|_| fail(false)(anyhow::anyhow!("request channel closed")))?;
+        let request = subscription(&agent.lock(), kind);
+        tx.send(request).await.map_err(|_| fail(false)(anyhow::anyhow!("request channel closed")))?;
     }
     let mut inbound = client
         .delta_aggregated_resources(ReceiverStream::new(rx))
         .await
         .map_err(|e| fail(false)(anyhow::anyhow!("open stream: {}", e.message())))?
         .into_inner();
-    tracing::info!(
-        control_plane,
-        services = agent.state().services.len(),
-        "stream open; resuming with the versions this node has"
-    );
+    let services = {
+        let mut agent = agent.lock();
+        agent.set_connected(true, None);
+        agent.state().services.len()
+    };
+    tracing::info!(control_plane, services, "stream open; resuming with the versions this node has");
     let period = full_sync_period.unwrap_or(Duration::from_secs(365 * 24 * 3600));
     let mut resync = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     loop {
         let message = tokio::select! {
             message = inbound.message() => message,
             _ = resync.tick(), if full_sync_period.is_some() => {
-                tokio::task::block_in_place(|| agent.resync());
+                tokio::task::block_in_place(|| agent.lock().resync());
                 continue;
             }
         };
@@ -99,7 +101,7 @@ async fn stream_once(
             Ok(None) => return Ok(()),
             Err(status) => return Err(fail(true)(anyhow::anyhow!("stream: {}", status.message()))),
         };
-        let reply = tokio::task::block_in_place(|| handle(agent, response));
+        let reply = tokio::task::block_in_place(|| handle(&mut agent.lock(), response));
         tx.send(reply).await.map_err(|_| fail(true)(anyhow::anyhow!("request channel closed")))?;
     }
 }

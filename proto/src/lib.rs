@@ -8,6 +8,7 @@
 pub mod categorize;
 pub mod convert;
 pub mod family;
+pub mod grpc;
 pub mod trace;
 pub mod types;
 pub mod version;

@@ -260,6 +260,51 @@ fn trace_entry(
     t
 }
 
+impl Packet {
+    /// Reads an admin API trace request: `ADDRESS:PORT` (`[v6]:PORT`), a protocol name, a source.
+    pub fn from_request(request: &crate::admin::TraceRequest) -> Result<Packet, String> {
+        let destination: SocketAddr = request.destination.parse().map_err(|_| {
+            format!("destination: {:?} is not ADDRESS:PORT (use [v6]:PORT for IPv6)", request.destination)
+        })?;
+        let protocol = match request.protocol.to_ascii_lowercase().as_str() {
+            "" | "tcp" => Protocol::Tcp,
+            "udp" => Protocol::Udp,
+            "sctp" => Protocol::Sctp,
+            other => return Err(format!("protocol: {other:?} is not tcp, udp or sctp")),
+        };
+        let source = match request.source.as_str() {
+            "" => None,
+            text => {
+                Some(text.parse::<IpAddr>().map_err(|_| format!("source: {text:?} is not an IP address"))?)
+            }
+        };
+        Ok(Packet { destination, protocol, source })
+    }
+}
+
+impl Trace {
+    /// The trace as the admin API returns it.
+    pub fn into_response(self) -> crate::admin::TraceResponse {
+        use crate::admin::{Candidate as PbCandidate, TraceResponse, TraceStep};
+        TraceResponse {
+            service: self.service,
+            steps: self.steps.into_iter().map(|(what, why)| TraceStep { what, why }).collect(),
+            candidates: self
+                .candidates
+                .into_iter()
+                .map(|c| PbCandidate {
+                    endpoint: c.endpoint.to_string(),
+                    probability: c.probability,
+                    node: c.node,
+                    terminating: c.terminating,
+                })
+                .collect(),
+            masquerade: self.masquerade,
+            verdict: self.verdict.as_str().to_owned(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

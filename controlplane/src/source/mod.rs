@@ -64,6 +64,14 @@ impl std::str::FromStr for SourceSpec {
     }
 }
 
+impl std::fmt::Display for SourceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            SourceKind::File(dir) => write!(f, "{}=file:{}", self.cluster, dir.display()),
+        }
+    }
+}
+
 /// What a running source publishes.
 pub type StateReceiver = watch::Receiver<Option<Arc<ClusterState>>>;
 

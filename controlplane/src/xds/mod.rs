@@ -2,6 +2,7 @@
 //! the protocol state of one stream ([`stream`]) and the gRPC service that
 //! drives it ([`server`]).
 
+pub mod nodes;
 pub mod server;
 pub mod snapshot;
 pub mod stream;

@@ -15,19 +15,93 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::snapshot::Snapshot;
+use std::time::{Instant, SystemTime};
+
+use super::nodes::NodeRegistry;
+use super::snapshot::{ResourceType, Snapshot};
 use super::stream::{RequestKind, StreamState};
+use crate::metrics::ControlPlaneMetrics;
 
 /// The newest snapshot; `None` until every source has read its initial state.
 pub type SnapshotReceiver = watch::Receiver<Option<Arc<Snapshot>>>;
 
 pub struct AdsServer {
     snapshots: SnapshotReceiver,
+    nodes: NodeRegistry,
+    metrics: Arc<ControlPlaneMetrics>,
 }
 
 impl AdsServer {
-    pub fn new(snapshots: SnapshotReceiver) -> Self {
-        AdsServer { snapshots }
+    pub fn new(snapshots: SnapshotReceiver, nodes: NodeRegistry, metrics: Arc<ControlPlaneMetrics>) -> Self {
+        AdsServer { snapshots, nodes, metrics }
+    }
+}
+
+/// Where a stream reports what it does.
+struct Reporter {
+    id: u64,
+    nodes: NodeRegistry,
+    metrics: Arc<ControlPlaneMetrics>,
+}
+
+impl Reporter {
+    fn sent(&self, state: &StreamState, ty: ResourceType, response: &DeltaDiscoveryResponse) {
+        let m = &self.metrics;
+        m.responses_sent.inc();
+        m.resources_sent.inc_by(response.resources.len() as u64);
+        m.removals_sent.inc_by(response.removed_resources.len() as u64);
+        self.progress(state, ty, |p| {
+            p.responses_sent += 1;
+            p.sent_at = Some(Instant::now());
+            p.behind_since.get_or_insert_with(Instant::now);
+        });
+    }
+
+    fn answered(&self, state: &StreamState, ty: ResourceType, nack: Option<&str>) {
+        self.progress(state, ty, |p| {
+            if let Some(sent) = p.sent_at.take() {
+                self.metrics.ack_latency.observe(sent.elapsed().as_secs_f64());
+            }
+            match nack {
+                Some(reason) => {
+                    self.metrics.nacks.inc();
+                    p.last_nack = Some((reason.to_owned(), SystemTime::now()));
+                }
+                None => p.behind_since = None,
+            }
+        });
+    }
+
+    /// Refreshes the node's entry for `ty` from the stream state, then applies `f`.
+    fn progress(
+        &self,
+        state: &StreamState,
+        ty: ResourceType,
+        f: impl FnOnce(&mut super::nodes::TypeProgress),
+    ) {
+        let node = state.node().unwrap_or_default().to_owned();
+        let (acked, in_flight) = state.type_status(ty).unwrap_or_default();
+        let mut depth = 0;
+        self.nodes.update(self.id, |entry| {
+            entry.node.clone_from(&node);
+            let p = entry.types.entry(ty).or_default();
+            p.acked = acked;
+            p.in_flight = in_flight.is_some();
+            p.pending = in_flight.unwrap_or(0);
+            f(p);
+            depth = entry.types.values().map(|t| t.pending as i64).sum();
+        });
+        if !node.is_empty() {
+            self.metrics.queue_depth.get_or_create(&ControlPlaneMetrics::node(&node)).set(depth);
+        }
+    }
+
+    fn closed(&self, node: &str) {
+        self.nodes.close(self.id);
+        self.metrics.streams.dec();
+        if !node.is_empty() && !self.nodes.snapshot().iter().any(|e| e.node == node) {
+            self.metrics.queue_depth.remove(&ControlPlaneMetrics::node(node));
+        }
     }
 }
 
@@ -54,9 +128,16 @@ impl AggregatedDiscoveryService for AdsServer {
         // At most one response per type is in flight, so this never fills.
         let (tx, rx) = mpsc::channel(4);
         let snapshots = self.snapshots.clone();
+        let reporter = Reporter {
+            id: self.nodes.open(peer),
+            nodes: self.nodes.clone(),
+            metrics: Arc::clone(&self.metrics),
+        };
+        self.metrics.streams.inc();
         tokio::spawn(async move {
             let mut state = StreamState::default();
-            let result = serve_stream(&mut state, inbound, &tx, snapshots).await;
+            let result = serve_stream(&mut state, inbound, &tx, snapshots, &reporter).await;
+            reporter.closed(state.node().unwrap_or_default());
             let node = state.node().unwrap_or("?").to_owned();
             match result {
                 Ok(()) => tracing::info!(node, ?peer, "stream closed"),
@@ -75,6 +156,7 @@ async fn serve_stream(
     mut inbound: Streaming<DeltaDiscoveryRequest>,
     tx: &mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
     mut snapshots: SnapshotReceiver,
+    reporter: &Reporter,
 ) -> Result<(), Status> {
     let mut opened: Vec<_> = Vec::new();
     loop {
@@ -102,6 +184,7 @@ async fn serve_stream(
                         removed = response.removed_resources.len(),
                         "sending delta"
                     );
+                    reporter.sent(state, ty, &response);
                     if tx.send(Ok(response)).await.is_err() {
                         return Ok(());
                     }
@@ -116,10 +199,15 @@ async fn serve_stream(
                 match kind {
                     RequestKind::Subscribe { ty, initial_versions } => {
                         tracing::info!(node, type_url = ty.type_url(), initial_versions, "subscribed");
+                        reporter.progress(state, ty, |_| {});
                     }
-                    RequestKind::Ack { ty, nonce } => tracing::debug!(node, type_url = ty.type_url(), nonce, "ACK"),
+                    RequestKind::Ack { ty, nonce } => {
+                        tracing::debug!(node, type_url = ty.type_url(), nonce, "ACK");
+                        reporter.answered(state, ty, None);
+                    }
                     RequestKind::Nack { ty, nonce, reason } => {
                         tracing::warn!(node, type_url = ty.type_url(), nonce, reason, "NACK: node kept its last good state");
+                        reporter.answered(state, ty, Some(&reason));
                     }
                     RequestKind::UnknownType(url) => tracing::warn!(node, type_url = url, "ignoring unknown resource type"),
                     RequestKind::Stale { .. } | RequestKind::Update { .. } => {}

@@ -157,6 +157,12 @@ impl StreamState {
         }
     }
 
+    /// What the node holds of `ty`: resources ACKed, resources in the response awaiting its ACK.
+    pub fn type_status(&self, ty: ResourceType) -> Option<(usize, Option<usize>)> {
+        let state = self.types.get(&ty)?;
+        Some((state.acked.len(), state.in_flight.as_ref().map(|f| f.sent.len())))
+    }
+
     /// The types this stream has subscribed to.
     pub fn subscribed(&self) -> Vec<ResourceType> {
         self.types.keys().copied().collect()

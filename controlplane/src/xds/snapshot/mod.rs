@@ -248,6 +248,38 @@ impl Snapshot {
         }
     }
 
+    /// The default view of every Service.
+    pub fn defaults(&self) -> impl Iterator<Item = &Arc<Resource>> {
+        self.services.values()
+    }
+
+    /// The variants of Service `name`: for each, who gets it (`zone=<zone>` and the
+    /// nodes of that zone, or a node name) and the resource.
+    pub fn variants_of(&self, name: &str) -> Vec<(Vec<String>, &Arc<Resource>)> {
+        let mut out = Vec::new();
+        let mut zones: Vec<_> =
+            self.zone_variants.iter().filter_map(|(z, v)| v.get(name).map(|r| (z, r))).collect();
+        zones.sort_by(|a, b| a.0.cmp(b.0));
+        for (zone, resource) in zones {
+            let mut who = vec![format!("zone={zone}")];
+            let mut nodes: Vec<String> =
+                self.node_zones.iter().filter(|(_, z)| *z == zone).map(|(n, _)| n.clone()).collect();
+            nodes.sort();
+            who.extend(nodes);
+            out.push((who, resource));
+        }
+        let mut nodes: Vec<_> =
+            self.node_variants.iter().filter_map(|(n, v)| v.get(name).map(|r| (n, r))).collect();
+        nodes.sort_by(|a, b| a.0.cmp(b.0));
+        out.extend(nodes.into_iter().map(|(node, resource)| (vec![node.clone()], resource)));
+        out
+    }
+
+    /// The node config of `node`, if the control plane knows the node.
+    pub fn node_config(&self, node: &str) -> Option<&Arc<Resource>> {
+        self.node_configs.get(node)
+    }
+
     pub fn service_count(&self) -> usize {
         self.services.len()
     }

@@ -1,0 +1,236 @@
+//! The control plane's admin API (`kpx.admin.v1.ControlPlaneAdmin`): the
+//! Services and their per-node views, connected nodes and what they ACKed,
+//! the sources, and the packet tracer over a node's views.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use kpx_proto::admin::control_plane_admin_server::ControlPlaneAdmin;
+use kpx_proto::admin::{
+    GetNodeViewRequest, GetNodeViewResponse, GetServiceViewsRequest, GetServiceViewsResponse,
+    ListNodesRequest, ListNodesResponse, ListServicesRequest, ListServicesResponse, ListSourcesRequest,
+    ListSourcesResponse, NodeStatus, NodeTraceRequest, ServiceSummary, SourceStatus, TraceResponse,
+    TypeStatus, ViewVariant,
+};
+use kpx_proto::trace::{self, Packet, TraceOptions};
+use kpx_proto::types::{NodeConfig, ServiceView};
+use tonic::{Request, Response, Status};
+
+use crate::source::{SourceSpec, StateReceiver};
+use crate::xds::nodes::NodeRegistry;
+use crate::xds::server::SnapshotReceiver;
+use crate::xds::{ResourceType, Snapshot};
+
+pub struct ControlPlaneAdminService {
+    snapshots: SnapshotReceiver,
+    nodes: NodeRegistry,
+    sources: Vec<(SourceSpec, StateReceiver)>,
+}
+
+impl ControlPlaneAdminService {
+    pub fn new(
+        snapshots: SnapshotReceiver,
+        nodes: NodeRegistry,
+        sources: Vec<(SourceSpec, StateReceiver)>,
+    ) -> Self {
+        ControlPlaneAdminService { snapshots, nodes, sources }
+    }
+
+    fn snapshot(&self) -> Result<Arc<Snapshot>, Status> {
+        self.snapshots
+            .borrow()
+            .clone()
+            .ok_or_else(|| Status::unavailable("the sources have not synced yet: no snapshot"))
+    }
+}
+
+fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+fn decode_view(body: &[u8]) -> Result<ServiceView, Status> {
+    ServiceView::decode(body).map_err(|e| Status::internal(format!("stored view does not decode: {e}")))
+}
+
+/// Resolves `cluster/ns/name` or `ns/name` (when one cluster has it) to a resource name.
+fn resolve(snapshot: &Snapshot, name: &str) -> Result<String, Status> {
+    let names: Vec<&str> = snapshot.defaults().map(|r| r.name.as_str()).collect();
+    if names.contains(&name) {
+        return Ok(name.to_owned());
+    }
+    let suffix = format!("/{name}");
+    let matches: Vec<&&str> =
+        names.iter().filter(|n| n.ends_with(&suffix) && n.matches('/').count() == 2).collect();
+    match matches.as_slice() {
+        [one] => Ok((**one).to_owned()),
+        [] => Err(Status::not_found(format!(
+            "no Service {name:?} (use namespace/name or cluster/namespace/name)"
+        ))),
+        many => Err(Status::invalid_argument(format!(
+            "{name:?} is in several clusters: {}",
+            many.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
+
+fn summary(view: &ServiceView, version: &str, variants: usize) -> ServiceSummary {
+    ServiceSummary {
+        name: view.resource_name(),
+        cluster_ips: view.cluster_ips.iter().map(ToString::to_string).collect(),
+        ports: view
+            .ports
+            .iter()
+            .map(|p| {
+                let mut s = if p.name.is_empty() { String::new() } else { format!("{} ", p.name) };
+                s.push_str(&format!("{}/{}", p.port, p.protocol.as_str().to_uppercase()));
+                if let Some(np) = p.node_port {
+                    s.push_str(&format!(":{np}"));
+                }
+                s
+            })
+            .collect(),
+        endpoints: view.ports.iter().map(|p| p.endpoints.len() as u32).sum(),
+        variants: variants as u32,
+        version: version.to_owned(),
+    }
+}
+
+#[tonic::async_trait]
+impl ControlPlaneAdmin for ControlPlaneAdminService {
+    async fn list_services(
+        &self,
+        _: Request<ListServicesRequest>,
+    ) -> Result<Response<ListServicesResponse>, Status> {
+        let snapshot = self.snapshot()?;
+        let mut services = Vec::new();
+        for resource in snapshot.defaults() {
+            let view = decode_view(&resource.body)?;
+            services.push(summary(&view, &resource.version, snapshot.variants_of(&resource.name).len()));
+        }
+        Ok(Response::new(ListServicesResponse { services }))
+    }
+
+    async fn get_service_views(
+        &self,
+        request: Request<GetServiceViewsRequest>,
+    ) -> Result<Response<GetServiceViewsResponse>, Status> {
+        let snapshot = self.snapshot()?;
+        let name = resolve(&snapshot, &request.get_ref().name)?;
+        let default = snapshot
+            .get(ResourceType::ServiceView, "", &name)
+            .ok_or_else(|| Status::not_found(format!("no Service {name:?}")))?;
+        let variants = snapshot
+            .variants_of(&name)
+            .into_iter()
+            .map(|(nodes, r)| {
+                Ok(ViewVariant {
+                    nodes,
+                    version: r.version.clone(),
+                    view: Some(decode_view(&r.body)?.to_proto()),
+                })
+            })
+            .collect::<Result<Vec<_>, Status>>()?;
+        Ok(Response::new(GetServiceViewsResponse {
+            version: default.version.clone(),
+            default_view: Some(decode_view(&default.body)?.to_proto()),
+            variants,
+        }))
+    }
+
+    async fn list_nodes(&self, _: Request<ListNodesRequest>) -> Result<Response<ListNodesResponse>, Status> {
+        let nodes = self
+            .nodes
+            .snapshot()
+            .into_iter()
+            .map(|e| NodeStatus {
+                name: e.node,
+                peer: e.peer.map(|p| p.to_string()).unwrap_or_default(),
+                connected_since_unix_ms: unix_ms(e.connected_since),
+                types: e
+                    .types
+                    .iter()
+                    .map(|(ty, p)| TypeStatus {
+                        type_url: ty.type_url().to_owned(),
+                        acked: p.acked as u32,
+                        pending: p.pending as u32,
+                        in_flight: p.in_flight,
+                        last_nack: p.last_nack.as_ref().map(|(r, _)| r.clone()).unwrap_or_default(),
+                        last_nack_unix_ms: p.last_nack.as_ref().map_or(0, |(_, t)| unix_ms(*t)),
+                        lag_seconds: p.behind_since.map_or(0.0, |t| t.elapsed().as_secs_f64()),
+                        responses_sent: p.responses_sent,
+                    })
+                    .collect(),
+            })
+            .collect();
+        Ok(Response::new(ListNodesResponse { nodes }))
+    }
+
+    async fn list_sources(
+        &self,
+        _: Request<ListSourcesRequest>,
+    ) -> Result<Response<ListSourcesResponse>, Status> {
+        let sources = self
+            .sources
+            .iter()
+            .map(|(spec, rx)| {
+                let state = rx.borrow().clone();
+                SourceStatus {
+                    cluster: spec.cluster.clone(),
+                    spec: spec.to_string(),
+                    synced: state.is_some(),
+                    services: state.as_ref().map_or(0, |s| s.services.len() as u32),
+                    endpoint_slices: state.as_ref().map_or(0, |s| s.slices.len() as u32),
+                    nodes: state.as_ref().map_or(0, |s| s.nodes.len() as u32),
+                }
+            })
+            .collect();
+        Ok(Response::new(ListSourcesResponse { sources }))
+    }
+
+    async fn get_node_view(
+        &self,
+        request: Request<GetNodeViewRequest>,
+    ) -> Result<Response<GetNodeViewResponse>, Status> {
+        let snapshot = self.snapshot()?;
+        let GetNodeViewRequest { node, service } = request.into_inner();
+        let name = resolve(&snapshot, &service)?;
+        let resource = snapshot
+            .get(ResourceType::ServiceView, &node, &name)
+            .ok_or_else(|| Status::not_found(format!("no Service {name:?}")))?;
+        let node_config = match snapshot.node_config(&node) {
+            Some(r) => Some(
+                NodeConfig::decode(&r.body)
+                    .map_err(|e| Status::internal(format!("stored node config does not decode: {e}")))?
+                    .to_proto(),
+            ),
+            None => None,
+        };
+        Ok(Response::new(GetNodeViewResponse {
+            version: resource.version.clone(),
+            view: Some(decode_view(&resource.body)?.to_proto()),
+            node_config,
+        }))
+    }
+
+    async fn trace(&self, request: Request<NodeTraceRequest>) -> Result<Response<TraceResponse>, Status> {
+        let snapshot = self.snapshot()?;
+        let NodeTraceRequest { node, packet } = request.into_inner();
+        let packet = Packet::from_request(&packet.unwrap_or_default()).map_err(Status::invalid_argument)?;
+        let views = snapshot
+            .for_node(ResourceType::ServiceView, &node)
+            .map(|r| decode_view(&r.body))
+            .collect::<Result<Vec<_>, Status>>()?;
+        let config = snapshot.node_config(&node).and_then(|r| NodeConfig::decode(&r.body).ok());
+        let mut t = trace::trace(&views, config.as_ref(), &TraceOptions::default(), packet);
+        if config.is_none() {
+            t.steps.insert(
+                0,
+                (
+                    format!("node {node:?} unknown"),
+                    "no Node object: its addresses and pod CIDRs are not known".into(),
+                ),
+            );
+        }
+        Ok(Response::new(t.into_response()))
+    }
+}

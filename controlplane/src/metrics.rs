@@ -1,0 +1,94 @@
+//! The control plane's Prometheus metrics (`kpx_…`), served on `--metrics-listen`.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(String, String)>;
+
+pub struct ControlPlaneMetrics {
+    registry: Registry,
+    pub streams: Gauge,
+    /// From sending a response to its ACK or NACK.
+    pub ack_latency: Histogram,
+    pub nacks: Counter,
+    pub responses_sent: Counter,
+    pub resources_sent: Counter,
+    pub removals_sent: Counter,
+    /// Resources sent to a node and not yet ACKed, per node.
+    pub queue_depth: Family<Labels, Gauge>,
+    pub snapshot_build: Histogram,
+    pub services: Gauge,
+    pub node_variants: Gauge,
+}
+
+impl Default for ControlPlaneMetrics {
+    fn default() -> Self {
+        let seconds = || Histogram::new(exponential_buckets(0.0005, 2.0, 18));
+        let m = ControlPlaneMetrics {
+            registry: Registry::default(),
+            streams: Gauge::default(),
+            ack_latency: seconds(),
+            nacks: Counter::default(),
+            responses_sent: Counter::default(),
+            resources_sent: Counter::default(),
+            removals_sent: Counter::default(),
+            queue_depth: Family::default(),
+            snapshot_build: seconds(),
+            services: Gauge::default(),
+            node_variants: Gauge::default(),
+        };
+        let mut registry = Registry::default();
+        registry.register("kpx_xds_streams", "Open delta xDS streams", m.streams.clone());
+        registry.register(
+            "kpx_xds_ack_latency_seconds",
+            "From sending a response to its ACK or NACK",
+            m.ack_latency.clone(),
+        );
+        registry.register("kpx_xds_nacks", "Responses a node refused", m.nacks.clone());
+        registry.register("kpx_xds_responses_sent", "Delta responses sent", m.responses_sent.clone());
+        registry.register(
+            "kpx_xds_resources_sent",
+            "Resources sent in delta responses",
+            m.resources_sent.clone(),
+        );
+        registry.register(
+            "kpx_xds_removals_sent",
+            "Resource removals sent in delta responses",
+            m.removals_sent.clone(),
+        );
+        registry.register(
+            "kpx_xds_stream_queue_depth",
+            "Resources sent to a node and not yet acknowledged",
+            m.queue_depth.clone(),
+        );
+        registry.register(
+            "kpx_snapshot_build_duration_seconds",
+            "Building a snapshot of all views",
+            m.snapshot_build.clone(),
+        );
+        registry.register("kpx_services", "Services served", m.services.clone());
+        registry.register(
+            "kpx_node_variants",
+            "Per-node and per-zone view variants",
+            m.node_variants.clone(),
+        );
+        ControlPlaneMetrics { registry, ..m }
+    }
+}
+
+impl ControlPlaneMetrics {
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+
+    pub fn node(node: &str) -> Labels {
+        vec![("node".to_owned(), node.to_owned())]
+    }
+}

@@ -1,0 +1,75 @@
+//! What the control plane knows of each connected node, for the admin API:
+//! written by the stream tasks, read by `ListNodes`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Instant, SystemTime};
+
+use super::snapshot::ResourceType;
+
+#[derive(Debug, Clone, Default)]
+pub struct TypeProgress {
+    pub acked: usize,
+    /// Resources in the response awaiting its ACK.
+    pub pending: usize,
+    pub in_flight: bool,
+    pub last_nack: Option<(String, SystemTime)>,
+    /// Since when the node has lacked something (a response was sent and not yet ACKed).
+    pub behind_since: Option<Instant>,
+    pub sent_at: Option<Instant>,
+    pub responses_sent: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct NodeEntry {
+    pub node: String,
+    pub peer: Option<SocketAddr>,
+    pub connected_since: SystemTime,
+    pub types: BTreeMap<ResourceType, TypeProgress>,
+}
+
+/// Every open stream, by a stream id.
+#[derive(Clone, Default)]
+pub struct NodeRegistry {
+    entries: Arc<Mutex<BTreeMap<u64, NodeEntry>>>,
+    next: Arc<AtomicU64>,
+}
+
+impl NodeRegistry {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, NodeEntry>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new stream; returns its id.
+    pub fn open(&self, peer: Option<SocketAddr>) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let entry = NodeEntry {
+            node: String::new(),
+            peer,
+            connected_since: SystemTime::now(),
+            types: BTreeMap::new(),
+        };
+        self.lock().insert(id, entry);
+        id
+    }
+
+    pub fn close(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    /// Changes what is known of stream `id`.
+    pub fn update(&self, id: u64, f: impl FnOnce(&mut NodeEntry)) {
+        if let Some(entry) = self.lock().get_mut(&id) {
+            f(entry);
+        }
+    }
+
+    /// Every stream with a node name, by node name.
+    pub fn snapshot(&self) -> Vec<NodeEntry> {
+        let mut all: Vec<NodeEntry> = self.lock().values().filter(|e| !e.node.is_empty()).cloned().collect();
+        all.sort_by(|a, b| a.node.cmp(&b.node));
+        all
+    }
+}

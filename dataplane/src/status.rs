@@ -1,0 +1,89 @@
+//! What the node agent tells operators about itself: connection and apply
+//! status (admin API) and kube-proxy's `/healthz` and `/livez` answers.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+#[derive(Debug, Clone, Default)]
+pub struct AgentStatus {
+    pub control_plane: String,
+    pub connected: bool,
+    pub connected_since: Option<SystemTime>,
+    /// The last refused update or connection failure.
+    pub last_error: String,
+    pub last_apply: Option<Duration>,
+    pub last_apply_at: Option<SystemTime>,
+    /// The last time the kernel was made to match the accepted state.
+    pub last_synced_at: Option<SystemTime>,
+    /// The kernel does not match the accepted state (a sync failed since the last success).
+    pub out_of_sync: bool,
+    pub applies: u64,
+    pub nacks: u64,
+}
+
+pub fn unix_ms(t: Option<SystemTime>) -> i64 {
+    t.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map_or(0, |d| d.as_millis() as i64)
+}
+
+pub fn unix_seconds(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// RFC 3339 in UTC with milliseconds, as kube-proxy's health bodies write time.
+pub fn rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+impl AgentStatus {
+    /// kube-proxy's health answer: healthy when the kernel matches the accepted state.
+    /// Returns the HTTP status and the JSON body.
+    pub fn health(&self, now: SystemTime) -> (u16, String) {
+        let healthy = self.last_synced_at.is_some() && !self.out_of_sync;
+        let last = self.last_synced_at.map_or_else(String::new, rfc3339);
+        let body = format!(
+            "{{\"lastUpdated\":\"{last}\",\"currentTime\":\"{}\",\"nodeEligible\":true}}",
+            rfc3339(now)
+        );
+        (if healthy { 200 } else { 503 }, body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_rfc3339_and_answers_like_kube_proxy() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_732_876_245_123);
+        assert_eq!(rfc3339(t), "2024-11-29T10:30:45.123Z");
+        let mut s = AgentStatus::default();
+        assert_eq!(s.health(t).0, 503, "never synced");
+        s.last_synced_at = Some(t);
+        let (code, body) = s.health(t);
+        assert_eq!(code, 200);
+        assert_eq!(
+            body,
+            "{\"lastUpdated\":\"2024-11-29T10:30:45.123Z\",\"currentTime\":\"2024-11-29T10:30:45.123Z\",\"nodeEligible\":true}"
+        );
+        s.out_of_sync = true;
+        assert_eq!(s.health(t).0, 503);
+    }
+}
