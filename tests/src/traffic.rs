@@ -229,9 +229,14 @@ pub fn tcp_request_from(from: IpAddr, to: SocketAddr) -> Answer {
 
 /// `GET /` over HTTP/1.1: the status code and the body, or why it failed.
 pub fn http_get(to: SocketAddr) -> Result<(u16, String), String> {
+    http_get_path(to, "/")
+}
+
+/// `GET path` over HTTP/1.1: the status code and the body, or why it failed.
+pub fn http_get_path(to: SocketAddr, path: &str) -> Result<(u16, String), String> {
     let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2)).map_err(|e| e.to_string())?;
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    s.write_all(format!("GET / HTTP/1.1\r\nHost: {to}\r\nConnection: close\r\n\r\n").as_bytes())
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {to}\r\nConnection: close\r\n\r\n").as_bytes())
         .map_err(|e| e.to_string())?;
     let mut text = String::new();
     s.read_to_string(&mut text).map_err(|e| e.to_string())?;

@@ -1,0 +1,256 @@
+//! Seeing inside kpx: every kpxctl command against the running processes,
+//! Prometheus metrics names, kube-proxy's /healthz and /livez, and gRPC
+//! reflection through real clients (Python grpcio-reflection for v1alpha,
+//! tonic's client for v1). Run as root (network namespaces); binaries built
+//! and the Python client installed first (tests/run.sh does both).
+
+use std::path::PathBuf;
+use std::process::Output;
+
+use kpx_e2e::manifests::{documents, ep, service, slice};
+use kpx_e2e::process::binary;
+use kpx_e2e::topology::{sock, Topology, CLUSTER_CIDR, NODE_IP};
+use kpx_e2e::traffic::{http_get_path, tcp_request, Answer};
+use kpx_e2e::{wait_for, DEADLINE};
+
+const VIP: &str = "10.96.3.1";
+
+/// A node with Service `web` (NodePort 30090, externalTrafficPolicy Local, pod0 here and pod1 on
+/// node-b) and Service `empty` (no endpoints), both programmed.
+fn started(
+) -> (Topology, Vec<kpx_e2e::traffic::Backend>, kpx_e2e::process::KpxProcess, kpx_e2e::process::KpxProcess) {
+    let t = Topology::new(2);
+    let backends = t.start_backends(8080);
+    t.write_node();
+    let web = "  type: NodePort\n  clusterIP: 10.96.3.1\n  externalTrafficPolicy: Local\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30090}\n";
+    let empty = "  clusterIP: 10.96.3.2\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
+    let http = [("http", "TCP", 8080)];
+    t.write_manifest(
+        "web.yaml",
+        &documents(&[
+            service("web", web, ""),
+            slice(
+                "web",
+                "web-1",
+                false,
+                &http,
+                &[ep(Topology::pod_ip(0)), ep(Topology::pod_ip(1)).on("node-b")],
+            ),
+            service("empty", empty, ""),
+            slice("empty", "empty-1", false, &http, &[]),
+        ]),
+    );
+    let cp = t.start_control_plane_with(&[&format!("--cluster-cidr={CLUSTER_CIDR}")]);
+    let dp = t.start_dataplane();
+    wait_for("the Service to answer", DEADLINE, || {
+        matches!(t.client.run_in(|| tcp_request(sock(VIP, 80))), Answer::From(_)).then_some(())
+    });
+    (t, backends, cp, dp)
+}
+
+fn kpxctl(t: &Topology, args: &[&str]) -> Output {
+    t.node.try_exec(&binary("kpxctl").display().to_string(), args)
+}
+
+/// Runs kpxctl, expects success, returns stdout.
+fn ok(t: &Topology, args: &[&str]) -> String {
+    let out = kpxctl(t, args);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "kpxctl {args:?}: {}{text}", String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+fn json(t: &Topology, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["-o", "json"];
+    all.extend(args);
+    let text = ok(t, &all);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("kpxctl {args:?} is not JSON ({e}): {text}"))
+}
+
+#[test]
+fn kpxctl_shows_services_endpoints_nodes_rules_status_and_traces() {
+    let (t, _backends, _cp, _dp) = started();
+
+    let services = ok(&t, &["services"]);
+    assert!(services.contains("default/test/web") && services.contains("10.96.3.1"), "{services}");
+    assert!(services.contains("http 80/TCP:30090"), "{services}");
+    let services = json(&t, &["services"]);
+    let names: Vec<&str> =
+        services["services"].as_array().expect("list").iter().filter_map(|s| s["name"].as_str()).collect();
+    assert_eq!(names, ["default/test/empty", "default/test/web"]);
+
+    let endpoints = ok(&t, &["endpoints", "test/web"]);
+    assert!(endpoints.contains("10.244.1.2:8080") && endpoints.contains("10.244.2.2:8080"), "{endpoints}");
+    assert!(endpoints.contains("node-b"), "{endpoints}");
+    let mine = json(&t, &["endpoints", "test/web", "--node", "node-a"]);
+    let local = &mine["views"][0]["view"]["ports"][0]["localEndpoints"];
+    assert_eq!(local[0]["address"], "10.244.1.2", "{mine}");
+
+    let nodes = json(&t, &["nodes"]);
+    assert_eq!(nodes["nodes"][0]["name"], "node-a", "{nodes}");
+    let acked: u64 = nodes["nodes"][0]["types"]
+        .as_array()
+        .expect("types")
+        .iter()
+        .filter_map(|ty| ty["acked"].as_u64())
+        .sum();
+    assert!(acked >= 3, "two Services and a node config ACKed: {nodes}");
+    let sources = json(&t, &["sources"]);
+    assert_eq!(sources["sources"][0]["synced"], true, "{sources}");
+
+    let rules = ok(&t, &["rules"]);
+    assert!(rules.contains("table inet kpx") && rules.contains("10.96.3.1 . tcp . 80"), "{rules}");
+    let status = json(&t, &["status"]);
+    assert_eq!(
+        (status["connected"].as_bool(), status["backend"].as_str()),
+        (Some(true), Some("nftables")),
+        "{status}"
+    );
+    let state = ok(&t, &["state"]);
+    assert!(state.contains("default/test/web"), "{state}");
+
+    let trace = ok(&t, &["trace", "10.96.3.1:80"]);
+    assert!(trace.contains("verdict     dnat") && trace.contains("masquerade  yes"), "{trace}");
+    assert!(trace.contains("50.0%") && trace.contains("10.244.2.2:8080"), "{trace}");
+    assert!(
+        trace.contains("service-ips-v4") || trace.contains("10.96.3.1 . tcp . 80"),
+        "the matching element: {trace}"
+    );
+    let local = json(&t, &["trace", "10.0.0.1:30090/tcp", "--source", "192.0.2.7"]);
+    assert_eq!(
+        (local["verdict"].as_str(), local["masquerade"].as_bool()),
+        (Some("dnat"), Some(false)),
+        "{local}"
+    );
+    assert_eq!(local["candidates"].as_array().map(Vec::len), Some(1), "only this node's endpoint: {local}");
+    let empty = json(&t, &["trace", "10.96.3.2:80"]);
+    assert_eq!(empty["verdict"], "reject", "{empty}");
+    let via_control_plane =
+        json(&t, &["trace", "10.96.3.1:80", "--node", "node-a", "--source", "10.244.2.2"]);
+    assert_eq!(
+        (via_control_plane["verdict"].as_str(), via_control_plane["masquerade"].as_bool()),
+        (Some("dnat"), Some(false))
+    );
+
+    let unreachable = kpxctl(&t, &["--control-plane", "http://127.0.0.1:9", "services"]);
+    assert_eq!(unreachable.status.code(), Some(1));
+    let message = String::from_utf8_lossy(&unreachable.stderr);
+    assert!(message.contains("cannot reach the control plane at http://127.0.0.1:9"), "{message}");
+    let bad = kpxctl(&t, &["trace", "not-an-address"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("destination"), "{bad:?}");
+}
+
+fn get(t: &Topology, ns: &kpx_e2e::netns::Netns, addr: &str, port: u16, path: &'static str) -> (u16, String) {
+    let _ = t;
+    let to = sock(addr, port);
+    ns.run_in(move || http_get_path(to, path)).unwrap_or_else(|e| panic!("GET {to}{path}: {e}"))
+}
+
+#[test]
+fn metrics_under_kube_proxy_names_and_health_endpoints() {
+    let (t, _backends, _cp, _dp) = started();
+    let (code, agent) = get(&t, &t.node, "127.0.0.1", 10249, "/metrics");
+    assert_eq!(code, 200);
+    for name in [
+        "kubeproxy_sync_proxy_rules_duration_seconds_bucket",
+        "kubeproxy_sync_full_proxy_rules_duration_seconds_count",
+        "kubeproxy_sync_partial_proxy_rules_duration_seconds_count",
+        "kubeproxy_network_programming_duration_seconds_count",
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+        "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+        "kubeproxy_sync_proxy_rules_service_changes_total",
+        "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+        "kubeproxy_sync_proxy_rules_no_local_endpoints{traffic_policy=\"external\"}",
+        "kpx_xds_connected 1",
+        "kpx_xds_responses_total{result=\"ack\"}",
+    ] {
+        assert!(agent.contains(name), "agent metrics lack {name}:\n{agent}");
+    }
+    let (code, cp) = get(&t, &t.node, "127.0.0.1", 18002, "/metrics");
+    assert_eq!(code, 200);
+    for name in [
+        "kpx_xds_streams 1",
+        "kpx_xds_ack_latency_seconds_count",
+        "kpx_xds_resources_sent_total",
+        "kpx_xds_nacks_total",
+        "kpx_xds_stream_queue_depth{node=\"node-a\"}",
+        "kpx_snapshot_build_duration_seconds_count",
+        "kpx_services 2",
+    ] {
+        assert!(cp.contains(name), "control plane metrics lack {name}:\n{cp}");
+    }
+    for path in ["/healthz", "/livez"] {
+        let (code, body) = get(&t, &t.client, NODE_IP, 10256, path);
+        assert_eq!(code, 200, "{path}: {body}");
+        let v: serde_json::Value =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
+        assert!(v["lastUpdated"].as_str().is_some_and(|s| s.ends_with('Z')), "{body}");
+        assert!(v["currentTime"].is_string() && v["nodeEligible"] == true, "{body}");
+    }
+}
+
+fn python() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let venv = root.join("target/pyenv/bin/python");
+    assert!(venv.exists(), "{} is missing: tests/run.sh installs grpcio-reflection there", venv.display());
+    venv
+}
+
+#[test]
+fn reflection_v1alpha_with_python_and_v1_with_tonic_on_both_servers() {
+    let (t, _backends, _cp, _dp) = started();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("reflection_v1alpha.py");
+    let py = python().display().to_string();
+    let script = script.display().to_string();
+    let run = |target: &str, symbol: &str| {
+        let out = t.node.try_exec(&py, &[&script, target, symbol]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{target}: {}{text}", String::from_utf8_lossy(&out.stderr));
+        text
+    };
+    let cp = run("127.0.0.1:18000", "kpx.admin.v1.ControlPlaneAdmin");
+    for line in [
+        "service envoy.service.discovery.v3.AggregatedDiscoveryService",
+        "service kpx.admin.v1.ControlPlaneAdmin",
+        "service grpc.health.v1.Health",
+        "describes service kpx.admin.v1.ControlPlaneAdmin ListServices GetServiceViews ListNodes ListSources GetNodeView Trace",
+    ] {
+        assert!(cp.contains(line), "control plane: no {line:?} in\n{cp}");
+    }
+    let ads = run("127.0.0.1:18000", "envoy.service.discovery.v3.AggregatedDiscoveryService");
+    assert!(ads.contains("StreamAggregatedResources DeltaAggregatedResources"), "{ads}");
+    let agent = run("127.0.0.1:18001", "kpx.admin.v1.NodeAdmin");
+    assert!(agent.contains("service kpx.admin.v1.NodeAdmin") && agent.contains("GetRules"), "{agent}");
+
+    let listed = t.node.run_in(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        runtime.block_on(async {
+            use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+            use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+            use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+            use tonic_reflection::pb::v1::ServerReflectionRequest;
+            let mut names = Vec::new();
+            for target in ["http://127.0.0.1:18000", "http://127.0.0.1:18001"] {
+                let channel = tonic::transport::Endpoint::from_static(target).connect().await.expect("connect");
+                let mut client = ServerReflectionClient::new(channel);
+                let request = ServerReflectionRequest {
+                    host: String::new(),
+                    message_request: Some(MessageRequest::ListServices(String::new())),
+                };
+                let mut stream = client
+                    .server_reflection_info(tokio_stream::iter([request]))
+                    .await
+                    .expect("v1 reflection")
+                    .into_inner();
+                let response = stream.message().await.expect("answer").expect("one answer");
+                if let Some(MessageResponse::ListServicesResponse(list)) = response.message_response {
+                    names.extend(list.service.into_iter().map(|s| s.name));
+                }
+            }
+            names
+        })
+    });
+    assert!(listed.contains(&"kpx.admin.v1.ControlPlaneAdmin".to_owned()), "{listed:?}");
+    assert!(listed.contains(&"kpx.admin.v1.NodeAdmin".to_owned()), "{listed:?}");
+}
