@@ -35,16 +35,30 @@ impl NodeAdminService {
     }
 }
 
-/// The lines of a rules dump that mention the traced destination.
+/// The rules of a dump that mention the traced destination: nft set and map elements as
+/// `map: element`, iptables rules as they are.
 fn matching_rules(dump: &str, packet: &Packet) -> Vec<String> {
     let (ip, port, proto) = (packet.destination.ip(), packet.destination.port(), packet.protocol);
     let nft = format!("{ip} . {proto} . {port}");
     let host = if ip.is_ipv4() { format!("{ip}/32") } else { format!("{ip}/128") };
     let iptables = format!("-d {host} -p {proto} -m {proto} --dport {port} ");
-    dump.lines()
-        .filter(|l| l.contains(&nft) || l.contains(&iptables))
-        .map(|l| l.trim().trim_end_matches(',').to_owned())
-        .collect()
+    let mut collection = "";
+    let mut out = Vec::new();
+    for line in dump.lines() {
+        let trimmed = line.trim();
+        if let Some(rest) = trimmed.strip_prefix("map ").or_else(|| trimmed.strip_prefix("set ")) {
+            collection = rest.trim_end_matches('{').trim();
+        }
+        if trimmed.contains(&iptables) {
+            out.push(trimmed.to_owned());
+        } else if trimmed.contains(&nft) {
+            let element = trimmed.trim_start_matches("elements = {").trim_end_matches(['}', ',']).trim();
+            for one in element.split(", ").filter(|e| e.contains(&nft)) {
+                out.push(format!("{collection}: {one}"));
+            }
+        }
+    }
+    out
 }
 
 #[tonic::async_trait]
@@ -120,7 +134,10 @@ impl NodeAdmin for NodeAdminService {
                 if !rules.is_empty() {
                     response.steps.insert(
                         1.min(response.steps.len()),
-                        TraceStep { what: rules.join("\n"), why: format!("the {backend} rule that matches") },
+                        TraceStep {
+                            what: rules.join("\n"),
+                            why: format!("this is what the {backend} backend programmed for it"),
+                        },
                     );
                 }
                 response
@@ -143,7 +160,8 @@ mod tests {
             source: None,
         };
         let nft = "\t\telements = { 10.96.0.10 . tcp . 80 : goto pick-v4-2,\n\t\t\t     10.96.0.11 . tcp . 80 : goto pick-v4-1 }";
-        assert_eq!(matching_rules(nft, &packet), ["elements = { 10.96.0.10 . tcp . 80 : goto pick-v4-2"]);
+        let nft = format!("\tmap service-ips-v4 {{\n{nft}");
+        assert_eq!(matching_rules(&nft, &packet), ["service-ips-v4: 10.96.0.10 . tcp . 80 : goto pick-v4-2"]);
         let ipt = "-A KPX-SERVICES -d 10.96.0.10/32 -p tcp -m tcp --dport 80 -m comment --comment \"a/b:http cluster IP\" -j KPX-SVC-X\n-A KPX-SERVICES -d 10.96.0.10/32 -p tcp -m tcp --dport 8080 -j Y";
         assert_eq!(matching_rules(ipt, &packet).len(), 1);
         let bad = TraceRequest { destination: "nope".into(), ..Default::default() };

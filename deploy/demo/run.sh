@@ -67,6 +67,12 @@ for _ in $(seq 1 30); do
     'import urllib.request;print(urllib.request.urlopen("http://10.96.0.10/",timeout=3).read().decode().strip())' || echo "request failed"
 done | sort | uniq -c
 echo
+echo "== kpxctl services (the control plane's admin API)"
+ip netns exec "$node" target/debug/kpxctl services
+echo
+echo "== kpxctl trace 10.96.0.10:80 --source 10.0.0.2 (the node agent's admin API)"
+ip netns exec "$node" target/debug/kpxctl trace 10.96.0.10:80 --source 10.0.0.2
+echo
 echo "== control plane log";  tail -n 5 "$work/controlplane.log"
 echo "== node agent log";     tail -n 4 "$work/dataplane.log"
 ip netns exec "$node" target/debug/kpx-dataplane --cleanup 2>/dev/null

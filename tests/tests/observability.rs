@@ -232,7 +232,8 @@ fn reflection_v1alpha_with_python_and_v1_with_tonic_on_both_servers() {
             use tonic_reflection::pb::v1::ServerReflectionRequest;
             let mut names = Vec::new();
             for target in ["http://127.0.0.1:18000", "http://127.0.0.1:18001"] {
-                let channel = tonic::transport::Endpoint::from_static(target).connect().await.expect("connect");
+                let channel =
+                    tonic::transport::Endpoint::from_static(target).connect().await.expect("connect");
                 let mut client = ServerReflectionClient::new(channel);
                 let request = ServerReflectionRequest {
                     host: String::new(),
