@@ -118,6 +118,7 @@ impl NodeAdmin for NodeAdminService {
         let options = TraceOptions {
             masquerade_all: self.options.masquerade_all,
             nodeport_cidrs: self.options.nodeport_cidrs.clone(),
+            cluster_cidrs: self.options.cluster_cidrs.clone(),
         };
         let response = self
             .with_agent(move |agent| {

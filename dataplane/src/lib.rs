@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod agent;
 pub mod backend;
+pub mod config;
 pub mod conntrack;
 pub mod healthcheck;
 pub mod http;

@@ -2,28 +2,33 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use kpx_dataplane::agent::{Agent, SharedAgent};
 use kpx_dataplane::backend::iptables::IptablesMode;
-use kpx_dataplane::backend::{BackendKind, ProxyOptions};
+use kpx_dataplane::backend::BackendKind;
+use kpx_dataplane::config::{self, AgentConfig, Flags};
 use kpx_dataplane::store::Store;
 use kpx_dataplane::{serve, xds_client};
 
 #[derive(Parser, Debug)]
 #[command(name = "kpx-dataplane", version, about = "kpx node agent: programs the kernel from delta xDS")]
 struct Args {
+    /// A KubeProxyConfiguration-style YAML file; flags given on the command line win over it.
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// This node's name (the xDS node id).
-    #[arg(long, required_unless_present = "cleanup")]
+    #[arg(long)]
     node_name: Option<String>,
     /// The control plane's gRPC URL, e.g. http://127.0.0.1:18000.
-    #[arg(long, required_unless_present = "cleanup")]
+    #[arg(long)]
     control_plane: Option<String>,
-    /// Which kernel facility to program.
-    #[arg(long, value_enum, default_value = "nftables")]
-    backend: BackendKind,
+    /// Which kernel facility to program [default: nftables].
+    #[arg(long, value_enum)]
+    backend: Option<BackendKind>,
     /// Where the accepted state is kept (sled).
-    #[arg(long, required_unless_present = "cleanup")]
+    #[arg(long)]
     state_dir: Option<PathBuf>,
     /// Masquerade all Service traffic (kube-proxy's masqueradeAll).
     #[arg(long)]
@@ -31,22 +36,28 @@ struct Args {
     /// Open NodePorts only on the node's addresses inside these prefixes (comma-separated);
     /// default: on all of the node's addresses (never on loopback).
     #[arg(long, value_delimiter = ',', value_parser = parse_cidr)]
-    nodeport_addresses: Vec<ipnet::IpNet>,
-    /// Which iptables flavour `--backend iptables` drives (auto: the one holding more rules).
-    #[arg(long, value_enum, default_value = "auto")]
-    iptables_mode: IptablesMode,
-    /// Reprogram everything every this many seconds (0: never), repairing rules changed behind kpx's back.
-    #[arg(long, default_value_t = 3600)]
-    full_sync_period: u64,
-    /// The admin gRPC API (kpx.admin.v1.NodeAdmin, health, reflection).
-    #[arg(long, default_value = "127.0.0.1:18001")]
-    admin_listen: std::net::SocketAddr,
-    /// kube-proxy's /healthz and /livez.
-    #[arg(long, default_value = "0.0.0.0:10256")]
-    healthz_listen: std::net::SocketAddr,
-    /// Prometheus /metrics.
-    #[arg(long, default_value = "127.0.0.1:10249")]
-    metrics_listen: std::net::SocketAddr,
+    nodeport_addresses: Option<Vec<ipnet::IpNet>>,
+    /// Pod CIDRs for local-traffic detection (comma-separated); default: the control plane's.
+    #[arg(long, value_delimiter = ',', value_parser = parse_cidr)]
+    cluster_cidr: Option<Vec<ipnet::IpNet>>,
+    /// Which iptables flavour `--backend iptables` drives [default: auto: the one holding more rules].
+    #[arg(long, value_enum)]
+    iptables_mode: Option<IptablesMode>,
+    /// Reprogram everything this often (0s: never), repairing rules changed behind kpx's back [default: 1h].
+    #[arg(long, value_parser = config::parse_duration)]
+    full_sync_period: Option<Duration>,
+    /// Apply deltas at most this often; the control plane coalesces changes meanwhile [default: 0s].
+    #[arg(long, value_parser = config::parse_duration)]
+    min_sync_period: Option<Duration>,
+    /// The admin gRPC API (kpx.admin.v1.NodeAdmin, health, reflection) [default: 127.0.0.1:18001].
+    #[arg(long)]
+    admin_listen: Option<std::net::SocketAddr>,
+    /// kube-proxy's /healthz and /livez [default: 0.0.0.0:10256].
+    #[arg(long)]
+    healthz_listen: Option<std::net::SocketAddr>,
+    /// Prometheus /metrics [default: 127.0.0.1:10249].
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// Remove everything kpx programmed, then exit.
     #[arg(long)]
     cleanup: bool,
@@ -61,6 +72,11 @@ enum LogFormat {
     Json,
 }
 
+fn usage_error(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("kpx-dataplane: {message}");
+    ExitCode::from(2)
+}
+
 fn main() -> ExitCode {
     let args = match Args::try_parse() {
         Ok(a) => a,
@@ -70,16 +86,32 @@ fn main() -> ExitCode {
         }
     };
     init_logs(args.log_format);
-    let options =
-        ProxyOptions { masquerade_all: args.masquerade_all, nodeport_cidrs: args.nodeport_addresses };
-    let mut backend = match args.backend.create(options.clone(), args.iptables_mode) {
-        Ok(b) => b,
-        Err(message) => {
-            eprintln!("kpx-dataplane: {message}");
-            return ExitCode::from(2);
-        }
+    let cleanup = args.cleanup;
+    let flags = Flags {
+        config: args.config,
+        node_name: args.node_name,
+        control_plane: args.control_plane,
+        backend: args.backend,
+        state_dir: args.state_dir,
+        masquerade_all: args.masquerade_all,
+        nodeport_addresses: args.nodeport_addresses,
+        cluster_cidrs: args.cluster_cidr,
+        iptables_mode: args.iptables_mode,
+        full_sync_period: args.full_sync_period,
+        min_sync_period: args.min_sync_period,
+        admin_listen: args.admin_listen,
+        healthz_listen: args.healthz_listen,
+        metrics_listen: args.metrics_listen,
     };
-    if args.cleanup {
+    let config = match AgentConfig::resolve(flags) {
+        Ok(c) => c,
+        Err(e) => return usage_error(e),
+    };
+    let mut backend = match config.backend.create(config.options.clone(), config.iptables_mode) {
+        Ok(b) => b,
+        Err(message) => return usage_error(message),
+    };
+    if cleanup {
         return match backend.cleanup() {
             Ok(()) => {
                 tracing::info!(backend = backend.name(), "removed everything kpx programmed");
@@ -91,36 +123,33 @@ fn main() -> ExitCode {
             }
         };
     }
-    // clap guarantees these when --cleanup is absent.
     let (Some(node_name), Some(control_plane), Some(state_dir)) =
-        (args.node_name, args.control_plane, args.state_dir)
+        (config.node_name.clone(), config.control_plane.clone(), config.state_dir.clone())
     else {
-        eprintln!("kpx-dataplane: --node-name, --control-plane and --state-dir are required");
-        return ExitCode::from(2);
+        return usage_error(
+            "--node-name, --control-plane and --state-dir are required (or hostnameOverride, kpx.controlPlane, kpx.stateDir in --config)",
+        );
     };
     if let Err(e) = tonic::transport::Endpoint::from_shared(control_plane.clone()) {
-        eprintln!("kpx-dataplane: --control-plane {control_plane:?}: not a URL: {e}");
-        return ExitCode::from(2);
+        return usage_error(format!("--control-plane {control_plane:?}: not a URL: {e}"));
     }
     if let Err(e) = std::fs::create_dir_all(&state_dir) {
-        eprintln!("kpx-dataplane: --state-dir {}: {e}", state_dir.display());
-        return ExitCode::from(2);
+        return usage_error(format!("--state-dir {}: {e}", state_dir.display()));
     }
-    let full_sync_period =
-        (args.full_sync_period > 0).then(|| std::time::Duration::from_secs(args.full_sync_period));
     let listen = serve::Listen {
-        admin: args.admin_listen,
-        healthz: args.healthz_listen,
-        metrics: args.metrics_listen,
+        admin: config.admin_listen,
+        healthz: config.healthz_listen,
+        metrics: config.metrics_listen,
     };
+    let sync = xds_client::SyncPeriods { full: config.full_sync_period, min: config.min_sync_period };
     let result = (|| -> anyhow::Result<()> {
         let store = Store::open(&state_dir)?;
         let agent = SharedAgent::new(Agent::start(node_name, backend, store, control_plane.clone())?);
         let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
         runtime.block_on(async {
-            serve::start(&agent, options, listen).await?;
+            serve::start(&agent, config.options.clone(), listen).await?;
             tokio::select! {
-                _ = xds_client::run(control_plane, agent, full_sync_period) => {},
+                _ = xds_client::run(control_plane, agent, sync) => {},
                 _ = shutdown() => {},
             }
             anyhow::Ok(())

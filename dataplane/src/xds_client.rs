@@ -20,13 +20,22 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// gRPC status code INVALID_ARGUMENT, carried in NACKs.
 const INVALID_ARGUMENT: i32 = 3;
 
-/// Runs forever: connect, stream, and on any failure back off and resume. While a
-/// stream is open the kernel is fully resynchronised every `full_sync_period`
-/// (`None`: never), repairing rules someone else changed.
-pub async fn run(control_plane: String, agent: SharedAgent, full_sync_period: Option<Duration>) {
+/// How often the kernel is synced.
+#[derive(Debug, Clone, Copy)]
+pub struct SyncPeriods {
+    /// A full resync this often while a stream is open (`None`: never), repairing rules
+    /// someone else changed.
+    pub full: Option<Duration>,
+    /// At least this long between two applies: a delta that comes sooner waits, and the
+    /// control plane (which sends nothing new before the ACK) coalesces changes meanwhile.
+    pub min: Duration,
+}
+
+/// Runs forever: connect, stream, and on any failure back off and resume.
+pub async fn run(control_plane: String, agent: SharedAgent, sync: SyncPeriods) {
     let mut backoff = INITIAL_BACKOFF;
     loop {
-        match stream_once(&control_plane, &agent, full_sync_period).await {
+        match stream_once(&control_plane, &agent, sync).await {
             Ok(()) => {
                 tracing::warn!(control_plane, "control plane closed the stream");
                 agent.lock().set_connected(false, Some("control plane closed the stream".into()));
@@ -60,11 +69,8 @@ fn subscription(agent: &Agent, kind: Kind) -> DeltaDiscoveryRequest {
     }
 }
 
-async fn stream_once(
-    control_plane: &str,
-    agent: &SharedAgent,
-    full_sync_period: Option<Duration>,
-) -> Result<(), StreamEnd> {
+async fn stream_once(control_plane: &str, agent: &SharedAgent, sync: SyncPeriods) -> Result<(), StreamEnd> {
+    let full_sync_period = sync.full;
     let fail = |established: bool| move |e: anyhow::Error| StreamEnd { error: e, established };
     let mut client = AggregatedDiscoveryServiceClient::connect(control_plane.to_owned())
         .await
@@ -88,6 +94,7 @@ async fn stream_once(
     tracing::info!(control_plane, services, "stream open; resuming with the versions this node has");
     let period = full_sync_period.unwrap_or(Duration::from_secs(365 * 24 * 3600));
     let mut resync = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    let mut last_apply = tokio::time::Instant::now() - sync.min;
     loop {
         let message = tokio::select! {
             message = inbound.message() => message,
@@ -101,7 +108,11 @@ async fn stream_once(
             Ok(None) => return Ok(()),
             Err(status) => return Err(fail(true)(anyhow::anyhow!("stream: {}", status.message()))),
         };
+        if let Some(wait) = sync.min.checked_sub(last_apply.elapsed()) {
+            tokio::time::sleep(wait).await;
+        }
         let reply = tokio::task::block_in_place(|| handle(&mut agent.lock(), response));
+        last_apply = tokio::time::Instant::now();
         tx.send(reply).await.map_err(|_| fail(true)(anyhow::anyhow!("request channel closed")))?;
     }
 }

@@ -15,6 +15,8 @@ use crate::types::{NodeConfig, Protocol, ServiceView};
 pub struct TraceOptions {
     pub masquerade_all: bool,
     pub nodeport_cidrs: Vec<IpNet>,
+    /// Overrides the node config's local-traffic CIDRs when not empty.
+    pub cluster_cidrs: Vec<IpNet>,
 }
 
 /// A packet to trace.
@@ -147,9 +149,12 @@ fn trace_entry(
         format!("{} {}/{} of {}", kind_name(kind), packet.destination, packet.protocol, t.service),
         "the destination is one of the Service's entry points",
     );
-    let local_cidrs: Vec<IpNet> = node
-        .map(|n| n.local_traffic_cidrs().iter().filter(|c| Family::of_net(c) == pf.family).copied().collect())
-        .unwrap_or_default();
+    let all_local: Vec<IpNet> = if options.cluster_cidrs.is_empty() {
+        node.map(|n| n.local_traffic_cidrs().to_vec()).unwrap_or_default()
+    } else {
+        options.cluster_cidrs.clone()
+    };
+    let local_cidrs: Vec<IpNet> = all_local.into_iter().filter(|c| Family::of_net(c) == pf.family).collect();
     let from_pod = packet.source.is_some_and(|s| local_cidrs.iter().any(|c| c.contains(&s)));
     let from_node = packet.source.is_some_and(|s| node_addresses.contains(&s));
     let entry = pf.entries.iter().find(|e| e.kind == kind && e.address == packet.destination.ip());

@@ -123,7 +123,7 @@ fn the_periodic_full_resync_repairs_rules_changed_behind_its_back() {
         ]),
     );
     let _cp = t.start_control_plane();
-    let dp = t.start_dataplane_with(ProxyBackend::Iptables, &["--full-sync-period=2"]);
+    let dp = t.start_dataplane_with(ProxyBackend::Iptables, &["--full-sync-period=2s"]);
     let vip = sock("10.96.2.2", 80);
     wait_for("the Service to answer", DEADLINE, || {
         (t.client.run_in(move || tcp_request(vip)) == Answer::From("pod0".into())).then_some(())

@@ -35,5 +35,8 @@ pub fn changed(names: &[&str]) -> ChangeSet {
 }
 
 /// Default proxy options.
-pub const NO: crate::backend::ProxyOptions =
-    crate::backend::ProxyOptions { masquerade_all: false, nodeport_cidrs: Vec::new() };
+pub const NO: crate::backend::ProxyOptions = crate::backend::ProxyOptions {
+    masquerade_all: false,
+    nodeport_cidrs: Vec::new(),
+    cluster_cidrs: Vec::new(),
+};

@@ -48,6 +48,19 @@ pub struct ProxyOptions {
     pub masquerade_all: bool,
     /// NodePorts open on the node's addresses inside these prefixes; empty: all of its addresses.
     pub nodeport_cidrs: Vec<ipnet::IpNet>,
+    /// Pod traffic comes from these prefixes (local-traffic detection); empty: what the
+    /// control plane's node config says.
+    pub cluster_cidrs: Vec<ipnet::IpNet>,
+}
+
+impl ProxyOptions {
+    /// The prefixes of pod traffic on this node.
+    pub fn local_cidrs(&self, node: Option<&kpx_proto::types::NodeConfig>) -> Vec<ipnet::IpNet> {
+        if !self.cluster_cidrs.is_empty() {
+            return self.cluster_cidrs.iter().map(|c| c.trunc()).collect();
+        }
+        node.map(|n| n.local_traffic_cidrs().iter().map(|c| c.trunc()).collect()).unwrap_or_default()
+    }
 }
 
 /// The backends a node agent can drive.

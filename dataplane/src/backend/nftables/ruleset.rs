@@ -26,7 +26,7 @@ impl ProxyOptions {
         let table = TableOptions {
             pick_chains,
             masquerade_all: self.masquerade_all,
-            local_cidrs: node.map(|n| n.local_traffic_cidrs().to_vec()).unwrap_or_default(),
+            local_cidrs: self.local_cidrs(node),
         };
         let ctx = ServiceContext { nodeport_addresses, node_addresses, masquerade_all: self.masquerade_all };
         (table, ctx)

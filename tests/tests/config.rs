@@ -1,0 +1,66 @@
+//! `kpx-dataplane --config`: a KubeProxyConfiguration-style file drives the
+//! agent (mode, node name, masquerading, …), and a field kpx does not support
+//! is refused at start with its name. Run as root; binaries built first.
+
+use kpx_e2e::manifests::{documents, ep, service, slice};
+use kpx_e2e::process::binary;
+use kpx_e2e::topology::{sock, Topology, CONTROL_PLANE_ADDR};
+use kpx_e2e::traffic::{tcp_request, Answer};
+use kpx_e2e::{wait_for, DEADLINE};
+
+#[test]
+fn a_kube_proxy_configuration_file_drives_the_agent_and_bad_fields_are_named() {
+    let t = Topology::new(1);
+    let _backends = t.start_backends(8080);
+    let spec = "  clusterIP: 10.96.4.1\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
+    t.write_manifest(
+        "web.yaml",
+        &documents(&[
+            service("web", spec, ""),
+            slice("web", "web-1", false, &[("http", "TCP", 8080)], &[ep(Topology::pod_ip(0))]),
+        ]),
+    );
+    let _cp = t.start_control_plane();
+    let config = t.dir.path().join("kube-proxy.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\nhostnameOverride: node-a\n\
+             iptables: {{masqueradeAll: true, syncPeriod: 1h, minSyncPeriod: 0s}}\n\
+             kpx: {{controlPlane: 'http://{CONTROL_PLANE_ADDR}', stateDir: '{}', iptablesMode: nft}}\n",
+            t.dir.path().join("state").display()
+        ),
+    )
+    .expect("write config");
+    let config_arg = format!("--config={}", config.display());
+    let dp = kpx_e2e::process::KpxProcess::start(
+        &t.node,
+        "kpx-dataplane",
+        &[config_arg],
+        t.dir.path().join("dp.log"),
+    );
+    wait_for("the Service to answer", DEADLINE, || {
+        (t.client.run_in(|| tcp_request(sock("10.96.4.1", 80))) == Answer::From("pod0".into())).then_some(())
+    });
+    let saved =
+        String::from_utf8_lossy(&t.node.try_exec("iptables-nft-save", &["-t", "nat"]).stdout).into_owned();
+    assert!(saved.contains("KPX-SERVICES"), "mode: iptables (nft flavour) from the file:\n{saved}");
+    assert!(
+        saved.contains("-A KPX-SVC-") && saved.contains("-j KPX-MARK-MASQ"),
+        "masqueradeAll from the file:\n{saved}"
+    );
+    drop(dp);
+
+    std::fs::write(
+        &config,
+        "kind: KubeProxyConfiguration\nmode: iptables\niptables: {localhostNodePorts: true}\n",
+    )
+    .expect("write");
+    let out = t.node.try_exec(
+        &binary("kpx-dataplane").display().to_string(),
+        &[&format!("--config={}", config.display())],
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let message = String::from_utf8_lossy(&out.stderr);
+    assert!(message.contains("localhostNodePorts"), "the unsupported field is named: {message}");
+}
