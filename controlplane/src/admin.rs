@@ -7,10 +7,10 @@ use std::time::SystemTime;
 
 use kpx_proto::admin::control_plane_admin_server::ControlPlaneAdmin;
 use kpx_proto::admin::{
-    GetNodeViewRequest, GetNodeViewResponse, GetServiceViewsRequest, GetServiceViewsResponse,
-    ListNodesRequest, ListNodesResponse, ListServicesRequest, ListServicesResponse, ListSourcesRequest,
-    ListSourcesResponse, NodeStatus, NodeTraceRequest, ServiceSummary, SourceStatus, TraceResponse,
-    TypeStatus, ViewVariant,
+    GetNodeResourcesRequest, GetNodeResourcesResponse, GetNodeViewRequest, GetNodeViewResponse,
+    GetServiceViewsRequest, GetServiceViewsResponse, ListNodesRequest, ListNodesResponse,
+    ListServicesRequest, ListServicesResponse, ListSourcesRequest, ListSourcesResponse, NodeResource,
+    NodeStatus, NodeTraceRequest, ServiceSummary, SourceStatus, TraceResponse, TypeStatus, ViewVariant,
 };
 use kpx_proto::trace::{self, Packet, TraceOptions};
 use kpx_proto::types::{NodeConfig, ServiceView};
@@ -163,6 +163,48 @@ impl ControlPlaneAdmin for ControlPlaneAdminService {
             })
             .collect();
         Ok(Response::new(ListNodesResponse { nodes }))
+    }
+
+    async fn get_node_resources(
+        &self,
+        request: Request<GetNodeResourcesRequest>,
+    ) -> Result<Response<GetNodeResourcesResponse>, Status> {
+        let node = request.into_inner().node;
+        let versions = self
+            .nodes
+            .versions(&node)
+            .await
+            .ok_or_else(|| Status::not_found(format!("node {node:?} is not connected")))?;
+        let snapshot = self.snapshot()?;
+        let mut resources: Vec<NodeResource> = versions
+            .into_iter()
+            .map(|(ty, name, acked, rejected)| NodeResource {
+                type_url: ty.type_url().to_owned(),
+                current_version: snapshot
+                    .get(ty, &node, &name)
+                    .map(|r| r.version.clone())
+                    .unwrap_or_default(),
+                name,
+                acked_version: acked.unwrap_or_default(),
+                rejected_version: rejected.unwrap_or_default(),
+            })
+            .collect();
+        // What the node should have and has not ACKed at all.
+        for ty in ResourceType::ALL {
+            for r in snapshot.for_node(ty, &node) {
+                if !resources.iter().any(|x| x.type_url == ty.type_url() && x.name == r.name) {
+                    resources.push(NodeResource {
+                        type_url: ty.type_url().to_owned(),
+                        name: r.name.clone(),
+                        acked_version: String::new(),
+                        current_version: r.version.clone(),
+                        rejected_version: String::new(),
+                    });
+                }
+            }
+        }
+        resources.sort_by(|a, b| (&a.type_url, &a.name).cmp(&(&b.type_url, &b.name)));
+        Ok(Response::new(GetNodeResourcesResponse { resources }))
     }
 
     async fn list_sources(

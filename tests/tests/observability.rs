@@ -95,6 +95,17 @@ fn kpxctl_shows_services_endpoints_nodes_rules_status_and_traces() {
         .filter_map(|ty| ty["acked"].as_u64())
         .sum();
     assert!(acked >= 3, "two Services and a node config ACKed: {nodes}");
+    let mine = json(&t, &["nodes", "node-a"]);
+    let resources = mine["resources"].as_array().expect("resources");
+    assert_eq!(resources.len(), 3, "two Services and the node config: {mine}");
+    assert!(
+        resources
+            .iter()
+            .all(|r| r["state"] == "in sync" && !r["ackedVersion"].as_str().unwrap_or_default().is_empty()),
+        "{mine}"
+    );
+    let table = ok(&t, &["nodes", "node-a"]);
+    assert!(table.contains("default/test/web") && table.contains("in sync"), "{table}");
     let sources = json(&t, &["sources"]);
     assert_eq!(sources["sources"][0]["synced"], true, "{sources}");
 
@@ -214,7 +225,7 @@ fn reflection_v1alpha_with_python_and_v1_with_tonic_on_both_servers() {
         "service envoy.service.discovery.v3.AggregatedDiscoveryService",
         "service kpx.admin.v1.ControlPlaneAdmin",
         "service grpc.health.v1.Health",
-        "describes service kpx.admin.v1.ControlPlaneAdmin ListServices GetServiceViews ListNodes ListSources GetNodeView Trace",
+        "describes service kpx.admin.v1.ControlPlaneAdmin ListServices GetServiceViews ListNodes GetNodeResources ListSources GetNodeView Trace",
     ] {
         assert!(cp.contains(line), "control plane: no {line:?} in\n{cp}");
     }

@@ -4,8 +4,9 @@ use anyhow::{anyhow, Context};
 use kpx_proto::admin::control_plane_admin_client::ControlPlaneAdminClient;
 use kpx_proto::admin::node_admin_client::NodeAdminClient;
 use kpx_proto::admin::{
-    GetNodeViewRequest, GetRulesRequest, GetServiceViewsRequest, GetStateRequest, GetStatusRequest,
-    ListNodesRequest, ListServicesRequest, ListSourcesRequest, NodeTraceRequest, TraceRequest, TraceResponse,
+    GetNodeResourcesRequest, GetNodeViewRequest, GetRulesRequest, GetServiceViewsRequest, GetStateRequest,
+    GetStatusRequest, ListNodesRequest, ListServicesRequest, ListSourcesRequest, NodeTraceRequest,
+    TraceRequest, TraceResponse,
 };
 use kpx_proto::pb;
 use serde_json::{json, Value};
@@ -126,7 +127,49 @@ pub async fn run(cli: &Cli) -> anyhow::Result<String> {
             }
             Ok(table::render(&["VIEW-FOR", "PORT", "ENDPOINT", "NODE", "SET", "STATE"], &rows))
         }
-        Command::Nodes => {
+        Command::Nodes { node: Some(node) } => {
+            let mut c = ControlPlaneAdminClient::new(connect(&cli.control_plane, CP).await?);
+            let r = c
+                .get_node_resources(GetNodeResourcesRequest { node: node.clone() })
+                .await
+                .map_err(call_error(CP))?
+                .into_inner();
+            let state = |x: &kpx_proto::admin::NodeResource| {
+                if !x.rejected_version.is_empty() && x.rejected_version == x.current_version {
+                    "NACKed"
+                } else if x.acked_version == x.current_version {
+                    "in sync"
+                } else if x.current_version.is_empty() {
+                    "to remove"
+                } else {
+                    "behind"
+                }
+            };
+            if json {
+                let list: Vec<Value> = r
+                    .resources
+                    .iter()
+                    .map(|x| json!({"typeUrl": x.type_url, "name": x.name, "ackedVersion": x.acked_version, "currentVersion": x.current_version, "rejectedVersion": x.rejected_version, "state": state(x)}))
+                    .collect();
+                return pretty(json!({"node": node, "resources": list}));
+            }
+            let short = |v: &str| v.chars().take(12).collect::<String>();
+            let rows = r
+                .resources
+                .iter()
+                .map(|x| {
+                    vec![
+                        x.type_url.rsplit('.').next().unwrap_or_default().to_owned(),
+                        x.name.clone(),
+                        short(&x.acked_version),
+                        short(&x.current_version),
+                        state(x).to_owned(),
+                    ]
+                })
+                .collect::<Vec<_>>();
+            Ok(table::render(&["TYPE", "NAME", "ACKED", "CURRENT", "STATE"], &rows))
+        }
+        Command::Nodes { node: None } => {
             let mut c = ControlPlaneAdminClient::new(connect(&cli.control_plane, CP).await?);
             let r = c.list_nodes(ListNodesRequest {}).await.map_err(call_error(CP))?.into_inner();
             if json {

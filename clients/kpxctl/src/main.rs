@@ -48,8 +48,9 @@ pub enum Command {
         #[arg(long)]
         node: Option<String>,
     },
-    /// Connected nodes: what each ACKed, its last NACK, pending resources, lag.
-    Nodes,
+    /// Connected nodes: what each ACKed, its last NACK, pending resources, lag; with a
+    /// node name, its version of every resource against the current one.
+    Nodes { node: Option<String> },
     /// The control plane's sources and whether they synced.
     Sources,
     /// The rules a node agent programmed, exactly as the kernel holds them.

@@ -7,7 +7,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
 
+use tokio::sync::{mpsc, oneshot};
+
 use super::snapshot::ResourceType;
+
+/// Per type and name: the version ACKed and the version NACKed.
+pub type Versions = Vec<(ResourceType, String, Option<String>, Option<String>)>;
+
+/// Asks a stream task for its node's versions.
+pub type VersionQuery = mpsc::Sender<oneshot::Sender<Versions>>;
 
 #[derive(Debug, Clone, Default)]
 pub struct TypeProgress {
@@ -28,6 +36,7 @@ pub struct NodeEntry {
     pub peer: Option<SocketAddr>,
     pub connected_since: SystemTime,
     pub types: BTreeMap<ResourceType, TypeProgress>,
+    pub query: Option<VersionQuery>,
 }
 
 /// Every open stream, by a stream id.
@@ -50,6 +59,7 @@ impl NodeRegistry {
             peer,
             connected_since: SystemTime::now(),
             types: BTreeMap::new(),
+            query: None,
         };
         self.lock().insert(id, entry);
         id
@@ -64,6 +74,14 @@ impl NodeRegistry {
         if let Some(entry) = self.lock().get_mut(&id) {
             f(entry);
         }
+    }
+
+    /// Asks the newest stream of `node` for its versions.
+    pub async fn versions(&self, node: &str) -> Option<Versions> {
+        let query = self.lock().values().rev().find(|e| e.node == node).and_then(|e| e.query.clone())?;
+        let (tx, rx) = oneshot::channel();
+        query.send(tx).await.ok()?;
+        tokio::time::timeout(std::time::Duration::from_secs(5), rx).await.ok()?.ok()
     }
 
     /// Every stream with a node name, by node name.

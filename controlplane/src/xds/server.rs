@@ -133,10 +133,12 @@ impl AggregatedDiscoveryService for AdsServer {
             nodes: self.nodes.clone(),
             metrics: Arc::clone(&self.metrics),
         };
+        let (query_tx, queries) = mpsc::channel(4);
+        self.nodes.update(reporter.id, |e| e.query = Some(query_tx));
         self.metrics.streams.inc();
         tokio::spawn(async move {
             let mut state = StreamState::default();
-            let result = serve_stream(&mut state, inbound, &tx, snapshots, &reporter).await;
+            let result = serve_stream(&mut state, inbound, &tx, snapshots, &reporter, queries).await;
             reporter.closed(state.node().unwrap_or_default());
             let node = state.node().unwrap_or("?").to_owned();
             match result {
@@ -157,6 +159,7 @@ async fn serve_stream(
     tx: &mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
     mut snapshots: SnapshotReceiver,
     reporter: &Reporter,
+    mut queries: mpsc::Receiver<tokio::sync::oneshot::Sender<super::nodes::Versions>>,
 ) -> Result<(), Status> {
     let mut opened: Vec<_> = Vec::new();
     loop {
@@ -212,6 +215,9 @@ async fn serve_stream(
                     RequestKind::UnknownType(url) => tracing::warn!(node, type_url = url, "ignoring unknown resource type"),
                     RequestKind::Stale { .. } | RequestKind::Update { .. } => {}
                 }
+            }
+            Some(reply) = queries.recv() => {
+                let _ = reply.send(state.versions());
             }
             changed = snapshots.changed() => {
                 if changed.is_err() {

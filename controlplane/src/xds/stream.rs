@@ -163,6 +163,25 @@ impl StreamState {
         Some((state.acked.len(), state.in_flight.as_ref().map(|f| f.sent.len())))
     }
 
+    /// Per type and name: the version the node ACKed (if any) and the one it NACKed (if any).
+    pub fn versions(&self) -> Vec<(ResourceType, String, Option<String>, Option<String>)> {
+        let mut out = Vec::new();
+        for (ty, state) in &self.types {
+            let mut names: Vec<&String> = state.acked.keys().chain(state.rejected.keys()).collect();
+            names.sort();
+            names.dedup();
+            for name in names {
+                out.push((
+                    *ty,
+                    name.clone(),
+                    state.acked.get(name).cloned(),
+                    state.rejected.get(name).cloned(),
+                ));
+            }
+        }
+        out
+    }
+
     /// The types this stream has subscribed to.
     pub fn subscribed(&self) -> Vec<ResourceType> {
         self.types.keys().copied().collect()
