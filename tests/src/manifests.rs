@@ -112,6 +112,21 @@ pub fn slice(service: &str, name: &str, ipv6: bool, ports: &[(&str, &str, u16)],
     s
 }
 
+/// Service `name` (ClusterIP `vip`, port `http` 80/TCP → 8080) with pod 0 as its endpoint.
+pub fn web_on_pod0(name: &str, vip: &str) -> String {
+    let spec = format!("  clusterIP: {vip}\n  ports:\n  - {{name: http, protocol: TCP, port: 80}}\n");
+    documents(&[
+        service(name, &spec, ""),
+        slice(
+            name,
+            &format!("{name}-1"),
+            false,
+            &[("http", "TCP", 8080)],
+            &[ep(crate::topology::Topology::pod_ip(0))],
+        ),
+    ])
+}
+
 /// Several documents as one file.
 pub fn documents(docs: &[String]) -> String {
     docs.join("---\n")

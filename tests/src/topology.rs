@@ -189,6 +189,15 @@ impl Topology {
             .unwrap_or_else(|| self.dir.path().join(format!("{program}.log")))
     }
 
+    /// Waits until a TCP request from the client to `vip:port` is answered by `backend`.
+    pub fn wait_answered_by(&self, vip: &str, port: u16, backend: &str) {
+        let to = sock(vip, port);
+        let want = crate::traffic::Answer::From(backend.to_owned());
+        crate::wait_for(&format!("{to} to be answered by {backend}"), crate::DEADLINE, || {
+            (self.client.run_in(move || crate::traffic::tcp_request(to)) == want).then_some(())
+        });
+    }
+
     /// kpx's table as the kernel holds it.
     pub fn ruleset(&self) -> String {
         let out = self.node.try_exec("nft", &["list", "table", "inet", "kpx"]);

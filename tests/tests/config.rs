@@ -2,24 +2,15 @@
 //! agent (mode, node name, masquerading, …), and a field kpx does not support
 //! is refused at start with its name. Run as root; binaries built first.
 
-use kpx_e2e::manifests::{documents, ep, service, slice};
+use kpx_e2e::manifests::web_on_pod0;
 use kpx_e2e::process::binary;
-use kpx_e2e::topology::{sock, Topology, CONTROL_PLANE_ADDR};
-use kpx_e2e::traffic::{tcp_request, Answer};
-use kpx_e2e::{wait_for, DEADLINE};
+use kpx_e2e::topology::{Topology, CONTROL_PLANE_ADDR};
 
 #[test]
 fn a_kube_proxy_configuration_file_drives_the_agent_and_bad_fields_are_named() {
     let t = Topology::new(1);
     let _backends = t.start_backends(8080);
-    let spec = "  clusterIP: 10.96.4.1\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
-    t.write_manifest(
-        "web.yaml",
-        &documents(&[
-            service("web", spec, ""),
-            slice("web", "web-1", false, &[("http", "TCP", 8080)], &[ep(Topology::pod_ip(0))]),
-        ]),
-    );
+    t.write_manifest("web.yaml", &web_on_pod0("web", "10.96.4.1"));
     let _cp = t.start_control_plane();
     let config = t.dir.path().join("kube-proxy.yaml");
     std::fs::write(
@@ -39,9 +30,7 @@ fn a_kube_proxy_configuration_file_drives_the_agent_and_bad_fields_are_named() {
         &[config_arg],
         t.dir.path().join("dp.log"),
     );
-    wait_for("the Service to answer", DEADLINE, || {
-        (t.client.run_in(|| tcp_request(sock("10.96.4.1", 80))) == Answer::From("pod0".into())).then_some(())
-    });
+    t.wait_answered_by("10.96.4.1", 80, "pod0");
     let saved =
         String::from_utf8_lossy(&t.node.try_exec("iptables-nft-save", &["-t", "nat"]).stdout).into_owned();
     assert!(saved.contains("KPX-SERVICES"), "mode: iptables (nft flavour) from the file:\n{saved}");

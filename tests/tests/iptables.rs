@@ -3,10 +3,9 @@
 //! are) and `--cleanup` removes exactly what kpx owns, in both flavours.
 //! Run as root (network namespaces); binaries built first (see README).
 
-use kpx_e2e::manifests::{documents, ep, service, slice};
+use kpx_e2e::manifests::web_on_pod0;
 use kpx_e2e::process::binary;
-use kpx_e2e::topology::{sock, ProxyBackend, Topology};
-use kpx_e2e::traffic::{tcp_request, Answer};
+use kpx_e2e::topology::{ProxyBackend, Topology};
 use kpx_e2e::{wait_for, DEADLINE};
 
 /// The rules and user chains of `*-save` output (per tool and table), without counters.
@@ -70,19 +69,10 @@ fn runs_beside_kube_proxy_and_cleans_up_only_its_own(backend: ProxyBackend, flav
     );
     let before = saved(&t, flavour);
 
-    let spec = "  clusterIP: 10.96.2.1\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
-    t.write_manifest(
-        "web.yaml",
-        &documents(&[
-            service("web", spec, ""),
-            slice("web", "web-1", false, &[("http", "TCP", 8080)], &[ep(Topology::pod_ip(0))]),
-        ]),
-    );
+    t.write_manifest("web.yaml", &web_on_pod0("web", "10.96.2.1"));
     let _cp = t.start_control_plane();
     let mut dp = t.start_dataplane_with(backend, &[]);
-    wait_for("the Service to answer", DEADLINE, || {
-        (t.client.run_in(|| tcp_request(sock("10.96.2.1", 80))) == Answer::From("pod0".into())).then_some(())
-    });
+    t.wait_answered_by("10.96.2.1", 80, "pod0");
     let programmed = saved(&t, flavour);
     assert!(programmed.contains("-m comment --comment \"test/web:http cluster IP\""), "{programmed}");
     assert!(programmed.contains("-j KPX-SVC-"), "{programmed}");
@@ -114,20 +104,10 @@ fn legacy_flavour_runs_beside_kube_proxy_and_cleans_up_only_its_own() {
 fn the_periodic_full_resync_repairs_rules_changed_behind_its_back() {
     let t = Topology::new(1);
     let _backends = t.start_backends(8080);
-    let spec = "  clusterIP: 10.96.2.2\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
-    t.write_manifest(
-        "web.yaml",
-        &documents(&[
-            service("web", spec, ""),
-            slice("web", "web-1", false, &[("http", "TCP", 8080)], &[ep(Topology::pod_ip(0))]),
-        ]),
-    );
+    t.write_manifest("web.yaml", &web_on_pod0("web", "10.96.2.2"));
     let _cp = t.start_control_plane();
     let dp = t.start_dataplane_with(ProxyBackend::Iptables, &["--full-sync-period=2s"]);
-    let vip = sock("10.96.2.2", 80);
-    wait_for("the Service to answer", DEADLINE, || {
-        (t.client.run_in(move || tcp_request(vip)) == Answer::From("pod0".into())).then_some(())
-    });
+    t.wait_answered_by("10.96.2.2", 80, "pod0");
     let resyncs = || dp.events().iter().filter(|e| e["message"] == "periodic full resync").count();
     let before = resyncs();
     t.node.exec("iptables-nft", &["-t", "nat", "-F", "KPX-SERVICES"]);
@@ -136,7 +116,5 @@ fn the_periodic_full_resync_repairs_rules_changed_behind_its_back() {
         (resyncs() > before + 1).then_some(())
     });
     assert!(rule_there(), "the resync put the rule back");
-    wait_for("the Service to answer again", DEADLINE, || {
-        (t.client.run_in(move || tcp_request(vip)) == Answer::From("pod0".into())).then_some(())
-    });
+    t.wait_answered_by("10.96.2.2", 80, "pod0");
 }
