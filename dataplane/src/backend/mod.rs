@@ -79,7 +79,7 @@ impl BackendKind {
     ) -> Result<Box<dyn Backend>, String> {
         match self {
             BackendKind::Nftables => {
-                Ok(Box::new(nftables::NftablesBackend::new(nftables::NftProcess, options)))
+                Ok(Box::new(nftables::NftablesBackend::new(nftables::runner::best_runner(), options)))
             }
             BackendKind::Iptables => {
                 let mode = iptables_mode.resolve();

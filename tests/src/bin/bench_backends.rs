@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use kpx_dataplane::backend::iptables::{IptablesBackend, IptablesMode, IptablesProcess};
-use kpx_dataplane::backend::nftables::{NftProcess, NftablesBackend};
+use kpx_dataplane::backend::nftables::{NftLibrary, NftProcess, NftablesBackend};
 use kpx_dataplane::backend::{Backend, ProxyOptions};
 use kpx_dataplane::state::{ChangeSet, NodeState, Versioned};
 use kpx_e2e::netns::Netns;
@@ -69,7 +69,7 @@ fn measure(label: &str, backend: &mut dyn Backend, services: usize) {
     let mut desired = state(services);
     let started = Instant::now();
     if let Err(e) = backend.full_sync(&desired) {
-        println!("{label:<16} {services:>6}  full sync failed: {e}");
+        println!("{label:<18} {services:>6}  full sync failed: {e}");
         return;
     }
     let full = started.elapsed();
@@ -90,7 +90,7 @@ fn measure(label: &str, backend: &mut dyn Backend, services: usize) {
     }
     changes.sort();
     println!(
-        "{label:<16} {services:>6}  full sync {:>9.1} ms   one endpoint change p50 {:>8.2} ms  p99 {:>8.2} ms",
+        "{label:<18} {services:>6}  full sync {:>9.1} ms   one endpoint change p50 {:>8.2} ms  p99 {:>8.2} ms",
         full.as_secs_f64() * 1e3,
         percentile(&changes, 0.5).as_secs_f64() * 1e3,
         percentile(&changes, 0.99).as_secs_f64() * 1e3,
@@ -109,7 +109,13 @@ fn main() {
         println!("backend          services  ({ENDPOINTS} endpoints each; {CHANGES} changes)");
         for services in sizes_in {
             let options = ProxyOptions::default();
-            measure("nftables", &mut NftablesBackend::new(NftProcess, options.clone()), services);
+            match NftLibrary::open() {
+                Ok(library) => {
+                    measure("nftables (lib)", &mut NftablesBackend::new(library, options.clone()), services)
+                }
+                Err(e) => println!("nftables (lib): {e}"),
+            }
+            measure("nftables (nft -f)", &mut NftablesBackend::new(NftProcess, options.clone()), services);
             for (label, mode) in
                 [("iptables-legacy", IptablesMode::Legacy), ("iptables-nft", IptablesMode::Nft)]
             {

@@ -9,12 +9,14 @@
 //! [`runner`] is the only code that touches the kernel.
 
 pub mod affinity;
+pub mod library;
 pub mod render;
 pub mod ruleset;
 pub mod runner;
 pub mod service;
 pub mod skeleton;
 
+pub use library::NftLibrary;
 pub use runner::{NftProcess, NftRunner};
 
 use crate::backend::{Backend, BackendError, ProxyOptions};

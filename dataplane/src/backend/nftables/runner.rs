@@ -14,6 +14,30 @@ pub trait NftRunner {
     fn list_table(&mut self) -> Result<String, BackendError>;
 }
 
+impl NftRunner for Box<dyn NftRunner + Send> {
+    fn run(&mut self, script: &str) -> Result<(), BackendError> {
+        (**self).run(script)
+    }
+
+    fn list_table(&mut self) -> Result<String, BackendError> {
+        (**self).list_table()
+    }
+}
+
+/// libnftables in-process when it can be opened, else the `nft` process.
+pub fn best_runner() -> Box<dyn NftRunner + Send> {
+    match super::library::NftLibrary::open() {
+        Ok(library) => {
+            tracing::info!("nftables through libnftables, in-process");
+            Box::new(library)
+        }
+        Err(e) => {
+            tracing::warn!(reason = %e, "libnftables unavailable: running the nft command per transaction");
+            Box::new(NftProcess)
+        }
+    }
+}
+
 /// Runs the `nft` command, one process per transaction.
 pub struct NftProcess;
 
