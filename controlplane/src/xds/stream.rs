@@ -19,6 +19,10 @@ use envoy_types::pb::google::protobuf::Any;
 
 use super::snapshot::{ResourceType, Snapshot};
 
+/// At most this many resources per response, so a node's initial sync (10k Services ≈ 5 MB)
+/// is sent in pieces and the memory a stream holds stays bounded whatever the cluster size.
+pub const MAX_RESOURCES_PER_RESPONSE: usize = 1000;
+
 /// A request the stream cannot go on after.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ProtocolError {
@@ -207,6 +211,10 @@ impl StreamState {
             if has || refused {
                 continue;
             }
+            if resources.len() == MAX_RESOURCES_PER_RESPONSE {
+                // The rest goes in the next response, after this one's ACK.
+                break;
+            }
             resources.push(Resource {
                 name: res.name.clone(),
                 version: res.version.clone(),
@@ -301,6 +309,29 @@ mod tests {
         let removal = s.next_response(ResourceType::ServiceView, &one).expect("b removed");
         assert!(removal.resources.is_empty());
         assert_eq!(removal.removed_resources, ["c/default/b"]);
+    }
+
+    #[test]
+    fn a_large_initial_sync_goes_in_bounded_pieces() {
+        let yaml: String = (0..2500)
+            .map(|i| {
+                format!(
+                    "kind: Service\nmetadata: {{name: s{i}}}\nspec: {{clusterIP: 10.96.{}.{}, ports: [{{port: 80}}]}}\n---\n",
+                    i / 250,
+                    i % 250 + 1
+                )
+            })
+            .collect();
+        let snap = snapshot(&yaml);
+        let mut s = StreamState::default();
+        s.on_request(subscribe(&[])).expect("ok");
+        let mut sizes = Vec::new();
+        while let Some(r) = s.next_response(ResourceType::ServiceView, &snap) {
+            sizes.push(r.resources.len());
+            s.on_request(reply(&r.nonce, None)).expect("ack");
+        }
+        assert_eq!(sizes, [1000, 1000, 500]);
+        assert_eq!(s.type_status(ResourceType::ServiceView), Some((2500, None)));
     }
 
     #[test]
