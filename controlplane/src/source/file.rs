@@ -20,8 +20,13 @@ const SETTLE: Duration = Duration::from_millis(100);
 /// What identifies a folder's content without reading it: each file's path, size and mtime.
 type Fingerprint = BTreeMap<PathBuf, (u64, Option<SystemTime>)>;
 
+/// The objects read from each file, with the size and mtime they were read at: a change
+/// re-parses only the files that changed.
+type ParsedFiles = BTreeMap<PathBuf, ((u64, Option<SystemTime>), Arc<Vec<Object>>)>;
+
 pub async fn run(cluster: String, dir: PathBuf, tx: watch::Sender<Option<Arc<ClusterState>>>) {
     let mut last: Option<Fingerprint> = None;
+    let mut parsed = ParsedFiles::new();
     loop {
         match fingerprint(&dir) {
             Ok(print) if last.as_ref() != Some(&print) => {
@@ -31,7 +36,7 @@ pub async fn run(cluster: String, dir: PathBuf, tx: watch::Sender<Option<Arc<Clu
                     continue;
                 }
                 let started = std::time::Instant::now();
-                let state = read_files(&cluster, &print);
+                let state = read_files(&cluster, &print, &mut parsed);
                 tracing::info!(
                     cluster,
                     dir = %dir.display(),
@@ -83,38 +88,59 @@ fn fingerprint(dir: &Path) -> std::io::Result<Fingerprint> {
     Ok(print)
 }
 
-/// Reads every manifest of the folder into one state; later definitions of the same object win.
-fn read_files(cluster: &str, files: &Fingerprint) -> ClusterState {
+/// The usable objects of one file; bad documents are logged and left out.
+fn parse_file(cluster: &str, path: &Path) -> Vec<Object> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(cluster, file = %path.display(), error = %e, "cannot read manifest");
+            return Vec::new();
+        }
+    };
+    let mut objects = Vec::new();
+    for result in manifest::parse(&text) {
+        match result {
+            Ok(object) => objects.push(object),
+            Err(e) => tracing::error!(
+                cluster,
+                file = %path.display(),
+                document = e.document,
+                object = e.object.trim().trim_start_matches('(').trim_end_matches(')'),
+                field = %e.field,
+                reason = %e.reason,
+                "skipping manifest document: {e}"
+            ),
+        }
+    }
+    objects
+}
+
+/// Reads every manifest of the folder into one state (later definitions of the same object
+/// win), parsing only the files whose size or mtime changed since `parsed` saw them.
+fn read_files(cluster: &str, files: &Fingerprint, parsed: &mut ParsedFiles) -> ClusterState {
+    parsed.retain(|path, _| files.contains_key(path));
     let mut state = ClusterState::default();
-    for path in files.keys() {
-        let text = match std::fs::read_to_string(path) {
-            Ok(t) => t,
-            Err(e) => {
-                tracing::warn!(cluster, file = %path.display(), error = %e, "cannot read manifest");
-                continue;
+    for (path, print) in files {
+        let objects = match parsed.get(path) {
+            Some((seen, objects)) if seen == print => Arc::clone(objects),
+            _ => {
+                let objects = Arc::new(parse_file(cluster, path));
+                parsed.insert(path.clone(), (*print, Arc::clone(&objects)));
+                objects
             }
         };
-        for result in manifest::parse(&text) {
-            match result {
-                Ok(Object::Service(s)) => {
-                    state.services.insert(s.key.clone(), s);
+        for object in objects.iter() {
+            match object {
+                Object::Service(s) => {
+                    state.services.insert(s.key.clone(), s.clone());
                 }
-                Ok(Object::EndpointSlice(s)) => {
+                Object::EndpointSlice(s) => {
                     let key = ObjectKey { namespace: s.namespace.clone(), name: s.name.clone() };
-                    state.slices.insert(key, s);
+                    state.slices.insert(key, s.clone());
                 }
-                Ok(Object::Node(n)) => {
-                    state.nodes.insert(n.name.clone(), n);
+                Object::Node(n) => {
+                    state.nodes.insert(n.name.clone(), n.clone());
                 }
-                Err(e) => tracing::error!(
-                    cluster,
-                    file = %path.display(),
-                    document = e.document,
-                    object = e.object.trim().trim_start_matches('(').trim_end_matches(')'),
-                    field = %e.field,
-                    reason = %e.reason,
-                    "skipping manifest document: {e}"
-                ),
             }
         }
     }
