@@ -2,16 +2,18 @@
 //! file the test can wait on. Ended by PID when dropped.
 
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::netns::Netns;
 
-/// Where cargo put the workspace's binaries (next to the test binary's `deps/`).
+/// Where cargo put the workspace's binaries: beside the running binary, or beside the
+/// `deps/` folder a test binary runs from.
 pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let parent = exe.parent().expect("binary folder");
+    let dir = if parent.ends_with("deps") { parent.parent().expect("target dir") } else { parent };
     let path = dir.join(name);
     assert!(
         path.exists(),
@@ -43,6 +45,11 @@ impl KpxProcess {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
         KpxProcess { child, log, name: program.to_owned() }
+    }
+
+    /// The process id (`ip netns exec` execs the program, so it is the program's).
+    pub fn pid(&self) -> Option<u32> {
+        Some(self.child.id())
     }
 
     /// Log lines as JSON objects (lines that are not JSON are skipped).

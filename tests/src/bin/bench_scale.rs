@@ -1,0 +1,471 @@
+//! Where kpx stands at scale: `sudo tests/bench-scale.sh [flags]` prints a table and
+//! writes JSON (`--json PATH`). Nothing is asserted; figures are for reading.
+//!
+//! 1. fan-out: one kpx-controlplane (release build, loopback), `--nodes` simulated
+//!    nodes, each a real delta ADS stream on its own connection that ACKs what it
+//!    gets (`--slow-percent` of them wait 2 s before each ACK). Initial sync of every
+//!    node; then `--changes` times one endpoint of one Service is changed in the
+//!    manifests and the time until each fast node has it is measured; control plane
+//!    RSS per stream and CPU seconds per change.
+//! 2. node programming: kpx-dataplane in a network namespace with its control plane,
+//!    per backend: full sync of all Services, one-endpoint-change latency inside the
+//!    agent (delta received → kernel committed + stored, from its log), its RSS.
+//! 3. data path: TCP connect latency to the first and the last of the Services (all
+//!    backed by one pod), per backend.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+use kpx_e2e::process::KpxProcess;
+use kpx_e2e::topology::{sock, ProxyBackend, Topology};
+use serde_json::json;
+
+#[derive(Debug, Clone)]
+struct Args {
+    services: usize,
+    endpoints: usize,
+    nodes: usize,
+    slow_percent: usize,
+    changes: usize,
+    node_services: usize,
+    json: Option<PathBuf>,
+    skip: Vec<String>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        services: 10_000,
+        endpoints: 10,
+        nodes: 5_000,
+        slow_percent: 5,
+        changes: 5,
+        node_services: 10_000,
+        json: None,
+        skip: vec![],
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        let number = |v: String| v.parse::<usize>().map_err(|_| format!("{flag}: {v:?} is not a number"));
+        match flag.as_str() {
+            "--services" => a.services = number(value()?)?,
+            "--endpoints" => a.endpoints = number(value()?)?,
+            "--nodes" => a.nodes = number(value()?)?,
+            "--slow-percent" => a.slow_percent = number(value()?)?,
+            "--changes" => a.changes = number(value()?)?.max(1),
+            "--node-services" => a.node_services = number(value()?)?,
+            "--json" => a.json = Some(PathBuf::from(value()?)),
+            "--skip" => a.skip.push(value()?),
+            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --changes --node-services --json --skip fanout|node|datapath)")),
+        }
+    }
+    Ok(a)
+}
+
+fn vip(i: usize) -> String {
+    format!("10.{}.{}.{}", 96 + i / 62_500, (i % 62_500) / 250, i % 250 + 1)
+}
+
+/// Writes `services` Services of one port with `endpoints` endpoints each (or, with `pod`,
+/// the one endpoint `pod`), 500 to a file; Service 0 alone in `svc-0.yaml` (the one changed).
+fn write_manifests(dir: &Path, services: usize, endpoints: usize, pod: Option<&str>, generation: usize) {
+    let mut files: BTreeMap<String, String> = BTreeMap::new();
+    for i in 0..services {
+        let file = if i == 0 { "svc-0.yaml".to_owned() } else { format!("svc-{:03}.yaml", 1 + i / 500) };
+        let eps: Vec<String> = match pod {
+            Some(p) => vec![p.to_owned()],
+            None => (0..endpoints)
+                .map(|e| {
+                    let n = i * endpoints + e + if i == 0 { generation * 7919 } else { 0 };
+                    format!("10.{}.{}.{}", 200 + (n / 62_500) % 50, (n % 62_500) / 250, n % 250 + 1)
+                })
+                .collect(),
+        };
+        let text = files.entry(file).or_default();
+        text.push_str(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{i}, namespace: bench}}\nspec: {{clusterIP: {}, ports: [{{name: http, protocol: TCP, port: 80}}]}}\n---\n",
+            vip(i)
+        ));
+        text.push_str(&format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc-{i}-1, namespace: bench, labels: {{kubernetes.io/service-name: svc-{i}}}}}\naddressType: IPv4\nports: [{{name: http, protocol: TCP, port: 8080}}]\nendpoints:\n"
+        ));
+        for e in eps {
+            text.push_str(&format!(
+                "- {{addresses: [{e}], conditions: {{ready: true}}, nodeName: node-a}}\n"
+            ));
+        }
+        text.push_str("---\n");
+    }
+    for (file, text) in files {
+        kpx_e2e::topology::write_atomically(&dir.join(file), &text);
+    }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).map(str::to_owned))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or_default().split_whitespace().collect();
+    let ticks: f64 = fields.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+        + fields.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf is always safe to call.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e4).round() / 10.0
+}
+
+fn raise_fd_limit() {
+    let limit = libc::rlimit { rlim_cur: 1 << 20, rlim_max: 1 << 20 };
+    // SAFETY: setrlimit with a valid struct; failure only means fewer streams fit.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
+}
+
+/// What one simulated node saw.
+#[derive(Default)]
+struct NodeLog {
+    synced_at: Option<Instant>,
+    /// Arrivals of responses carrying Service 0.
+    service0: Vec<Instant>,
+}
+
+async fn simulated_node(
+    addr: String,
+    id: usize,
+    services: usize,
+    slow: bool,
+    log: Arc<Mutex<NodeLog>>,
+    started: Arc<AtomicUsize>,
+) {
+    let channel = match tonic::transport::Endpoint::from_shared(addr)
+        .map(|e| e.connect_timeout(Duration::from_secs(60)))
+    {
+        Ok(e) => match e.connect().await {
+            Ok(c) => c,
+            Err(e) => return eprintln!("node {id}: connect: {e}"),
+        },
+        Err(e) => return eprintln!("node {id}: {e}"),
+    };
+    let mut client = AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(256 << 20);
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let subscribe = DeltaDiscoveryRequest {
+        node: Some(Node { id: format!("sim-{id}"), ..Default::default() }),
+        type_url: kpx_proto::SERVICE_VIEW_TYPE_URL.to_owned(),
+        ..Default::default()
+    };
+    if tx.send(subscribe).await.is_err() {
+        return;
+    }
+    let mut inbound =
+        match client.delta_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx)).await {
+            Ok(r) => r.into_inner(),
+            Err(e) => return eprintln!("node {id}: stream: {}", e.message()),
+        };
+    started.fetch_add(1, Ordering::Relaxed);
+    let mut have = 0usize;
+    let service0 = "default/bench/svc-0";
+    while let Ok(Some(response)) = inbound.message().await {
+        let now = Instant::now();
+        have += response.resources.len();
+        {
+            let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+            if have >= services && log.synced_at.is_none() {
+                log.synced_at = Some(now);
+            }
+            if response.resources.iter().any(|r| r.name == service0) {
+                log.service0.push(now);
+            }
+        }
+        if slow {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        let ack = DeltaDiscoveryRequest {
+            type_url: response.type_url.clone(),
+            response_nonce: response.nonce.clone(),
+            ..Default::default()
+        };
+        if tx.send(ack).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn fanout(a: &Args, out: &mut serde_json::Map<String, serde_json::Value>) {
+    println!(
+        "\n== fan-out: {} Services × {} endpoints, {} simulated nodes ({}% slow)",
+        a.services, a.endpoints, a.nodes, a.slow_percent
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir(&manifests).expect("dir");
+    write_manifests(&manifests, a.services, a.endpoints, None, 0);
+    let cp_bin = kpx_e2e::process::binary("kpx-controlplane");
+    let log_path = dir.path().join("cp.log");
+    let log = std::fs::File::create(&log_path).expect("log");
+    let mut cp = std::process::Command::new(cp_bin)
+        .args(["--listen", "127.0.0.1:28000", "--metrics-listen", "127.0.0.1:28002", "--log-format", "json"])
+        .arg(format!("--source=file:{}", manifests.display()))
+        .env("RUST_LOG", "warn,kpx_controlplane::publisher=info")
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("start kpx-controlplane");
+    let pid = cp.id();
+    let loaded = Instant::now();
+    kpx_e2e::wait_for("the control plane's first snapshot", Duration::from_secs(600), || {
+        std::fs::read_to_string(&log_path).ok()?.contains("snapshot published").then_some(())
+    });
+    println!(
+        "control plane: read and built {} Services in {:.2} s; RSS {} MiB",
+        a.services,
+        loaded.elapsed().as_secs_f64(),
+        rss_kib(pid) / 1024
+    );
+    let baseline = rss_kib(pid);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let logs: Vec<Arc<Mutex<NodeLog>>> = (0..a.nodes).map(|_| Arc::default()).collect();
+    let slow_every = 100usize.checked_div(a.slow_percent).map_or(usize::MAX, |n| n.max(1));
+    let is_slow = |i: usize| slow_every != usize::MAX && i % slow_every == slow_every - 1;
+    let started = Arc::new(AtomicUsize::new(0));
+    let sync_start = Instant::now();
+    for (i, log) in logs.iter().enumerate() {
+        let fut = simulated_node(
+            "http://127.0.0.1:28000".into(),
+            i,
+            a.services,
+            is_slow(i),
+            Arc::clone(log),
+            Arc::clone(&started),
+        );
+        runtime.spawn(fut);
+    }
+    let all_synced = kpx_e2e::wait_for("every node's initial sync", Duration::from_secs(1800), || {
+        let done = logs.iter().filter(|l| l.lock().map(|l| l.synced_at.is_some()).unwrap_or(false)).count();
+        (done == a.nodes).then(|| sync_start.elapsed())
+    });
+    let mut syncs: Vec<Duration> =
+        logs.iter().filter_map(|l| l.lock().ok().and_then(|l| l.synced_at)).map(|t| t - sync_start).collect();
+    syncs.sort();
+    let after = rss_kib(pid);
+    let per_stream_kib = (after.saturating_sub(baseline)) as f64 / a.nodes.max(1) as f64;
+    println!(
+        "initial sync of every node: {:.2} s (per node p50 {:.2} s, p99 {:.2} s); control plane RSS {} MiB, {:.1} KiB per stream beyond the shared state",
+        all_synced.as_secs_f64(),
+        percentile(&syncs, 0.5).as_secs_f64(),
+        percentile(&syncs, 0.99).as_secs_f64(),
+        after / 1024,
+        per_stream_kib
+    );
+    // Let slow nodes finish their last ACK wait.
+    std::thread::sleep(Duration::from_secs(3));
+    let mut fast_lat = Vec::new();
+    let mut slow_lat = Vec::new();
+    let mut detect = Vec::new();
+    let mut cpu = Vec::new();
+    for change in 1..=a.changes {
+        let before: Vec<usize> =
+            logs.iter().map(|l| l.lock().map(|l| l.service0.len()).unwrap_or(0)).collect();
+        let cpu_before = cpu_seconds(pid);
+        let written = Instant::now();
+        write_manifests_one(&manifests, a.endpoints, change);
+        let arrivals =
+            kpx_e2e::wait_for("every node to receive the change", Duration::from_secs(600), || {
+                let got: Vec<Option<Instant>> = logs
+                    .iter()
+                    .zip(&before)
+                    .map(|(l, b)| l.lock().ok().and_then(|l| l.service0.get(*b).copied()))
+                    .collect();
+                got.iter().all(Option::is_some).then(|| got.into_iter().flatten().collect::<Vec<_>>())
+            });
+        cpu.push(cpu_seconds(pid) - cpu_before);
+        let first = arrivals.iter().min().copied().unwrap_or(written);
+        detect.push(first - written);
+        for (i, at) in arrivals.iter().enumerate() {
+            let spread = *at - first;
+            if is_slow(i) {
+                slow_lat.push(spread);
+            } else {
+                fast_lat.push(spread);
+            }
+        }
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    fast_lat.sort();
+    slow_lat.sort();
+    detect.sort();
+    println!(
+        "one endpoint change → every fast node has it: p50 {} ms, p99 {} ms, max {} ms after the first node (manifest write → first node: p50 {} ms: file poll + parse + snapshot)",
+        ms(percentile(&fast_lat, 0.5)),
+        ms(percentile(&fast_lat, 0.99)),
+        ms(percentile(&fast_lat, 1.0)),
+        ms(percentile(&detect, 0.5)),
+    );
+    println!(
+        "slow nodes (2 s per ACK): p50 {} ms; control plane CPU per change: {:.3} s",
+        ms(percentile(&slow_lat, 0.5)),
+        cpu.iter().sum::<f64>() / cpu.len().max(1) as f64
+    );
+    out.insert(
+        "fanout".into(),
+        json!({
+            "services": a.services, "endpoints": a.endpoints, "nodes": a.nodes, "slow_percent": a.slow_percent,
+            "initial_sync_all_s": all_synced.as_secs_f64(),
+            "initial_sync_p50_s": percentile(&syncs, 0.5).as_secs_f64(), "initial_sync_p99_s": percentile(&syncs, 0.99).as_secs_f64(),
+            "change_p50_ms": ms(percentile(&fast_lat, 0.5)), "change_p99_ms": ms(percentile(&fast_lat, 0.99)), "change_max_ms": ms(percentile(&fast_lat, 1.0)),
+            "write_to_first_node_p50_ms": ms(percentile(&detect, 0.5)),
+            "slow_nodes_change_p50_ms": ms(percentile(&slow_lat, 0.5)),
+            "controlplane_rss_mib": after / 1024, "controlplane_kib_per_stream": per_stream_kib,
+            "controlplane_cpu_s_per_change": cpu.iter().sum::<f64>() / cpu.len().max(1) as f64,
+        }),
+    );
+    runtime.shutdown_background();
+    let _ = cp.kill();
+    let _ = cp.wait();
+}
+
+/// Rewrites Service 0's file with generation `g` (one endpoint set changed).
+fn write_manifests_one(dir: &Path, endpoints: usize, g: usize) {
+    let tmp = tempfile::tempdir().expect("tmp");
+    write_manifests(tmp.path(), 1, endpoints, None, g);
+    let text = std::fs::read_to_string(tmp.path().join("svc-0.yaml")).expect("svc-0");
+    kpx_e2e::topology::write_atomically(&dir.join("svc-0.yaml"), &text);
+}
+
+/// Events of a JSON log file.
+fn events(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn node_programming(
+    a: &Args,
+    backend: ProxyBackend,
+    label: &str,
+    out: &mut serde_json::Map<String, serde_json::Value>,
+) {
+    println!("\n== node programming and data path: {label}, {} Services", a.node_services);
+    let t = Topology::new(1);
+    let _backend = t.start_backends(8080);
+    let manifests = t.manifests();
+    write_manifests(&manifests, a.node_services, a.endpoints, Some(&Topology::pod_ip(0)), 0);
+    let _cp = t.start_control_plane();
+    let start = Instant::now();
+    let dp: KpxProcess = t.start_dataplane_with(backend, &[]);
+    let log = dp.log.clone();
+    let applied = |evs: &[serde_json::Value]| -> usize {
+        evs.iter()
+            .filter(|e| e["message"] == "delta applied" && e["type_url"] == kpx_proto::SERVICE_VIEW_TYPE_URL)
+            .map(|e| e["resources"].as_u64().unwrap_or(0) as usize)
+            .sum()
+    };
+    kpx_e2e::wait_for("the node's initial sync", Duration::from_secs(1800), || {
+        (applied(&events(&log)) >= a.node_services).then_some(())
+    });
+    let full = start.elapsed();
+    let pid = kpx_e2e::wait_for("the agent's pid", Duration::from_secs(5), || dp.pid());
+    let rss = rss_kib(pid);
+    // One endpoint change at a time: Service 0 moves between pod 0's address and another.
+    let mut latencies = Vec::new();
+    for change in 1..=a.changes.max(5) * 4 {
+        let before = events(&log).iter().filter(|e| e["message"] == "delta applied").count();
+        let tmp = tempfile::tempdir().expect("tmp");
+        let ep = if change % 2 == 1 { format!("10.250.0.{}", change % 250 + 1) } else { Topology::pod_ip(0) };
+        write_manifests(tmp.path(), 1, 1, Some(&ep), 0);
+        let text = std::fs::read_to_string(tmp.path().join("svc-0.yaml")).expect("svc-0");
+        kpx_e2e::topology::write_atomically(&manifests.join("svc-0.yaml"), &text);
+        let event = kpx_e2e::wait_for("the change applied", Duration::from_secs(60), || {
+            events(&log).into_iter().filter(|e| e["message"] == "delta applied").nth(before)
+        });
+        latencies.push(Duration::from_micros(event["elapsed_us"].as_u64().unwrap_or(0)));
+    }
+    latencies.sort();
+    // Data path: connect latency to the first and the last Service.
+    let connect = |addr: String| -> Duration {
+        let to = sock(&addr, 80);
+        let mut times: Vec<Duration> = t.client.run_in(move || {
+            (0..200)
+                .filter_map(|_| {
+                    let s = Instant::now();
+                    std::net::TcpStream::connect_timeout(&to, Duration::from_secs(2))
+                        .ok()
+                        .map(|_| s.elapsed())
+                })
+                .collect()
+        });
+        times.sort();
+        percentile(&times, 0.5)
+    };
+    let (first, last) = (connect(vip(1)), connect(vip(a.node_services - 1)));
+    println!(
+        "full sync {:.2} s; one endpoint change inside the agent p50 {} ms, p99 {} ms ({} changes); agent RSS {} MiB",
+        full.as_secs_f64(),
+        ms(percentile(&latencies, 0.5)),
+        ms(percentile(&latencies, 0.99)),
+        latencies.len(),
+        rss / 1024
+    );
+    println!(
+        "TCP connect, median of 200: first Service {} µs, last Service {} µs",
+        first.as_micros(),
+        last.as_micros()
+    );
+    out.insert(
+        label.into(),
+        json!({
+            "services": a.node_services, "full_sync_s": full.as_secs_f64(),
+            "change_p50_ms": ms(percentile(&latencies, 0.5)), "change_p99_ms": ms(percentile(&latencies, 0.99)),
+            "agent_rss_mib": rss / 1024,
+            "connect_first_us": first.as_micros() as u64, "connect_last_us": last.as_micros() as u64,
+        }),
+    );
+}
+
+fn main() {
+    let a = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("bench_scale: {e}");
+            std::process::exit(2);
+        }
+    };
+    raise_fd_limit();
+    let mut out = serde_json::Map::new();
+    if !a.skip.iter().any(|s| s == "fanout") {
+        fanout(&a, &mut out);
+    }
+    if !a.skip.iter().any(|s| s == "node") {
+        node_programming(&a, ProxyBackend::Nftables, "nftables", &mut out);
+        node_programming(&a, ProxyBackend::IptablesLegacy, "iptables-legacy", &mut out);
+    }
+    let text = serde_json::to_string_pretty(&serde_json::Value::Object(out)).unwrap_or_default();
+    if let Some(path) = &a.json {
+        if let Err(e) = std::fs::write(path, &text) {
+            eprintln!("bench_scale: --json {}: {e}", path.display());
+        } else {
+            println!("\nJSON written to {}", path.display());
+        }
+    }
+}
