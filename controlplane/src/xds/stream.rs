@@ -1,9 +1,15 @@
 //! The protocol state of one delta ADS stream, free of gRPC so it can be
 //! tested as plain calls.
 //!
-//! Per resource type the stream remembers what the node has (`acked`: the
-//! `initial_resource_versions` it resumed with, then every ACKed response),
-//! and at most one response in flight. While a response is in flight, newer
+//! Per resource type the stream remembers what the node has — not as a
+//! name→version map of every resource, but as the snapshot it was last fully
+//! in sync with (`base`, shared with every other stream in sync with it) plus
+//! the few names where it differs (`overrides`). A new snapshot is compared
+//! only for the names that changed since `base` (`Snapshot::changed_since`), so
+//! one endpoint change costs each stream O(1), not O(Services). A node that
+//! connects (or falls too far behind) is walked through the snapshot in name
+//! order, at most 1,000 resources per response, then checked for what changed
+//! during the walk, then based on the snapshot. At most one response is in flight. While a response is in flight, newer
 //! snapshots simply replace older ones; when the ACK comes, the next response
 //! carries the difference to the newest snapshot only. That is the per-stream
 //! queue: bounded (one response per type), coalescing by name (newest wins).
@@ -11,6 +17,7 @@
 //! same bad content is not sent again; a newer version of it will be.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
@@ -66,11 +73,30 @@ struct InFlight {
     sent: Vec<(String, Option<String>)>,
 }
 
+/// Where a wildcard subscription stands.
+#[derive(Debug)]
+enum Sync {
+    /// Walking the snapshot in name order: names up to `cursor` are done; changes since
+    /// generation `started` are checked once the walk ends.
+    Walk { cursor: Option<String>, started: Option<u64> },
+    /// The node has what `base` says for it, except `overrides`.
+    Based(Arc<Snapshot>),
+}
+
+impl Default for Sync {
+    fn default() -> Self {
+        Sync::Walk { cursor: None, started: None }
+    }
+}
+
 #[derive(Debug, Default)]
 struct TypeState {
     wildcard: bool,
     names: HashSet<String>,
-    acked: HashMap<String, String>,
+    sync: Sync,
+    /// Name → the version the node has (`None`: it has none), where that differs from `base`
+    /// (or, without a base, everything it has).
+    overrides: HashMap<String, Option<String>>,
     rejected: HashMap<String, String>,
     in_flight: Option<InFlight>,
 }
@@ -78,6 +104,105 @@ struct TypeState {
 impl TypeState {
     fn wants(&self, name: &str) -> bool {
         self.wildcard || self.names.contains(name)
+    }
+
+    fn base(&self) -> Option<&Arc<Snapshot>> {
+        match &self.sync {
+            Sync::Based(base) if self.wildcard => Some(base),
+            _ => None,
+        }
+    }
+
+    /// The version of `name` the node has.
+    fn has(&self, ty: ResourceType, node: &str, name: &str) -> Option<&str> {
+        match self.overrides.get(name) {
+            Some(version) => version.as_deref(),
+            None => self.base().and_then(|b| b.get(ty, node, name)).map(|r| r.version.as_str()),
+        }
+    }
+
+    /// How many resources the node has.
+    fn count(&self, ty: ResourceType, node: &str) -> usize {
+        let Some(base) = self.base() else {
+            return self.overrides.values().filter(|v| v.is_some()).count();
+        };
+        let mut count = base.count_for_node(ty, node) as isize;
+        for (name, version) in &self.overrides {
+            match (base.get(ty, node, name).is_some(), version.is_some()) {
+                (false, true) => count += 1,
+                (true, false) => count -= 1,
+                _ => {}
+            }
+        }
+        count.max(0) as usize
+    }
+
+    #[cfg(test)]
+    fn is_based_without_overrides(&self) -> bool {
+        matches!(self.sync, Sync::Based(_)) && self.overrides.is_empty()
+    }
+
+    /// Every name the node has (walks the base: for the admin API only).
+    fn held(&self, ty: ResourceType, node: &str) -> Vec<String> {
+        let mut names: Vec<String> =
+            self.base().map_or_else(Vec::new, |b| b.for_node(ty, node).map(|r| r.name.clone()).collect());
+        names.extend(self.overrides.keys().cloned());
+        names.sort();
+        names.dedup();
+        names.retain(|n| self.has(ty, node, n).is_some());
+        names
+    }
+}
+
+/// A response being assembled.
+#[derive(Default)]
+struct Pending {
+    resources: Vec<Resource>,
+    sent: Vec<(String, Option<String>)>,
+    sent_names: HashSet<String>,
+    removed: Vec<String>,
+    full: bool,
+}
+
+impl Pending {
+    /// Adds what `name` needs, if anything; false once the response is full.
+    fn consider(
+        &mut self,
+        state: &TypeState,
+        ty: ResourceType,
+        node: &str,
+        name: &str,
+        snapshot: &Snapshot,
+    ) -> bool {
+        let want = if state.wants(name) { snapshot.get(ty, node, name) } else { None };
+        let have = state.has(ty, node, name);
+        match want {
+            Some(r) => {
+                let has = have == Some(r.version.as_str());
+                let refused = state.rejected.get(name) == Some(&r.version);
+                if has || refused {
+                    return true;
+                }
+                if self.resources.len() == MAX_RESOURCES_PER_RESPONSE {
+                    self.full = true;
+                    return false;
+                }
+                self.resources.push(Resource {
+                    name: r.name.clone(),
+                    version: r.version.clone(),
+                    resource: Some(Any { type_url: ty.type_url().to_owned(), value: r.body.clone() }),
+                    ..Default::default()
+                });
+                self.sent.push((r.name.clone(), Some(r.version.clone())));
+            }
+            None if have.is_some() => self.removed.push(name.to_owned()),
+            None => {}
+        }
+        true
+    }
+
+    fn is_empty(&self) -> bool {
+        self.resources.is_empty() && self.removed.is_empty()
     }
 }
 
@@ -112,7 +237,7 @@ impl StreamState {
         let state = self.types.entry(ty).or_default();
         if first {
             state.wildcard = req.resource_names_subscribe.is_empty();
-            state.acked = req.initial_resource_versions;
+            state.overrides = req.initial_resource_versions.into_iter().map(|(n, v)| (n, Some(v))).collect();
         }
         for name in req.resource_names_subscribe {
             if name == "*" {
@@ -124,14 +249,16 @@ impl StreamState {
         for name in req.resource_names_unsubscribe {
             if name == "*" {
                 state.wildcard = false;
+                state.sync = Sync::default();
             } else {
                 state.names.remove(&name);
                 // Unsubscribed resources are forgotten on both sides.
-                state.acked.remove(&name);
+                state.overrides.insert(name, None);
             }
         }
         if first {
-            return Ok(RequestKind::Subscribe { ty, initial_versions: state.acked.len() });
+            let initial_versions = state.overrides.len();
+            return Ok(RequestKind::Subscribe { ty, initial_versions });
         }
         if req.response_nonce.is_empty() {
             return Ok(RequestKind::Update { ty });
@@ -143,10 +270,7 @@ impl StreamState {
             None => {
                 for (name, version) in in_flight.sent {
                     state.rejected.remove(&name);
-                    match version {
-                        Some(v) => state.acked.insert(name, v),
-                        None => state.acked.remove(&name),
-                    };
+                    state.overrides.insert(name, version);
                 }
                 Ok(RequestKind::Ack { ty, nonce: in_flight.nonce })
             }
@@ -164,23 +288,23 @@ impl StreamState {
     /// What the node holds of `ty`: resources ACKed, resources in the response awaiting its ACK.
     pub fn type_status(&self, ty: ResourceType) -> Option<(usize, Option<usize>)> {
         let state = self.types.get(&ty)?;
-        Some((state.acked.len(), state.in_flight.as_ref().map(|f| f.sent.len())))
+        let node = self.node.as_deref().unwrap_or_default();
+        Some((state.count(ty, node), state.in_flight.as_ref().map(|f| f.sent.len())))
     }
 
     /// Per type and name: the version the node ACKed (if any) and the one it NACKed (if any).
     pub fn versions(&self) -> Vec<(ResourceType, String, Option<String>, Option<String>)> {
         let mut out = Vec::new();
+        let node = self.node.as_deref().unwrap_or_default();
         for (ty, state) in &self.types {
-            let mut names: Vec<&String> = state.acked.keys().chain(state.rejected.keys()).collect();
+            let mut names = state.held(*ty, node);
+            names.extend(state.rejected.keys().cloned());
             names.sort();
             names.dedup();
             for name in names {
-                out.push((
-                    *ty,
-                    name.clone(),
-                    state.acked.get(name).cloned(),
-                    state.rejected.get(name).cloned(),
-                ));
+                let has = state.has(*ty, node, &name).map(str::to_owned);
+                let rejected = state.rejected.get(&name).cloned();
+                out.push((*ty, name, has, rejected));
             }
         }
         out
@@ -192,58 +316,180 @@ impl StreamState {
     }
 
     /// The next response for `ty`, if the node lacks something and nothing is in flight.
-    pub fn next_response(&mut self, ty: ResourceType, snapshot: &Snapshot) -> Option<DeltaDiscoveryResponse> {
-        let node = self.node.as_deref()?;
+    pub fn next_response(
+        &mut self,
+        ty: ResourceType,
+        snapshot: &Arc<Snapshot>,
+    ) -> Option<DeltaDiscoveryResponse> {
+        let node = self.node.clone()?;
         let state = self.types.get_mut(&ty)?;
         if state.in_flight.is_some() {
             return None;
         }
-        let mut resources = Vec::new();
-        let mut sent = Vec::new();
-        let desired: Box<dyn Iterator<Item = _>> = if state.wildcard {
-            snapshot.for_node(ty, node)
+        let mut pending = Pending::default();
+        if !state.wildcard {
+            let mut names: Vec<String> = state.names.iter().chain(state.overrides.keys()).cloned().collect();
+            names.sort();
+            names.dedup();
+            for name in &names {
+                pending.consider(state, ty, &node, name, snapshot);
+            }
         } else {
-            Box::new(state.names.iter().filter_map(|n| snapshot.get(ty, node, n)))
-        };
-        for res in desired {
-            let has = state.acked.get(&res.name) == Some(&res.version);
-            let refused = state.rejected.get(&res.name) == Some(&res.version);
-            if has || refused {
-                continue;
-            }
-            if resources.len() == MAX_RESOURCES_PER_RESPONSE {
-                // The rest goes in the next response, after this one's ACK.
-                break;
-            }
-            resources.push(Resource {
-                name: res.name.clone(),
-                version: res.version.clone(),
-                resource: Some(Any { type_url: ty.type_url().to_owned(), value: res.body.clone() }),
-                ..Default::default()
-            });
-            sent.push((res.name.clone(), Some(res.version.clone())));
+            Self::wildcard_response(state, ty, &node, snapshot, &mut pending);
         }
-        let mut removed: Vec<String> = state
-            .acked
-            .keys()
-            .filter(|name| !state.wants(name) || snapshot.get(ty, node, name).is_none())
-            .cloned()
-            .collect();
-        removed.sort();
-        if resources.is_empty() && removed.is_empty() {
+        if pending.is_empty() {
             return None;
         }
-        sent.extend(removed.iter().map(|n| (n.clone(), None)));
+        pending.removed.sort();
+        pending.sent.extend(pending.removed.iter().map(|n| (n.clone(), None)));
         self.nonces += 1;
         let nonce = self.nonces.to_string();
-        state.in_flight = Some(InFlight { nonce: nonce.clone(), sent });
+        state.in_flight = Some(InFlight { nonce: nonce.clone(), sent: pending.sent });
         Some(DeltaDiscoveryResponse {
             type_url: ty.type_url().to_owned(),
-            resources,
-            removed_resources: removed,
+            resources: pending.resources,
+            removed_resources: pending.removed,
             nonce,
             ..Default::default()
         })
+    }
+
+    /// Fills `pending` for a wildcard subscription, advancing its walk or its base.
+    fn wildcard_response(
+        state: &mut TypeState,
+        ty: ResourceType,
+        node: &str,
+        snapshot: &Arc<Snapshot>,
+        pending: &mut Pending,
+    ) {
+        // Based: look only at what changed since the base.
+        if let Sync::Based(base) = &state.sync {
+            let changed = if Arc::ptr_eq(base, snapshot) {
+                Some(HashSet::new())
+            } else if snapshot.generation() > base.generation() {
+                snapshot.changed_since(base.generation(), ty)
+            } else {
+                None
+            };
+            match changed {
+                Some(changed) => {
+                    let mut names: Vec<&str> = changed
+                        .into_iter()
+                        .chain(state.overrides.keys().map(String::as_str))
+                        .chain(state.rejected.keys().map(String::as_str))
+                        .collect();
+                    names.sort_unstable();
+                    names.dedup();
+                    for name in names {
+                        if !pending.consider(state, ty, node, name, snapshot) {
+                            break;
+                        }
+                    }
+                    if pending.is_empty() && state.rejected.is_empty() {
+                        state.sync = Sync::Based(Arc::clone(snapshot));
+                        state.overrides.clear();
+                    }
+                    return;
+                }
+                None => {
+                    // Too far behind to know what changed: walk again, keeping what it has.
+                    let base = Arc::clone(base);
+                    for r in base.for_node(ty, node) {
+                        state.overrides.entry(r.name.clone()).or_insert_with(|| Some(r.version.clone()));
+                    }
+                    state.sync = Sync::default();
+                }
+            }
+        }
+        let Sync::Walk { cursor, started } = &mut state.sync else { return };
+        let started_at = *started.get_or_insert(snapshot.generation());
+        let mut walked_to = cursor.clone();
+        let mut reached_end = true;
+        let names: Vec<String> =
+            snapshot.for_node_after(ty, node, cursor.as_deref()).map(|r| r.name.clone()).collect();
+        for name in &names {
+            if !pending.consider_walk(&state.overrides, &state.rejected, ty, node, name, snapshot) {
+                reached_end = false;
+                break;
+            }
+            walked_to = Some(name.clone());
+        }
+        if !reached_end {
+            if let Sync::Walk { cursor, .. } = &mut state.sync {
+                *cursor = walked_to;
+            }
+            return;
+        }
+        // The walk is done: also remove what the node has and should not, and what changed
+        // during the walk behind the cursor.
+        let held: Vec<String> =
+            state.overrides.iter().filter(|(_, v)| v.is_some()).map(|(n, _)| n.clone()).collect();
+        for name in &held {
+            if snapshot.get(ty, node, name).is_none() {
+                pending.removed.push(name.clone());
+            }
+        }
+        match snapshot.changed_since(started_at, ty) {
+            Some(changed) => {
+                let mut names: Vec<&str> = changed.into_iter().collect();
+                names.sort_unstable();
+                for name in names {
+                    if !pending.consider_walk(&state.overrides, &state.rejected, ty, node, name, snapshot) {
+                        break;
+                    }
+                }
+            }
+            None => {
+                state.sync = Sync::default();
+                return;
+            }
+        }
+        if pending.is_empty() {
+            if state.rejected.is_empty() {
+                state.sync = Sync::Based(Arc::clone(snapshot));
+                state.overrides.clear();
+            }
+        } else if let Sync::Walk { started, .. } = &mut state.sync {
+            // Next time, only what changes from now on needs checking behind the cursor.
+            *started = Some(snapshot.generation());
+        }
+    }
+}
+
+impl Pending {
+    /// [`Pending::consider`] for a walk (no base: the node has exactly `overrides`).
+    fn consider_walk(
+        &mut self,
+        overrides: &HashMap<String, Option<String>>,
+        rejected: &HashMap<String, String>,
+        ty: ResourceType,
+        node: &str,
+        name: &str,
+        snapshot: &Snapshot,
+    ) -> bool {
+        let Some(r) = snapshot.get(ty, node, name) else {
+            if overrides.get(name).is_some_and(Option::is_some) && !self.removed.iter().any(|n| n == name) {
+                self.removed.push(name.to_owned());
+            }
+            return true;
+        };
+        let has = overrides.get(name).and_then(Option::as_deref) == Some(r.version.as_str());
+        if has || rejected.get(name) == Some(&r.version) || self.sent_names.contains(name) {
+            return true;
+        }
+        if self.resources.len() == MAX_RESOURCES_PER_RESPONSE {
+            self.full = true;
+            return false;
+        }
+        self.resources.push(Resource {
+            name: r.name.clone(),
+            version: r.version.clone(),
+            resource: Some(Any { type_url: ty.type_url().to_owned(), value: r.body.clone() }),
+            ..Default::default()
+        });
+        self.sent.push((r.name.clone(), Some(r.version.clone())));
+        self.sent_names.insert(r.name.clone());
+        true
     }
 }
 
@@ -254,11 +500,16 @@ mod tests {
     use crate::xds::snapshot::BuildOptions;
     use envoy_types::pb::envoy::config::core::v3::Node;
     use envoy_types::pb::google::rpc::Status;
-    use std::sync::Arc;
 
-    fn snapshot(yaml: &str) -> Snapshot {
+    fn snapshot(yaml: &str) -> Arc<Snapshot> {
         let clusters = [("c".to_owned(), Arc::new(state_of(yaml)))].into_iter().collect();
-        Snapshot::build(&clusters, &Snapshot::default(), &BuildOptions::default())
+        Arc::new(Snapshot::build(&clusters, &Snapshot::default(), &BuildOptions::default()))
+    }
+
+    /// A snapshot built on `previous` (so it knows what changed since).
+    fn next(yaml: &str, previous: &Snapshot) -> Arc<Snapshot> {
+        let clusters = [("c".to_owned(), Arc::new(state_of(yaml)))].into_iter().collect();
+        Arc::new(Snapshot::build(&clusters, previous, &BuildOptions::default()))
     }
 
     const TWO: &str = "kind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n---\n\
@@ -305,7 +556,7 @@ mod tests {
             Ok(RequestKind::Ack { ty: ResourceType::ServiceView, nonce: first.nonce.clone() })
         );
         assert!(s.next_response(ResourceType::ServiceView, &snap).is_none(), "nothing changed");
-        let one = snapshot(&TWO[..TWO.find("---").unwrap_or(0)]);
+        let one = next(&TWO[..TWO.find("---").unwrap_or(0)], &snap);
         let removal = s.next_response(ResourceType::ServiceView, &one).expect("b removed");
         assert!(removal.resources.is_empty());
         assert_eq!(removal.removed_resources, ["c/default/b"]);
@@ -332,6 +583,62 @@ mod tests {
         }
         assert_eq!(sizes, [1000, 1000, 500]);
         assert_eq!(s.type_status(ResourceType::ServiceView), Some((2500, None)));
+    }
+
+    fn many(n: usize, changed: Option<usize>) -> String {
+        (0..n)
+            .map(|i| {
+                let port = if Some(i) == changed { 81 } else { 80 };
+                format!(
+                    "kind: Service\nmetadata: {{name: s{i:04}}}\nspec: {{clusterIP: 10.96.{}.{}, ports: [{{port: {port}}}]}}\n---\n",
+                    i / 250,
+                    i % 250 + 1
+                )
+            })
+            .collect()
+    }
+
+    fn sync_all(s: &mut StreamState, snap: &Arc<Snapshot>) -> Vec<DeltaDiscoveryResponse> {
+        let mut all = Vec::new();
+        while let Some(r) = s.next_response(ResourceType::ServiceView, snap) {
+            s.on_request(reply(&r.nonce, None)).expect("ack");
+            all.push(r);
+        }
+        all
+    }
+
+    #[test]
+    fn after_a_full_sync_a_change_is_found_without_walking_and_nothing_per_name_is_kept() {
+        let first = snapshot(&many(2500, None));
+        let mut s = StreamState::default();
+        s.on_request(subscribe(&[])).expect("ok");
+        assert_eq!(sync_all(&mut s, &first).len(), 3);
+        let state = &s.types[&ResourceType::ServiceView];
+        assert!(state.is_based_without_overrides(), "in sync: only the shared snapshot is kept");
+        let second = next(&many(2500, Some(7)), &first);
+        let r = s.next_response(ResourceType::ServiceView, &second).expect("the change");
+        assert_eq!(names(&r), ["c/default/s0007"]);
+        s.on_request(reply(&r.nonce, None)).expect("ack");
+        assert!(s.next_response(ResourceType::ServiceView, &second).is_none());
+        assert!(s.types[&ResourceType::ServiceView].is_based_without_overrides());
+        assert_eq!(s.type_status(ResourceType::ServiceView), Some((2500, None)));
+    }
+
+    #[test]
+    fn what_changes_behind_the_walk_is_sent_before_the_walk_ends() {
+        let first = snapshot(&many(2500, None));
+        let mut s = StreamState::default();
+        s.on_request(subscribe(&[])).expect("ok");
+        let chunk = s.next_response(ResourceType::ServiceView, &first).expect("first chunk");
+        assert!(names(&chunk).contains(&"c/default/s0003"));
+        s.on_request(reply(&chunk.nonce, None)).expect("ack");
+        // s0003, already sent, changes while the walk goes on.
+        let second = next(&many(2500, Some(3)), &first);
+        let rest = sync_all(&mut s, &second);
+        let sent: Vec<&str> = rest.iter().flat_map(names).collect();
+        assert_eq!(sent.len(), 1501, "the other 1500 and s0003 again");
+        assert_eq!(sent.last(), Some(&"c/default/s0003"));
+        assert!(s.types[&ResourceType::ServiceView].is_based_without_overrides());
     }
 
     #[test]

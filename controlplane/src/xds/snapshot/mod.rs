@@ -22,7 +22,7 @@
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use ipnet::IpNet;
@@ -89,7 +89,26 @@ pub struct Snapshot {
     node_zones: HashMap<String, String>,
     /// Node configs by node name.
     node_configs: Resources,
+    /// 1 for the first snapshot, +1 for each next one.
+    generation: u64,
+    /// Per Service name: a hash over its default view's and all its variants' versions.
+    signatures: HashMap<String, u64>,
+    /// What changed in this snapshot and the ones before it (newest last), so a stream
+    /// that had an older snapshot examines only the names that changed since.
+    history: VecDeque<(u64, Arc<Changes>)>,
 }
+
+/// The names whose resources differ from the previous snapshot, for any node.
+#[derive(Debug, Default)]
+pub struct Changes {
+    services: HashSet<String>,
+    node_configs: HashSet<String>,
+    /// Something changed that may alter any node's resources (nodes moved zones).
+    everything: bool,
+}
+
+/// How many snapshots' changes are kept.
+const HISTORY: usize = 32;
 
 /// Hands out one `Arc` per content version.
 struct Interner {
@@ -165,7 +184,91 @@ impl Snapshot {
             .filter(|(_, zone)| snapshot.zone_variants.contains_key(**zone))
             .map(|(node, zone)| ((*node).to_owned(), (*zone).to_owned()))
             .collect();
+        snapshot.record_changes(previous);
         snapshot
+    }
+
+    /// Signs every Service and records what differs from `previous`.
+    fn record_changes(&mut self, previous: &Snapshot) {
+        let mut variants: HashMap<&str, Vec<(&str, &str)>> = HashMap::new();
+        for (who, resources) in self.zone_variants.iter().chain(&self.node_variants) {
+            for (name, r) in resources {
+                variants.entry(name.as_str()).or_default().push((who.as_str(), r.version.as_str()));
+            }
+        }
+        let mut signatures = HashMap::with_capacity(self.services.len());
+        for (name, default) in &self.services {
+            let mut text = default.version.clone();
+            if let Some(list) = variants.get_mut(name.as_str()) {
+                list.sort_unstable();
+                for (who, version) in list.iter() {
+                    text.push_str(&format!("|{who}={version}"));
+                }
+            }
+            signatures.insert(name.clone(), xxhash_rust::xxh3::xxh3_64(text.as_bytes()));
+        }
+        let mut changes =
+            Changes { everything: self.node_zones != previous.node_zones, ..Default::default() };
+        for (name, sig) in &signatures {
+            if previous.signatures.get(name) != Some(sig) {
+                changes.services.insert(name.clone());
+            }
+        }
+        changes.services.extend(previous.signatures.keys().filter(|n| !signatures.contains_key(*n)).cloned());
+        for (name, r) in &self.node_configs {
+            if previous.node_configs.get(name).map(|p| &p.version) != Some(&r.version) {
+                changes.node_configs.insert(name.clone());
+            }
+        }
+        changes
+            .node_configs
+            .extend(previous.node_configs.keys().filter(|n| !self.node_configs.contains_key(*n)).cloned());
+        self.signatures = signatures;
+        self.generation = previous.generation + 1;
+        self.history = previous.history.clone();
+        self.history.push_back((self.generation, Arc::new(changes)));
+        while self.history.len() > HISTORY {
+            self.history.pop_front();
+        }
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The names of type `ty` whose resource may differ, for some node, between the snapshot
+    /// of `generation` and this one; `None` when that is too long ago to know (compare all).
+    pub fn changed_since(&self, generation: u64, ty: ResourceType) -> Option<HashSet<&str>> {
+        if generation == self.generation {
+            return Some(HashSet::new());
+        }
+        let oldest = self.history.front().map_or(u64::MAX, |(g, _)| *g);
+        if generation + 1 < oldest || generation > self.generation {
+            return None;
+        }
+        let mut names = HashSet::new();
+        for (g, changes) in &self.history {
+            if *g <= generation {
+                continue;
+            }
+            if changes.everything {
+                return None;
+            }
+            let set = match ty {
+                ResourceType::ServiceView => &changes.services,
+                ResourceType::NodeConfig => &changes.node_configs,
+            };
+            names.extend(set.iter().map(String::as_str));
+        }
+        Some(names)
+    }
+
+    /// How many resources of `ty` a node gets (without walking them).
+    pub fn count_for_node(&self, ty: ResourceType, node: &str) -> usize {
+        match ty {
+            ResourceType::ServiceView => self.services.len(),
+            ResourceType::NodeConfig => usize::from(self.node_configs.contains_key(node)),
+        }
     }
 
     /// Stores the zone and node views of one Service that differ from what those nodes would get otherwise.
@@ -235,6 +338,36 @@ impl Snapshot {
                 )
             }
             ResourceType::NodeConfig => Box::new(self.node_configs.get(node).into_iter()),
+        }
+    }
+
+    /// The resources of `ty` that `node` should have, in name order, after the name `after`.
+    pub fn for_node_after<'a>(
+        &'a self,
+        ty: ResourceType,
+        node: &'a str,
+        after: Option<&str>,
+    ) -> Box<dyn Iterator<Item = &'a Arc<Resource>> + 'a> {
+        use std::ops::Bound;
+        let range = match after {
+            Some(name) => (Bound::Excluded(name.to_owned()), Bound::Unbounded),
+            None => (Bound::Unbounded, Bound::Unbounded),
+        };
+        match ty {
+            ResourceType::ServiceView => Box::new(
+                self.services
+                    .range::<String, _>(range)
+                    .map(move |(name, default)| self.variant(node, name).unwrap_or(default)),
+            ),
+            ResourceType::NodeConfig => {
+                let after = after.map(str::to_owned);
+                Box::new(
+                    self.node_configs
+                        .get(node)
+                        .into_iter()
+                        .filter(move |r| after.as_deref().is_none_or(|a| r.name.as_str() > a)),
+                )
+            }
         }
     }
 
