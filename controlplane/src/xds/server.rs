@@ -11,7 +11,9 @@ use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
 use futures::Stream;
-use tokio::sync::{mpsc, watch};
+use std::collections::BTreeMap;
+
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -29,11 +31,17 @@ pub struct AdsServer {
     snapshots: SnapshotReceiver,
     nodes: NodeRegistry,
     metrics: Arc<ControlPlaneMetrics>,
+    /// Permits for walk chunks in flight (see `serve_stream`).
+    walks: Arc<Semaphore>,
 }
+
+/// How many first-sync chunks may be in flight at once, across all streams (each up to
+/// `MAX_RESOURCES_PER_RESPONSE` resources).
+pub const WALKS_IN_FLIGHT: usize = 128;
 
 impl AdsServer {
     pub fn new(snapshots: SnapshotReceiver, nodes: NodeRegistry, metrics: Arc<ControlPlaneMetrics>) -> Self {
-        AdsServer { snapshots, nodes, metrics }
+        AdsServer { snapshots, nodes, metrics, walks: Arc::new(Semaphore::new(WALKS_IN_FLIGHT)) }
     }
 }
 
@@ -128,6 +136,7 @@ impl AggregatedDiscoveryService for AdsServer {
         // At most one response per type is in flight, so this never fills.
         let (tx, rx) = mpsc::channel(4);
         let snapshots = self.snapshots.clone();
+        let walks = Arc::clone(&self.walks);
         let reporter = Reporter {
             id: self.nodes.open(peer),
             nodes: self.nodes.clone(),
@@ -138,7 +147,7 @@ impl AggregatedDiscoveryService for AdsServer {
         self.metrics.streams.inc();
         tokio::spawn(async move {
             let mut state = StreamState::default();
-            let result = serve_stream(&mut state, inbound, &tx, snapshots, &reporter, queries).await;
+            let result = serve_stream(&mut state, inbound, &tx, snapshots, &reporter, queries, &walks).await;
             reporter.closed(state.node().unwrap_or_default());
             let node = state.node().unwrap_or("?").to_owned();
             match result {
@@ -160,13 +169,33 @@ async fn serve_stream(
     mut snapshots: SnapshotReceiver,
     reporter: &Reporter,
     mut queries: mpsc::Receiver<tokio::sync::oneshot::Sender<super::nodes::Versions>>,
+    walks: &Arc<Semaphore>,
 ) -> Result<(), Status> {
     let mut opened: Vec<_> = Vec::new();
+    // Walk chunks in flight hold a permit each, so initial syncs of many nodes at once take
+    // bounded memory; a permit is given back at the chunk's ACK.
+    let mut permits: BTreeMap<ResourceType, OwnedSemaphorePermit> = BTreeMap::new();
+    let mut spare: Option<OwnedSemaphorePermit> = None;
     loop {
+        let mut waiting = false;
         let snapshot = snapshots.borrow_and_update().clone();
         if let Some(snapshot) = snapshot {
             for ty in state.subscribed() {
+                if state.walking(ty) && !permits.contains_key(&ty) {
+                    match spare.take().map_or_else(|| Arc::clone(walks).try_acquire_owned().ok(), Some) {
+                        Some(permit) => {
+                            permits.insert(ty, permit);
+                        }
+                        None => {
+                            waiting = true;
+                            continue;
+                        }
+                    }
+                }
                 let response = state.next_response(ty, &snapshot);
+                if response.is_none() {
+                    permits.remove(&ty);
+                }
                 let node = state.node().unwrap_or_default();
                 if !opened.contains(&ty) {
                     opened.push(ty);
@@ -207,10 +236,12 @@ async fn serve_stream(
                     RequestKind::Ack { ty, nonce } => {
                         tracing::debug!(node, type_url = ty.type_url(), nonce, "ACK");
                         reporter.answered(state, ty, None);
+                        permits.remove(&ty);
                     }
                     RequestKind::Nack { ty, nonce, reason } => {
                         tracing::warn!(node, type_url = ty.type_url(), nonce, reason, "NACK: node kept its last good state");
                         reporter.answered(state, ty, Some(&reason));
+                        permits.remove(&ty);
                     }
                     RequestKind::UnknownType(url) => tracing::warn!(node, type_url = url, "ignoring unknown resource type"),
                     RequestKind::Stale { .. } | RequestKind::Update { .. } => {}
@@ -218,6 +249,9 @@ async fn serve_stream(
             }
             Some(reply) = queries.recv() => {
                 let _ = reply.send(state.versions());
+            }
+            permit = Arc::clone(walks).acquire_owned(), if waiting => {
+                spare = permit.ok();
             }
             changed = snapshots.changed() => {
                 if changed.is_err() {

@@ -8,7 +8,7 @@
 //! only for the names that changed since `base` (`Snapshot::changed_since`), so
 //! one endpoint change costs each stream O(1), not O(Services). A node that
 //! connects (or falls too far behind) is walked through the snapshot in name
-//! order, at most 1,000 resources per response, then checked for what changed
+//! order, at most 500 resources per response, then checked for what changed
 //! during the walk, then based on the snapshot. At most one response is in flight. While a response is in flight, newer
 //! snapshots simply replace older ones; when the ACK comes, the next response
 //! carries the difference to the newest snapshot only. That is the per-stream
@@ -26,9 +26,9 @@ use envoy_types::pb::google::protobuf::Any;
 
 use super::snapshot::{ResourceType, Snapshot};
 
-/// At most this many resources per response, so a node's initial sync (10k Services ≈ 5 MB)
+/// At most this many resources per response, so a node's initial sync (10k Services ≈ 6 MB)
 /// is sent in pieces and the memory a stream holds stays bounded whatever the cluster size.
-pub const MAX_RESOURCES_PER_RESPONSE: usize = 1000;
+pub const MAX_RESOURCES_PER_RESPONSE: usize = 500;
 
 /// A request the stream cannot go on after.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -310,6 +310,11 @@ impl StreamState {
         out
     }
 
+    /// Whether `ty` is being walked (a first sync, or after falling far behind).
+    pub fn walking(&self, ty: ResourceType) -> bool {
+        self.types.get(&ty).is_some_and(|t| t.wildcard && matches!(t.sync, Sync::Walk { .. }))
+    }
+
     /// The types this stream has subscribed to.
     pub fn subscribed(&self) -> Vec<ResourceType> {
         self.types.keys().copied().collect()
@@ -403,16 +408,15 @@ impl StreamState {
         }
         let Sync::Walk { cursor, started } = &mut state.sync else { return };
         let started_at = *started.get_or_insert(snapshot.generation());
-        let mut walked_to = cursor.clone();
+        let from = cursor.clone();
+        let mut walked_to = from.clone();
         let mut reached_end = true;
-        let names: Vec<String> =
-            snapshot.for_node_after(ty, node, cursor.as_deref()).map(|r| r.name.clone()).collect();
-        for name in &names {
-            if !pending.consider_walk(&state.overrides, &state.rejected, ty, node, name, snapshot) {
+        for r in snapshot.for_node_after(ty, node, from.as_deref()) {
+            if !pending.consider_walk(&state.overrides, &state.rejected, ty, node, &r.name, snapshot) {
                 reached_end = false;
                 break;
             }
-            walked_to = Some(name.clone());
+            walked_to = Some(r.name.clone());
         }
         if !reached_end {
             if let Sync::Walk { cursor, .. } = &mut state.sync {
@@ -429,12 +433,14 @@ impl StreamState {
                 pending.removed.push(name.clone());
             }
         }
+        let mut checked_all = true;
         match snapshot.changed_since(started_at, ty) {
             Some(changed) => {
                 let mut names: Vec<&str> = changed.into_iter().collect();
                 names.sort_unstable();
                 for name in names {
                     if !pending.consider_walk(&state.overrides, &state.rejected, ty, node, name, snapshot) {
+                        checked_all = false;
                         break;
                     }
                 }
@@ -449,9 +455,11 @@ impl StreamState {
                 state.sync = Sync::Based(Arc::clone(snapshot));
                 state.overrides.clear();
             }
-        } else if let Sync::Walk { started, .. } = &mut state.sync {
-            // Next time, only what changes from now on needs checking behind the cursor.
-            *started = Some(snapshot.generation());
+        } else if checked_all {
+            if let Sync::Walk { started, .. } = &mut state.sync {
+                // Next time, only what changes from now on needs checking behind the cursor.
+                *started = Some(snapshot.generation());
+            }
         }
     }
 }
@@ -581,7 +589,7 @@ mod tests {
             sizes.push(r.resources.len());
             s.on_request(reply(&r.nonce, None)).expect("ack");
         }
-        assert_eq!(sizes, [1000, 1000, 500]);
+        assert_eq!(sizes, [500, 500, 500, 500, 500]);
         assert_eq!(s.type_status(ResourceType::ServiceView), Some((2500, None)));
     }
 
@@ -612,7 +620,7 @@ mod tests {
         let first = snapshot(&many(2500, None));
         let mut s = StreamState::default();
         s.on_request(subscribe(&[])).expect("ok");
-        assert_eq!(sync_all(&mut s, &first).len(), 3);
+        assert_eq!(sync_all(&mut s, &first).len(), 5);
         let state = &s.types[&ResourceType::ServiceView];
         assert!(state.is_based_without_overrides(), "in sync: only the shared snapshot is kept");
         let second = next(&many(2500, Some(7)), &first);
@@ -636,7 +644,7 @@ mod tests {
         let second = next(&many(2500, Some(3)), &first);
         let rest = sync_all(&mut s, &second);
         let sent: Vec<&str> = rest.iter().flat_map(names).collect();
-        assert_eq!(sent.len(), 1501, "the other 1500 and s0003 again");
+        assert_eq!(sent.len(), 2001, "the other 2000 and s0003 again");
         assert_eq!(sent.last(), Some(&"c/default/s0003"));
         assert!(s.types[&ResourceType::ServiceView].is_based_without_overrides());
     }
