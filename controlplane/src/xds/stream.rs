@@ -392,7 +392,7 @@ impl StreamState {
                     }
                     if pending.is_empty() && state.rejected.is_empty() {
                         state.sync = Sync::Based(Arc::clone(snapshot));
-                        state.overrides.clear();
+                        state.overrides = HashMap::new();
                     }
                     return;
                 }
@@ -453,7 +453,7 @@ impl StreamState {
         if pending.is_empty() {
             if state.rejected.is_empty() {
                 state.sync = Sync::Based(Arc::clone(snapshot));
-                state.overrides.clear();
+                state.overrides = HashMap::new();
             }
         } else if checked_all {
             if let Sync::Walk { started, .. } = &mut state.sync {
