@@ -183,17 +183,7 @@ impl Pending {
                 if has || refused {
                     return true;
                 }
-                if self.resources.len() == MAX_RESOURCES_PER_RESPONSE {
-                    self.full = true;
-                    return false;
-                }
-                self.resources.push(Resource {
-                    name: r.name.clone(),
-                    version: r.version.clone(),
-                    resource: Some(Any { type_url: ty.type_url().to_owned(), value: r.body.clone() }),
-                    ..Default::default()
-                });
-                self.sent.push((r.name.clone(), Some(r.version.clone())));
+                return self.push(ty, r);
             }
             None if have.is_some() => self.removed.push(name.to_owned()),
             None => {}
@@ -203,6 +193,23 @@ impl Pending {
 
     fn is_empty(&self) -> bool {
         self.resources.is_empty() && self.removed.is_empty()
+    }
+
+    /// Adds `r` to the response; false (and nothing added) when it is full.
+    fn push(&mut self, ty: ResourceType, r: &super::snapshot::Resource) -> bool {
+        if self.resources.len() == MAX_RESOURCES_PER_RESPONSE {
+            self.full = true;
+            return false;
+        }
+        self.resources.push(Resource {
+            name: r.name.clone(),
+            version: r.version.clone(),
+            resource: Some(Any { type_url: ty.type_url().to_owned(), value: r.body.clone() }),
+            ..Default::default()
+        });
+        self.sent.push((r.name.clone(), Some(r.version.clone())));
+        self.sent_names.insert(r.name.clone());
+        true
     }
 }
 
@@ -485,19 +492,7 @@ impl Pending {
         if has || rejected.get(name) == Some(&r.version) || self.sent_names.contains(name) {
             return true;
         }
-        if self.resources.len() == MAX_RESOURCES_PER_RESPONSE {
-            self.full = true;
-            return false;
-        }
-        self.resources.push(Resource {
-            name: r.name.clone(),
-            version: r.version.clone(),
-            resource: Some(Any { type_url: ty.type_url().to_owned(), value: r.body.clone() }),
-            ..Default::default()
-        });
-        self.sent.push((r.name.clone(), Some(r.version.clone())));
-        self.sent_names.insert(r.name.clone());
-        true
+        self.push(ty, r)
     }
 }
 
