@@ -84,6 +84,11 @@ impl NodeRegistry {
         tokio::time::timeout(std::time::Duration::from_secs(5), rx).await.ok()?.ok()
     }
 
+    /// Whether some open stream serves `node`.
+    pub fn has_node(&self, node: &str) -> bool {
+        self.lock().values().any(|e| e.node == node)
+    }
+
     /// Every stream with a node name, by node name.
     pub fn snapshot(&self) -> Vec<NodeEntry> {
         let mut all: Vec<NodeEntry> = self.lock().values().filter(|e| !e.node.is_empty()).cloned().collect();

@@ -107,7 +107,7 @@ impl Reporter {
     fn closed(&self, node: &str) {
         self.nodes.close(self.id);
         self.metrics.streams.dec();
-        if !node.is_empty() && !self.nodes.snapshot().iter().any(|e| e.node == node) {
+        if !node.is_empty() && !self.nodes.has_node(node) {
             self.metrics.queue_depth.remove(&ControlPlaneMetrics::node(node));
         }
     }
