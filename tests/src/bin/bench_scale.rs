@@ -157,15 +157,24 @@ async fn simulated_node(
     log: Arc<Mutex<NodeLog>>,
     started: Arc<AtomicUsize>,
 ) {
-    let channel = match tonic::transport::Endpoint::from_shared(addr)
-        .map(|e| e.connect_timeout(Duration::from_secs(60)))
-    {
-        Ok(e) => match e.connect().await {
-            Ok(c) => c,
-            Err(e) => return eprintln!("node {id}: connect: {e}"),
-        },
-        Err(e) => return eprintln!("node {id}: {e}"),
-    };
+    // A node that cannot connect or open its stream (an overloaded accept queue) tries again.
+    for attempt in 0..10u64 {
+        match open_stream(&addr, id).await {
+            Ok((tx, inbound)) => return run_node(tx, inbound, services, slow, log, started).await,
+            Err(_) if attempt < 9 => tokio::time::sleep(Duration::from_millis(200 * (attempt + 1))).await,
+            Err(e) => eprintln!("node {id}: giving up: {e}"),
+        }
+    }
+}
+
+type Outbound = tokio::sync::mpsc::Sender<DeltaDiscoveryRequest>;
+type Inbound = tonic::Streaming<envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryResponse>;
+
+async fn open_stream(addr: &str, id: usize) -> Result<(Outbound, Inbound), String> {
+    let endpoint = tonic::transport::Endpoint::from_shared(addr.to_owned())
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(60));
+    let channel = endpoint.connect().await.map_err(|e| format!("connect: {e}"))?;
     let mut client = AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(256 << 20);
     let (tx, rx) = tokio::sync::mpsc::channel(8);
     let subscribe = DeltaDiscoveryRequest {
@@ -173,14 +182,23 @@ async fn simulated_node(
         type_url: kpx_proto::SERVICE_VIEW_TYPE_URL.to_owned(),
         ..Default::default()
     };
-    if tx.send(subscribe).await.is_err() {
-        return;
-    }
-    let mut inbound =
-        match client.delta_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx)).await {
-            Ok(r) => r.into_inner(),
-            Err(e) => return eprintln!("node {id}: stream: {}", e.message()),
-        };
+    tx.send(subscribe).await.map_err(|_| "request channel closed".to_owned())?;
+    let inbound = client
+        .delta_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .map_err(|e| format!("stream: {}", e.message()))?
+        .into_inner();
+    Ok((tx, inbound))
+}
+
+async fn run_node(
+    tx: Outbound,
+    mut inbound: Inbound,
+    services: usize,
+    slow: bool,
+    log: Arc<Mutex<NodeLog>>,
+    started: Arc<AtomicUsize>,
+) {
     started.fetch_add(1, Ordering::Relaxed);
     let mut have = 0usize;
     let service0 = "default/bench/svc-0";
@@ -266,6 +284,8 @@ fn fanout(a: &Args, out: &mut serde_json::Map<String, serde_json::Value>) {
     let mut syncs: Vec<Duration> =
         logs.iter().filter_map(|l| l.lock().ok().and_then(|l| l.synced_at)).map(|t| t - sync_start).collect();
     syncs.sort();
+    // Steady state: let the streams finish their walks and the allocator return what it freed.
+    std::thread::sleep(Duration::from_secs(12));
     let after = rss_kib(pid);
     let per_stream_kib = (after.saturating_sub(baseline)) as f64 / a.nodes.max(1) as f64;
     println!(
