@@ -161,7 +161,6 @@ struct Pending {
     sent: Vec<(String, Option<String>)>,
     sent_names: HashSet<String>,
     removed: Vec<String>,
-    full: bool,
 }
 
 impl Pending {
@@ -198,7 +197,6 @@ impl Pending {
     /// Adds `r` to the response; false (and nothing added) when it is full.
     fn push(&mut self, ty: ResourceType, r: &super::snapshot::Resource) -> bool {
         if self.resources.len() == MAX_RESOURCES_PER_RESPONSE {
-            self.full = true;
             return false;
         }
         self.resources.push(Resource {

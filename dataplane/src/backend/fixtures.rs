@@ -4,26 +4,33 @@ use kpx_proto::types::{Endpoint, Protocol, ServicePort, ServiceView};
 
 use crate::state::{ChangeSet, NodeState, Versioned};
 
-/// Services `c/ns/<name>` with one TCP port 80 (`http`) and endpoints on 8080.
+/// An endpoint on port 8080 of `node`.
+pub fn endpoint(address: &str, node: &str) -> Endpoint {
+    Endpoint { address: address.parse().expect("ip"), port: 8080, node_name: node.into(), terminating: false }
+}
+
+/// Service `c/ns/<name>` on `vip`: one TCP port 80 (`http`), endpoints on 8080 of node `n1`.
+pub fn service(name: &str, vip: &str, endpoints: &[&str]) -> ServiceView {
+    let eps = endpoints.iter().map(|a| endpoint(a, "n1")).collect();
+    ServiceView::new(
+        "c",
+        "ns",
+        name,
+        vec![vip.parse().expect("ip")],
+        vec![ServicePort::new("http", Protocol::Tcp, 80, eps)],
+    )
+}
+
+/// `c/ns/web` on 10.96.0.10 (see [`service`]).
+pub fn web(endpoints: &[&str]) -> ServiceView {
+    service("web", "10.96.0.10", endpoints)
+}
+
+/// A node state of [`service`]s: (name, vip, endpoints).
 pub fn state(services: &[(&str, &str, &[&str])]) -> NodeState {
     let mut s = NodeState::default();
     for (name, vip, endpoints) in services {
-        let eps = endpoints
-            .iter()
-            .map(|a| Endpoint {
-                address: a.parse().expect("ip"),
-                port: 8080,
-                node_name: String::new(),
-                terminating: false,
-            })
-            .collect();
-        let view = ServiceView::new(
-            "c",
-            "ns",
-            name,
-            vec![vip.parse().expect("ip")],
-            vec![ServicePort::new("http", Protocol::Tcp, 80, eps)],
-        );
+        let view = service(name, vip, endpoints);
         s.services.insert(view.resource_name(), Versioned { version: endpoints.join(","), value: view });
     }
     s

@@ -310,26 +310,7 @@ enum Target {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kpx_proto::types::{Protocol, ServicePort};
-
-    fn view(endpoints: &[&str]) -> ServiceView {
-        let eps = endpoints
-            .iter()
-            .map(|a| Endpoint {
-                address: a.parse().expect("ip"),
-                port: 8080,
-                node_name: "n1".into(),
-                terminating: false,
-            })
-            .collect();
-        ServiceView::new(
-            "c",
-            "ns",
-            "web",
-            vec!["10.96.0.10".parse().expect("ip")],
-            vec![ServicePort::new("http", Protocol::Tcp, 80, eps)],
-        )
-    }
+    use crate::backend::fixtures::web as view;
 
     #[test]
     fn a_cluster_ip_picks_with_kube_proxy_probabilities() {

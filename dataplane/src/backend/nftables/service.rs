@@ -158,22 +158,7 @@ fn endpoint_elements(
 mod tests {
     use super::super::render::element_commands;
     use super::*;
-    use kpx_proto::types::{Protocol, ServicePort};
-
-    fn ep(a: &str, node: &str) -> Endpoint {
-        Endpoint { address: a.parse().expect("ip"), port: 8080, node_name: node.into(), terminating: false }
-    }
-
-    fn view(endpoints: &[&str]) -> ServiceView {
-        let eps = endpoints.iter().map(|a| ep(a, "n1")).collect();
-        ServiceView::new(
-            "c",
-            "ns",
-            "web",
-            vec!["10.96.0.10".parse().expect("ip")],
-            vec![ServicePort::new("http", Protocol::Tcp, 80, eps)],
-        )
-    }
+    use crate::backend::fixtures::{endpoint as ep, web as view};
 
     fn text(rules: &ServiceRules) -> String {
         let mut text = String::new();
