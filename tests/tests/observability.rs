@@ -124,7 +124,7 @@ fn kpxctl_shows_services_endpoints_nodes_rules_status_and_traces() {
     assert!(trace.contains("verdict     dnat") && trace.contains("masquerade  yes"), "{trace}");
     assert!(trace.contains("50.0%") && trace.contains("10.244.2.2:8080"), "{trace}");
     assert!(
-        trace.contains("service-ips-v4") || trace.contains("10.96.3.1 . tcp . 80"),
+        trace.contains("service-ips-v4: 10.96.3.1 . tcp . 80 : goto pick-v4-2"),
         "the matching element: {trace}"
     );
     let local = json(&t, &["trace", "10.0.0.1:30090/tcp", "--source", "192.0.2.7"]);

@@ -197,9 +197,16 @@ mod tests {
         assert_eq!(old.entry_chain, new.entry_chain);
         let commands = object_commands(&old.objects, &new.objects);
         let kept = &old.objects[0].name;
-        assert!(
-            !commands.create.contains(kept.as_str()) || commands.create.contains(&format!("goto {kept}"))
-        );
+        // The staying endpoint's set (its clients) and chain are neither recreated nor rewritten;
+        // the rewritten entry chain still sends to them.
+        for untouched in [
+            format!("add set inet kpx {kept} "),
+            format!("add chain inet kpx {kept}\n"),
+            format!("add rule inet kpx {kept} "),
+        ] {
+            assert!(!commands.create.contains(&untouched), "{untouched:?} in {}", commands.create);
+        }
+        assert!(commands.create.contains(&format!("goto {kept}")), "{}", commands.create);
         assert!(!commands.remove.contains(kept.as_str()), "{}", commands.remove);
         assert_eq!(commands.remove.matches("delete set").count(), 1, "{}", commands.remove);
         assert_eq!(commands.remove.matches("delete chain").count(), 1, "{}", commands.remove);
