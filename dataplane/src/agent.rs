@@ -123,9 +123,35 @@ impl Agent {
         which.observe(elapsed.as_secs_f64());
         self.metrics.last_sync_timestamp.set(unix_seconds(now));
         self.metrics.services.set(self.state.services.len() as i64);
+        if full {
+            self.refresh_locality();
+        }
+    }
+
+    /// Recomputes what depends on every Service's local endpoints: the health-check ports
+    /// and the no-local-endpoint gauges. O(Services): a partial apply calls it only when
+    /// the delta touches a Service with a Local policy or a health-check port.
+    fn refresh_locality(&mut self) {
         for (policy, count) in self.no_local_endpoints() {
             self.metrics.no_local_endpoints.get_or_create(&labels(&[("traffic_policy", policy)])).set(count);
         }
+        let state = &self.state;
+        self.health.send_if_modified(|h| {
+            let now = healthcheck::desired(state);
+            let changed = *h != now;
+            *h = now;
+            changed
+        });
+    }
+
+    /// Whether a delta adds, changes or removes a Service whose locality matters.
+    fn touches_locality(&self, delta: &Delta) -> bool {
+        let local = |v: &ServiceView| {
+            v.internal_traffic_local || v.external_traffic_local || v.health_check_node_port.is_some()
+        };
+        let old = |name: &str| self.state.services.get(name).is_some_and(|s| local(&s.value));
+        delta.services.iter().any(|s| local(&s.value) || old(&s.value.resource_name()))
+            || delta.removed_services.iter().any(|n| old(n))
     }
 
     /// Services with a Local traffic policy and no endpoint here, per policy.
@@ -241,6 +267,7 @@ impl Agent {
         let (resources, removed) = (delta.resource_count(), delta.removed_services.len());
         let udp_before = self.udp_services(&delta);
         let (endpoint_changes, service_changes) = self.classify(&delta);
+        let locality = self.touches_locality(&delta);
         let (changes, undo) = self.state.apply(delta);
         if changes.is_empty() {
             return Ok(Applied { resources, removed, elapsed: started.elapsed() });
@@ -280,12 +307,9 @@ impl Agent {
                 conntrack::delete(&stale);
             }
         }
-        self.health.send_if_modified(|h| {
-            let now = healthcheck::desired(&self.state);
-            let changed = *h != now;
-            *h = now;
-            changed
-        });
+        if locality {
+            self.refresh_locality();
+        }
         Ok(Applied { resources, removed, elapsed: started.elapsed() })
     }
 
