@@ -25,36 +25,25 @@ pub enum StaleFlows {
 }
 
 impl StaleFlows {
+    /// The filter as (original destination, original port, NATed-to endpoint).
+    fn filter(&self) -> (Option<IpAddr>, u16, Option<IpAddr>) {
+        match *self {
+            StaleFlows::ToAddress { address, port, endpoint } => (Some(address), port, Some(endpoint)),
+            StaleFlows::ToNodePort { port, endpoint } => (None, port, Some(endpoint)),
+            StaleFlows::AllToAddress { address, port } => (Some(address), port, None),
+        }
+    }
+
     fn args(&self) -> Vec<String> {
-        let family = |a: &IpAddr| if a.is_ipv4() { "ipv4" } else { "ipv6" };
-        let mut args: Vec<String> = vec!["-D".into(), "-p".into(), "udp".into()];
-        match self {
-            StaleFlows::ToAddress { address, port, endpoint } => args.extend([
-                "-f".into(),
-                family(address).into(),
-                "--orig-dst".into(),
-                address.to_string(),
-                "--orig-port-dst".into(),
-                port.to_string(),
-                "--dst-nat".into(),
-                endpoint.to_string(),
-            ]),
-            StaleFlows::ToNodePort { port, endpoint } => args.extend([
-                "-f".into(),
-                family(endpoint).into(),
-                "--orig-port-dst".into(),
-                port.to_string(),
-                "--dst-nat".into(),
-                endpoint.to_string(),
-            ]),
-            StaleFlows::AllToAddress { address, port } => args.extend([
-                "-f".into(),
-                family(address).into(),
-                "--orig-dst".into(),
-                address.to_string(),
-                "--orig-port-dst".into(),
-                port.to_string(),
-            ]),
+        let (address, port, endpoint) = self.filter();
+        let family = address.or(endpoint).map_or("ipv4", |a| if a.is_ipv4() { "ipv4" } else { "ipv6" });
+        let mut args: Vec<String> = ["-D", "-p", "udp", "-f", family].map(String::from).to_vec();
+        if let Some(address) = address {
+            args.extend(["--orig-dst".into(), address.to_string()]);
+        }
+        args.extend(["--orig-port-dst".into(), port.to_string()]);
+        if let Some(endpoint) = endpoint {
+            args.extend(["--dst-nat".into(), endpoint.to_string()]);
         }
         args
     }
@@ -157,6 +146,13 @@ mod tests {
             vec![StaleFlows::AllToAddress { address: ip("10.96.0.53"), port: 53 }]
         );
         assert!(stale_flows(Some(&view(&["10.0.0.1"])), Some(&view(&["10.0.0.1", "10.0.0.2"]))).is_empty());
+        let flow = StaleFlows::ToAddress { address: ip("10.96.0.53"), port: 53, endpoint: ip("10.0.0.1") };
+        assert_eq!(
+            flow.args().join(" "),
+            "-D -p udp -f ipv4 --orig-dst 10.96.0.53 --orig-port-dst 53 --dst-nat 10.0.0.1"
+        );
+        let node_port = StaleFlows::ToNodePort { port: 30053, endpoint: ip("fd00::1") };
+        assert_eq!(node_port.args().join(" "), "-D -p udp -f ipv6 --orig-port-dst 30053 --dst-nat fd00::1");
         assert_eq!(stale_flows(Some(&view(&["10.0.0.1"])), None).len(), 2);
     }
 }
