@@ -104,7 +104,7 @@ impl ControlPlaneAdmin for ControlPlaneAdminService {
         let snapshot = self.snapshot()?;
         let mut services = Vec::new();
         for resource in snapshot.defaults() {
-            let view = decode_view(&resource.body)?;
+            let view = decode_view(resource.body())?;
             services.push(summary(&view, &resource.version, snapshot.variants_of(&resource.name).len()));
         }
         Ok(Response::new(ListServicesResponse { services }))
@@ -126,13 +126,13 @@ impl ControlPlaneAdmin for ControlPlaneAdminService {
                 Ok(ViewVariant {
                     nodes,
                     version: r.version.clone(),
-                    view: Some(decode_view(&r.body)?.to_proto()),
+                    view: Some(decode_view(r.body())?.to_proto()),
                 })
             })
             .collect::<Result<Vec<_>, Status>>()?;
         Ok(Response::new(GetServiceViewsResponse {
             version: default.version.clone(),
-            default_view: Some(decode_view(&default.body)?.to_proto()),
+            default_view: Some(decode_view(default.body())?.to_proto()),
             variants,
         }))
     }
@@ -241,7 +241,7 @@ impl ControlPlaneAdmin for ControlPlaneAdminService {
             .ok_or_else(|| Status::not_found(format!("no Service {name:?}")))?;
         let node_config = match snapshot.node_config(&node) {
             Some(r) => Some(
-                NodeConfig::decode(&r.body)
+                NodeConfig::decode(r.body())
                     .map_err(|e| Status::internal(format!("stored node config does not decode: {e}")))?
                     .to_proto(),
             ),
@@ -249,7 +249,7 @@ impl ControlPlaneAdmin for ControlPlaneAdminService {
         };
         Ok(Response::new(GetNodeViewResponse {
             version: resource.version.clone(),
-            view: Some(decode_view(&resource.body)?.to_proto()),
+            view: Some(decode_view(resource.body())?.to_proto()),
             node_config,
         }))
     }
@@ -260,9 +260,9 @@ impl ControlPlaneAdmin for ControlPlaneAdminService {
         let packet = Packet::from_request(&packet.unwrap_or_default()).map_err(Status::invalid_argument)?;
         let views = snapshot
             .for_node(ResourceType::ServiceView, &node)
-            .map(|r| decode_view(&r.body))
+            .map(|r| decode_view(r.body()))
             .collect::<Result<Vec<_>, Status>>()?;
-        let config = snapshot.node_config(&node).and_then(|r| NodeConfig::decode(&r.body).ok());
+        let config = snapshot.node_config(&node).and_then(|r| NodeConfig::decode(r.body()).ok());
         let mut t = trace::trace(&views, config.as_ref(), &TraceOptions::default(), packet);
         if config.is_none() {
             t.steps.insert(

@@ -7,7 +7,6 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use ipnet::IpNet;
 use kpx_controlplane::admin::ControlPlaneAdminService;
 use kpx_controlplane::metrics::ControlPlaneMetrics;
@@ -134,15 +133,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
     });
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter.set_serving::<AggregatedDiscoveryServiceServer<xds::server::AdsServer>>().await;
+    health_reporter.set_serving::<xds::transport::AdsService>().await;
     health_reporter.set_serving::<ControlPlaneAdminServer<ControlPlaneAdminService>>().await;
     let admin = ControlPlaneAdminServer::new(ControlPlaneAdminService::new(
         snapshot_rx.clone(),
         nodes.clone(),
         source_list,
     ));
-    let ads = AggregatedDiscoveryServiceServer::new(xds::server::AdsServer::new(snapshot_rx, nodes, metrics))
-        .max_decoding_message_size(64 << 20);
+    let ads = xds::transport::AdsService::new(xds::server::AdsServer::new(snapshot_rx, nodes, metrics));
     let reflection = kpx_proto::grpc::reflection_routes(true).context("reflection descriptors")?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

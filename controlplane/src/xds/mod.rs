@@ -1,10 +1,12 @@
 //! The delta xDS side: snapshots of every node's resources ([`snapshot`]),
 //! the protocol state of one stream ([`stream`]) and the gRPC service that
-//! drives it ([`server`]).
+//! drives it ([`server`]); responses go on the wire as shared pieces ([`wire`]).
 
 pub mod nodes;
 pub mod server;
 pub mod snapshot;
 pub mod stream;
+pub mod transport;
+pub mod wire;
 
 pub use snapshot::{ResourceType, Snapshot};

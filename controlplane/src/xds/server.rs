@@ -3,25 +3,20 @@
 //! The publisher never waits for a stream: it replaces the snapshot in a
 //! `watch` channel and each stream task catches up at its own pace.
 
-use std::pin::Pin;
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
-use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
-};
-use futures::Stream;
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Status, Streaming};
 
 use std::time::{Instant, SystemTime};
 
 use super::nodes::NodeRegistry;
 use super::snapshot::{ResourceType, Snapshot};
-use super::stream::{RequestKind, StreamState};
+use super::stream::{RequestKind, Response, StreamState};
 use crate::metrics::ControlPlaneMetrics;
 
 /// The newest snapshot; `None` until every source has read its initial state.
@@ -53,11 +48,11 @@ struct Reporter {
 }
 
 impl Reporter {
-    fn sent(&self, state: &StreamState, ty: ResourceType, response: &DeltaDiscoveryResponse) {
+    fn sent(&self, state: &StreamState, ty: ResourceType, response: &Response) {
         let m = &self.metrics;
         m.responses_sent.inc();
         m.resources_sent.inc_by(response.resources.len() as u64);
-        m.removals_sent.inc_by(response.removed_resources.len() as u64);
+        m.removals_sent.inc_by(response.removed.len() as u64);
         self.progress(state, ty, |p| {
             p.responses_sent += 1;
             p.sent_at = Some(Instant::now());
@@ -113,26 +108,14 @@ impl Reporter {
     }
 }
 
-type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for AdsServer {
-    type StreamAggregatedResourcesStream = ResponseStream<DiscoveryResponse>;
-    type DeltaAggregatedResourcesStream = ResponseStream<DeltaDiscoveryResponse>;
-
-    async fn stream_aggregated_resources(
+impl AdsServer {
+    /// Serves one delta ADS stream: responses come out of the returned channel, in order,
+    /// ending with an error status if the stream fails.
+    pub fn open(
         &self,
-        _request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        Err(Status::unimplemented("kpx serves the incremental protocol only: use DeltaAggregatedResources"))
-    }
-
-    async fn delta_aggregated_resources(
-        &self,
-        request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        let peer = request.remote_addr();
-        let inbound = request.into_inner();
+        peer: Option<SocketAddr>,
+        inbound: Streaming<DeltaDiscoveryRequest>,
+    ) -> mpsc::Receiver<Result<Response, Status>> {
         // At most one response per type is in flight, so this never fills.
         let (tx, rx) = mpsc::channel(4);
         let snapshots = self.snapshots.clone();
@@ -158,14 +141,14 @@ impl AggregatedDiscoveryService for AdsServer {
                 }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        rx
     }
 }
 
 async fn serve_stream(
     state: &mut StreamState,
     mut inbound: Streaming<DeltaDiscoveryRequest>,
-    tx: &mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+    tx: &mpsc::Sender<Result<Response, Status>>,
     mut snapshots: SnapshotReceiver,
     reporter: &Reporter,
     mut queries: mpsc::Receiver<tokio::sync::oneshot::Sender<super::nodes::Versions>>,
@@ -203,7 +186,7 @@ async fn serve_stream(
                         node,
                         type_url = ty.type_url(),
                         sent = response.as_ref().map_or(0, |r| r.resources.len()),
-                        removed = response.as_ref().map_or(0, |r| r.removed_resources.len()),
+                        removed = response.as_ref().map_or(0, |r| r.removed.len()),
                         "subscription synced"
                     );
                 }
@@ -213,7 +196,7 @@ async fn serve_stream(
                         type_url = ty.type_url(),
                         nonce = response.nonce,
                         sent = response.resources.len(),
-                        removed = response.removed_resources.len(),
+                        removed = response.removed.len(),
                         "sending delta"
                     );
                     reporter.sent(state, ty, &response);

@@ -2,29 +2,39 @@
 //! tested as plain calls.
 //!
 //! Per resource type the stream remembers what the node has — not as a
-//! name→version map of every resource, but as the snapshot it was last fully
-//! in sync with (`base`, shared with every other stream in sync with it) plus
-//! the few names where it differs (`overrides`). A new snapshot is compared
-//! only for the names that changed since `base` (`Snapshot::changed_since`), so
-//! one endpoint change costs each stream O(1), not O(Services). A node that
-//! connects (or falls too far behind) is walked through the snapshot in name
-//! order, at most 500 resources per response, then checked for what changed
-//! during the walk, then based on the snapshot. At most one response is in flight. While a response is in flight, newer
-//! snapshots simply replace older ones; when the ACK comes, the next response
-//! carries the difference to the newest snapshot only. That is the per-stream
-//! queue: bounded (one response per type), coalescing by name (newest wins).
-//! A NACK leaves `acked` as it was and remembers the rejected versions, so the
-//! same bad content is not sent again; a newer version of it will be.
+//! name→version map of every resource, but as a snapshot shared with every
+//! other stream (`base`) plus the few names where the node differs from it
+//! (`overrides`):
+//! - `Based(base)`: the node has what `base` says for it, except `overrides`.
+//! - `Walk { base, acked }`: a node that connected is walked through `base` in name
+//!   order, at most 500 resources per response; it has `base`'s version of every name
+//!   up to `acked` and, beyond it, only what `overrides` say (its
+//!   `initial_resource_versions`). When the walk ends it is `Based(base)`.
+//!
+//! Before each response the base moves to the newest snapshot ("rebase"): only the
+//! names changed since (`Snapshot::changed_since`, or a merge of both snapshots when
+//! that history is gone) are looked at, and where the node's version differs from the
+//! new base it is kept as an override. So one endpoint change costs each stream O(1),
+//! not O(Services), a stream holds on to the newest snapshot only, and what it keeps
+//! per name is bounded by what is in flight or changed, even during a first sync.
+//!
+//! At most one response per type is in flight. While it is, newer snapshots simply
+//! replace older ones; when the ACK comes, the next response carries the difference to
+//! the newest snapshot only. That is the per-stream queue: bounded (one response per
+//! type), coalescing by name (newest wins). A NACK leaves the node's versions as they
+//! were and remembers the rejected ones, so the same bad content is not sent again; a
+//! newer version of it will be.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
-};
-use envoy_types::pb::google::protobuf::Any;
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 
-use super::snapshot::{ResourceType, Snapshot};
+use super::snapshot::{Resource, ResourceType, Snapshot};
+use super::wire::Outgoing;
+
+/// One response, as the shared resources it carries.
+pub type Response = Outgoing<Resource>;
 
 /// At most this many resources per response, so a node's initial sync (10k Services ≈ 6 MB)
 /// is sent in pieces and the memory a stream holds stays bounded whatever the cluster size.
@@ -71,21 +81,80 @@ struct InFlight {
     nonce: String,
     /// name → version sent (None: sent as removed).
     sent: Vec<(String, Option<String>)>,
+    /// For a response that walks: how far it takes the walk once answered.
+    walk: Option<WalkStep>,
 }
 
-/// Where a wildcard subscription stands.
+/// How far one response takes a walk.
 #[derive(Debug)]
+struct WalkStep {
+    /// The last name of the base the response covers (None: it covers nothing new).
+    to: Option<String>,
+    /// How many of the base's resources it covers.
+    walked: usize,
+    /// Whether the walk is done with it.
+    end: bool,
+}
+
+/// Where a wildcard subscription stands, apart from the names in `overrides`.
+#[derive(Debug, Default)]
 enum Sync {
-    /// Walking the snapshot in name order: names up to `cursor` are done; changes since
-    /// generation `started` are checked once the walk ends.
-    Walk { cursor: Option<String>, started: Option<u64> },
-    /// The node has what `base` says for it, except `overrides`.
+    /// Nothing walked (or not a wildcard subscription): the node has exactly `overrides`.
+    #[default]
+    Start,
+    /// Walking `base` in name order: the node has `base`'s version of each name up to
+    /// `acked` (`acked_count` resources) and nothing beyond it.
+    Walk { base: Arc<Snapshot>, acked: Option<String>, acked_count: usize },
+    /// The node has what `base` says for it.
     Based(Arc<Snapshot>),
 }
 
-impl Default for Sync {
-    fn default() -> Self {
-        Sync::Walk { cursor: None, started: None }
+impl Sync {
+    fn base(&self) -> Option<&Arc<Snapshot>> {
+        match self {
+            Sync::Start => None,
+            Sync::Walk { base, .. } | Sync::Based(base) => Some(base),
+        }
+    }
+
+    /// Whether the node's version of `name` is given by the base.
+    fn covers(&self, name: &str) -> bool {
+        match self {
+            Sync::Start => false,
+            Sync::Walk { acked, .. } => acked.as_deref().is_some_and(|a| name <= a),
+            Sync::Based(_) => true,
+        }
+    }
+
+    /// The version of `name` the node has by the base alone (overrides aside).
+    fn implied(&self, ty: ResourceType, node: &str, name: &str) -> Option<&str> {
+        if !self.covers(name) {
+            return None;
+        }
+        self.base().and_then(|b| b.get(ty, node, name)).map(|r| r.version.as_str())
+    }
+
+    /// How many resources the node has by the base alone.
+    fn count(&self, ty: ResourceType, node: &str) -> usize {
+        match self {
+            Sync::Start => 0,
+            Sync::Walk { acked_count, .. } => *acked_count,
+            Sync::Based(base) => base.count_for_node(ty, node),
+        }
+    }
+
+    /// The node answered a response that walked `step`.
+    fn advance(&mut self, step: WalkStep) {
+        if let Sync::Walk { base, acked, acked_count } = self {
+            if step.end {
+                *self = Sync::Based(Arc::clone(base));
+                return;
+            }
+            if step.to.is_some() {
+                *acked = step.to;
+            }
+            *acked_count += step.walked;
+        }
     }
 }
 
@@ -94,8 +163,8 @@ struct TypeState {
     wildcard: bool,
     names: HashSet<String>,
     sync: Sync,
-    /// Name → the version the node has (`None`: it has none), where that differs from `base`
-    /// (or, without a base, everything it has).
+    /// Name → the version the node has (`None`: it has none), where that differs from
+    /// what `sync` implies.
     overrides: HashMap<String, Option<String>>,
     rejected: HashMap<String, String>,
     in_flight: Option<InFlight>,
@@ -106,29 +175,19 @@ impl TypeState {
         self.wildcard || self.names.contains(name)
     }
 
-    fn base(&self) -> Option<&Arc<Snapshot>> {
-        match &self.sync {
-            Sync::Based(base) if self.wildcard => Some(base),
-            _ => None,
-        }
-    }
-
     /// The version of `name` the node has.
     fn has(&self, ty: ResourceType, node: &str, name: &str) -> Option<&str> {
         match self.overrides.get(name) {
             Some(version) => version.as_deref(),
-            None => self.base().and_then(|b| b.get(ty, node, name)).map(|r| r.version.as_str()),
+            None => self.sync.implied(ty, node, name),
         }
     }
 
     /// How many resources the node has.
     fn count(&self, ty: ResourceType, node: &str) -> usize {
-        let Some(base) = self.base() else {
-            return self.overrides.values().filter(|v| v.is_some()).count();
-        };
-        let mut count = base.count_for_node(ty, node) as isize;
+        let mut count = self.sync.count(ty, node) as isize;
         for (name, version) in &self.overrides {
-            match (base.get(ty, node, name).is_some(), version.is_some()) {
+            match (self.sync.implied(ty, node, name).is_some(), version.is_some()) {
                 (false, true) => count += 1,
                 (true, false) => count -= 1,
                 _ => {}
@@ -144,23 +203,104 @@ impl TypeState {
 
     /// Every name the node has (walks the base: for the admin API only).
     fn held(&self, ty: ResourceType, node: &str) -> Vec<String> {
-        let mut names: Vec<String> =
-            self.base().map_or_else(Vec::new, |b| b.for_node(ty, node).map(|r| r.name.clone()).collect());
+        let mut names: Vec<String> = self.sync.base().map_or_else(Vec::new, |b| {
+            b.for_node(ty, node).filter(|r| self.sync.covers(&r.name)).map(|r| r.name.clone()).collect()
+        });
         names.extend(self.overrides.keys().cloned());
         names.sort();
         names.dedup();
         names.retain(|n| self.has(ty, node, n).is_some());
         names
     }
+
+    /// Records the answer to the response in flight: the node now has what was sent
+    /// (`accepted`) or what it had before.
+    fn settle(&mut self, ty: ResourceType, node: &str, in_flight: InFlight, accepted: bool) {
+        let now: Vec<(String, Option<String>)> = if accepted {
+            in_flight.sent
+        } else {
+            in_flight
+                .sent
+                .into_iter()
+                .map(|(name, _)| {
+                    let had = self.has(ty, node, &name).map(str::to_owned);
+                    (name, had)
+                })
+                .collect()
+        };
+        if let Some(step) = in_flight.walk {
+            self.sync.advance(step);
+        }
+        for (name, version) in now {
+            if self.sync.implied(ty, node, &name) == version.as_deref() {
+                self.overrides.remove(&name);
+            } else {
+                self.overrides.insert(name, version);
+            }
+        }
+    }
+
+    /// Moves the base to `snapshot`, keeping as overrides the names whose version on the
+    /// node then differs from the new base.
+    fn rebase(&mut self, ty: ResourceType, node: &str, snapshot: &Arc<Snapshot>) {
+        let old = match &self.sync {
+            Sync::Start => {
+                self.sync = Sync::Walk { base: Arc::clone(snapshot), acked: None, acked_count: 0 };
+                return;
+            }
+            Sync::Walk { base, .. } | Sync::Based(base) if Arc::ptr_eq(base, snapshot) => return,
+            Sync::Walk { base, .. } | Sync::Based(base) => Arc::clone(base),
+        };
+        let changed: Vec<String> = match snapshot.changed_since(old.generation(), ty) {
+            Some(names) => names.into_iter().filter(|n| self.sync.covers(n)).map(str::to_owned).collect(),
+            None => Snapshot::differences(&old, snapshot, ty, node)
+                .into_iter()
+                .filter(|n| self.sync.covers(n))
+                .collect(),
+        };
+        let had: Vec<(String, Option<String>)> = changed
+            .into_iter()
+            .filter(|name| !self.overrides.contains_key(name))
+            .map(|name| {
+                let version = self.sync.implied(ty, node, &name).map(str::to_owned);
+                (name, version)
+            })
+            .collect();
+        match &mut self.sync {
+            Sync::Start => {}
+            Sync::Based(base) => *base = Arc::clone(snapshot),
+            Sync::Walk { base, acked_count, .. } => {
+                *base = Arc::clone(snapshot);
+                for (name, version) in &had {
+                    match (version.is_some(), snapshot.get(ty, node, name).is_some()) {
+                        (true, false) => *acked_count = acked_count.saturating_sub(1),
+                        (false, true) => *acked_count += 1,
+                        _ => {}
+                    }
+                }
+            }
+        }
+        for (name, version) in had {
+            if self.sync.implied(ty, node, &name) != version.as_deref() {
+                self.overrides.insert(name, version);
+            }
+        }
+    }
+
+    /// Forgets overrides that say what the base says anyway.
+    fn prune(&mut self, ty: ResourceType, node: &str) {
+        let sync = &self.sync;
+        self.overrides.retain(|name, version| sync.implied(ty, node, name) != version.as_deref());
+    }
 }
 
 /// A response being assembled.
 #[derive(Default)]
 struct Pending {
-    resources: Vec<Resource>,
+    resources: Vec<Arc<Resource>>,
     sent: Vec<(String, Option<String>)>,
-    sent_names: HashSet<String>,
     removed: Vec<String>,
+    walk: Option<WalkStep>,
 }
 
 impl Pending {
@@ -182,7 +322,7 @@ impl Pending {
                 if has || refused {
                     return true;
                 }
-                return self.push(ty, r);
+                return self.push(r);
             }
             None if have.is_some() => self.removed.push(name.to_owned()),
             None => {}
@@ -195,18 +335,12 @@ impl Pending {
     }
 
     /// Adds `r` to the response; false (and nothing added) when it is full.
-    fn push(&mut self, ty: ResourceType, r: &super::snapshot::Resource) -> bool {
+    fn push(&mut self, r: &Arc<Resource>) -> bool {
         if self.resources.len() == MAX_RESOURCES_PER_RESPONSE {
             return false;
         }
-        self.resources.push(Resource {
-            name: r.name.clone(),
-            version: r.version.clone(),
-            resource: Some(Any { type_url: ty.type_url().to_owned(), value: r.body.clone() }),
-            ..Default::default()
-        });
+        self.resources.push(Arc::clone(r));
         self.sent.push((r.name.clone(), Some(r.version.clone())));
-        self.sent_names.insert(r.name.clone());
         true
     }
 }
@@ -238,6 +372,7 @@ impl StreamState {
         let Some(ty) = ResourceType::from_type_url(&req.type_url) else {
             return Ok(RequestKind::UnknownType(req.type_url));
         };
+        let node = self.node.clone().unwrap_or_default();
         let first = !self.types.contains_key(&ty);
         let state = self.types.entry(ty).or_default();
         if first {
@@ -253,6 +388,11 @@ impl StreamState {
         }
         for name in req.resource_names_unsubscribe {
             if name == "*" {
+                // What the base gave the node it keeps, until told otherwise.
+                for name in state.held(ty, &node) {
+                    let version = state.has(ty, &node, &name).map(str::to_owned);
+                    state.overrides.insert(name, version);
+                }
                 state.wildcard = false;
                 state.sync = Sync::default();
             } else {
@@ -271,21 +411,23 @@ impl StreamState {
         let Some(in_flight) = state.in_flight.take_if(|f| f.nonce == req.response_nonce) else {
             return Ok(RequestKind::Stale { ty });
         };
+        let nonce = in_flight.nonce.clone();
         match req.error_detail {
             None => {
-                for (name, version) in in_flight.sent {
-                    state.rejected.remove(&name);
-                    state.overrides.insert(name, version);
+                for (name, _) in &in_flight.sent {
+                    state.rejected.remove(name);
                 }
-                Ok(RequestKind::Ack { ty, nonce: in_flight.nonce })
+                state.settle(ty, &node, in_flight, true);
+                Ok(RequestKind::Ack { ty, nonce })
             }
             Some(status) => {
-                for (name, version) in in_flight.sent {
+                for (name, version) in &in_flight.sent {
                     if let Some(v) = version {
-                        state.rejected.insert(name, v);
+                        state.rejected.insert(name.clone(), v.clone());
                     }
                 }
-                Ok(RequestKind::Nack { ty, nonce: in_flight.nonce, reason: status.message })
+                state.settle(ty, &node, in_flight, false);
+                Ok(RequestKind::Nack { ty, nonce, reason: status.message })
             }
         }
     }
@@ -315,9 +457,9 @@ impl StreamState {
         out
     }
 
-    /// Whether `ty` is being walked (a first sync, or after falling far behind).
+    /// Whether `ty` is being walked (a first sync).
     pub fn walking(&self, ty: ResourceType) -> bool {
-        self.types.get(&ty).is_some_and(|t| t.wildcard && matches!(t.sync, Sync::Walk { .. }))
+        self.types.get(&ty).is_some_and(|t| t.wildcard && matches!(t.sync, Sync::Start | Sync::Walk { .. }))
     }
 
     /// The types this stream has subscribed to.
@@ -326,11 +468,7 @@ impl StreamState {
     }
 
     /// The next response for `ty`, if the node lacks something and nothing is in flight.
-    pub fn next_response(
-        &mut self,
-        ty: ResourceType,
-        snapshot: &Arc<Snapshot>,
-    ) -> Option<DeltaDiscoveryResponse> {
+    pub fn next_response(&mut self, ty: ResourceType, snapshot: &Arc<Snapshot>) -> Option<Response> {
         let node = self.node.clone()?;
         let state = self.types.get_mut(&ty)?;
         if state.in_flight.is_some() {
@@ -351,20 +489,21 @@ impl StreamState {
             return None;
         }
         pending.removed.sort();
+        pending.removed.dedup();
         pending.sent.extend(pending.removed.iter().map(|n| (n.clone(), None)));
         self.nonces += 1;
         let nonce = self.nonces.to_string();
-        state.in_flight = Some(InFlight { nonce: nonce.clone(), sent: pending.sent });
-        Some(DeltaDiscoveryResponse {
-            type_url: ty.type_url().to_owned(),
+        state.in_flight = Some(InFlight { nonce: nonce.clone(), sent: pending.sent, walk: pending.walk });
+        Some(Response {
+            type_url: ty.type_url(),
             resources: pending.resources,
-            removed_resources: pending.removed,
+            removed: pending.removed,
             nonce,
-            ..Default::default()
         })
     }
 
-    /// Fills `pending` for a wildcard subscription, advancing its walk or its base.
+    /// Fills `pending` for a wildcard subscription: first what differs behind the walk
+    /// (or, once based, everything that differs), then the next piece of the walk.
     fn wildcard_response(
         state: &mut TypeState,
         ty: ResourceType,
@@ -372,125 +511,48 @@ impl StreamState {
         snapshot: &Arc<Snapshot>,
         pending: &mut Pending,
     ) {
-        // Based: look only at what changed since the base.
-        if let Sync::Based(base) = &state.sync {
-            let changed = if Arc::ptr_eq(base, snapshot) {
-                Some(HashSet::new())
-            } else if snapshot.generation() > base.generation() {
-                snapshot.changed_since(base.generation(), ty)
-            } else {
-                None
-            };
-            match changed {
-                Some(changed) => {
-                    let mut names: Vec<&str> = changed
-                        .into_iter()
-                        .chain(state.overrides.keys().map(String::as_str))
-                        .chain(state.rejected.keys().map(String::as_str))
-                        .collect();
-                    names.sort_unstable();
-                    names.dedup();
-                    for name in names {
-                        if !pending.consider(state, ty, node, name, snapshot) {
-                            break;
-                        }
-                    }
-                    if pending.is_empty() && state.rejected.is_empty() {
-                        state.sync = Sync::Based(Arc::clone(snapshot));
-                        state.overrides = HashMap::new();
-                    }
-                    return;
-                }
-                None => {
-                    // Too far behind to know what changed: walk again, keeping what it has.
-                    let base = Arc::clone(base);
-                    for r in base.for_node(ty, node) {
-                        state.overrides.entry(r.name.clone()).or_insert_with(|| Some(r.version.clone()));
-                    }
-                    state.sync = Sync::default();
-                }
-            }
-        }
-        let Sync::Walk { cursor, started } = &mut state.sync else { return };
-        let started_at = *started.get_or_insert(snapshot.generation());
-        let from = cursor.clone();
-        let mut walked_to = from.clone();
-        let mut reached_end = true;
-        for r in snapshot.for_node_after(ty, node, from.as_deref()) {
-            if !pending.consider_walk(&state.overrides, &state.rejected, ty, node, &r.name, snapshot) {
-                reached_end = false;
-                break;
-            }
-            walked_to = Some(r.name.clone());
-        }
-        if !reached_end {
-            if let Sync::Walk { cursor, .. } = &mut state.sync {
-                *cursor = walked_to;
-            }
-            return;
-        }
-        // The walk is done: also remove what the node has and should not, and what changed
-        // during the walk behind the cursor.
-        let held: Vec<String> =
-            state.overrides.iter().filter(|(_, v)| v.is_some()).map(|(n, _)| n.clone()).collect();
-        for name in &held {
-            if snapshot.get(ty, node, name).is_none() {
-                pending.removed.push(name.clone());
-            }
-        }
-        let mut checked_all = true;
-        match snapshot.changed_since(started_at, ty) {
-            Some(changed) => {
-                let mut names: Vec<&str> = changed.into_iter().collect();
-                names.sort_unstable();
-                for name in names {
-                    if !pending.consider_walk(&state.overrides, &state.rejected, ty, node, name, snapshot) {
-                        checked_all = false;
-                        break;
-                    }
-                }
-            }
-            None => {
-                state.sync = Sync::default();
+        state.rebase(ty, node, snapshot);
+        state.prune(ty, node);
+        let mut behind: Vec<&str> = state
+            .overrides
+            .keys()
+            .chain(state.rejected.keys())
+            .map(String::as_str)
+            .filter(|n| state.sync.covers(n))
+            .collect();
+        behind.sort_unstable();
+        behind.dedup();
+        for name in behind {
+            if !pending.consider(state, ty, node, name, snapshot) {
                 return;
             }
         }
+        let Sync::Walk { acked, .. } = &state.sync else { return };
+        let mut step = WalkStep { to: None, walked: 0, end: true };
+        for r in snapshot.for_node_after(ty, node, acked.as_deref()) {
+            let has = state.overrides.get(&r.name).and_then(Option::as_deref) == Some(r.version.as_str());
+            let refused = state.rejected.get(&r.name) == Some(&r.version);
+            if !has && !refused && !pending.push(r) {
+                step.end = false;
+                break;
+            }
+            step.to = Some(r.name.clone());
+            step.walked += 1;
+        }
+        if step.end {
+            // What the node has beyond the walk and should not.
+            for (name, version) in &state.overrides {
+                if version.is_some() && !state.sync.covers(name) && snapshot.get(ty, node, name).is_none() {
+                    pending.removed.push(name.clone());
+                }
+            }
+        }
         if pending.is_empty() {
-            if state.rejected.is_empty() {
-                state.sync = Sync::Based(Arc::clone(snapshot));
-                state.overrides = HashMap::new();
-            }
-        } else if checked_all {
-            if let Sync::Walk { started, .. } = &mut state.sync {
-                // Next time, only what changes from now on needs checking behind the cursor.
-                *started = Some(snapshot.generation());
-            }
+            // Nothing to send: the walk is done and the node is in sync with the snapshot.
+            state.sync.advance(step);
+            return;
         }
-    }
-}
-
-impl Pending {
-    /// [`Pending::consider`] for a walk (no base: the node has exactly `overrides`).
-    fn consider_walk(
-        &mut self,
-        overrides: &HashMap<String, Option<String>>,
-        rejected: &HashMap<String, String>,
-        ty: ResourceType,
-        node: &str,
-        name: &str,
-        snapshot: &Snapshot,
-    ) -> bool {
-        let Some(r) = snapshot.get(ty, node, name) else {
-            if overrides.get(name).is_some_and(Option::is_some) && !self.removed.iter().any(|n| n == name) {
-                self.removed.push(name.to_owned());
-            }
-            return true;
-        };
-        let has = overrides.get(name).and_then(Option::as_deref) == Some(r.version.as_str());
-        if has || rejected.get(name) == Some(&r.version) || self.sent_names.contains(name) {
-            return true;
-        }
-        self.push(ty, r)
+        pending.walk = Some(step);
     }
 }
 
@@ -534,8 +596,8 @@ mod tests {
         }
     }
 
-    fn names(r: &DeltaDiscoveryResponse) -> Vec<&str> {
-        r.resources.iter().map(|r| r.name.as_str()).collect()
+    fn names(r: &Response) -> Vec<&str> {
+        r.names().collect()
     }
 
     #[test]
@@ -560,7 +622,7 @@ mod tests {
         let one = next(&TWO[..TWO.find("---").unwrap_or(0)], &snap);
         let removal = s.next_response(ResourceType::ServiceView, &one).expect("b removed");
         assert!(removal.resources.is_empty());
-        assert_eq!(removal.removed_resources, ["c/default/b"]);
+        assert_eq!(removal.removed, ["c/default/b"]);
     }
 
     #[test]
@@ -599,7 +661,7 @@ mod tests {
             .collect()
     }
 
-    fn sync_all(s: &mut StreamState, snap: &Arc<Snapshot>) -> Vec<DeltaDiscoveryResponse> {
+    fn sync_all(s: &mut StreamState, snap: &Arc<Snapshot>) -> Vec<Response> {
         let mut all = Vec::new();
         while let Some(r) = s.next_response(ResourceType::ServiceView, snap) {
             s.on_request(reply(&r.nonce, None)).expect("ack");
@@ -638,8 +700,76 @@ mod tests {
         let rest = sync_all(&mut s, &second);
         let sent: Vec<&str> = rest.iter().flat_map(names).collect();
         assert_eq!(sent.len(), 2001, "the other 2000 and s0003 again");
-        assert_eq!(sent.last(), Some(&"c/default/s0003"));
+        assert_eq!(sent.first(), Some(&"c/default/s0003"), "the change goes ahead of the rest of the walk");
         assert!(s.types[&ResourceType::ServiceView].is_based_without_overrides());
+    }
+
+    #[test]
+    fn a_walk_keeps_nothing_per_name_for_what_it_has_walked() {
+        let snap = snapshot(&many(2500, None));
+        let mut s = StreamState::default();
+        s.on_request(subscribe(&[])).expect("ok");
+        for walked in [500, 1000, 1500] {
+            let r = s.next_response(ResourceType::ServiceView, &snap).expect("a chunk");
+            s.on_request(reply(&r.nonce, None)).expect("ack");
+            let state = &s.types[&ResourceType::ServiceView];
+            assert!(state.overrides.is_empty(), "walked names are implied by the cursor, not stored");
+            assert_eq!(s.type_status(ResourceType::ServiceView), Some((walked, None)));
+        }
+    }
+
+    #[test]
+    fn a_stream_far_behind_is_sent_only_what_differs() {
+        let first = snapshot(&many(300, None));
+        let mut s = StreamState::default();
+        s.on_request(subscribe(&[])).expect("ok");
+        sync_all(&mut s, &first);
+        // More snapshots than the history keeps, ending with one Service changed.
+        let mut latest = Arc::clone(&first);
+        for round in 0..40 {
+            let changed = if round == 39 { Some(5) } else { None };
+            latest = next(&many(300, changed), &latest);
+        }
+        assert!(latest.changed_since(first.generation(), ResourceType::ServiceView).is_none());
+        let r = s.next_response(ResourceType::ServiceView, &latest).expect("the change");
+        assert_eq!(names(&r), ["c/default/s0005"]);
+        s.on_request(reply(&r.nonce, None)).expect("ack");
+        assert!(s.types[&ResourceType::ServiceView].is_based_without_overrides());
+    }
+
+    #[test]
+    fn a_nacked_walk_chunk_is_not_taken_for_held_and_the_walk_goes_on() {
+        let snap = snapshot(&many(1200, None));
+        let mut s = StreamState::default();
+        s.on_request(subscribe(&[])).expect("ok");
+        let first = s.next_response(ResourceType::ServiceView, &snap).expect("first chunk");
+        s.on_request(reply(&first.nonce, Some("bad"))).expect("nack");
+        assert_eq!(s.type_status(ResourceType::ServiceView), Some((0, None)), "the node has none of it");
+        let rest = sync_all(&mut s, &snap);
+        let sent: Vec<&str> = rest.iter().flat_map(names).collect();
+        assert_eq!(sent.len(), 700, "the rejected 500 are not sent again");
+        assert_eq!(s.type_status(ResourceType::ServiceView), Some((700, None)));
+        let versions = s.versions();
+        let held = versions.iter().filter(|(_, _, has, _)| has.is_some()).count();
+        let rejected = versions.iter().filter(|(_, _, _, rejected)| rejected.is_some()).count();
+        assert_eq!((held, rejected), (700, 500));
+    }
+
+    #[test]
+    fn a_resumed_node_keeps_no_overrides_once_walked() {
+        let snap = snapshot(&many(1200, None));
+        let held: Vec<(String, String)> = snap
+            .for_node(ResourceType::ServiceView, "n1")
+            .filter(|r| r.name != "c/default/s0700")
+            .map(|r| (r.name.clone(), r.version.clone()))
+            .collect();
+        let initial: Vec<(&str, &str)> = held.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        let mut s = StreamState::default();
+        s.on_request(subscribe(&initial)).expect("ok");
+        let sent = sync_all(&mut s, &snap);
+        assert_eq!(sent.iter().flat_map(names).collect::<Vec<_>>(), ["c/default/s0700"]);
+        assert!(s.types[&ResourceType::ServiceView].is_based_without_overrides());
+        assert_eq!(s.type_status(ResourceType::ServiceView), Some((1200, None)));
     }
 
     #[test]
@@ -650,7 +780,7 @@ mod tests {
         s.on_request(subscribe(&[("c/default/a", &a), ("c/default/gone", "v0")])).expect("ok");
         let r = s.next_response(ResourceType::ServiceView, &snap).expect("b and gone");
         assert_eq!(names(&r), ["c/default/b"]);
-        assert_eq!(r.removed_resources, ["c/default/gone"]);
+        assert_eq!(r.removed, ["c/default/gone"]);
 
         let mut same = StreamState::default();
         let b = snap.get(ResourceType::ServiceView, "n1", "c/default/b").expect("b").version.clone();

@@ -240,7 +240,19 @@ fn fanout(a: &Args, out: &mut serde_json::Map<String, serde_json::Value>) {
     let cp_bin = kpx_e2e::process::binary("kpx-controlplane");
     let log_path = dir.path().join("cp.log");
     let log = std::fs::File::create(&log_path).expect("log");
-    let mut cp = std::process::Command::new(cp_bin)
+    // KPX_BENCH_CP_WRAPPER="heaptrack -o /tmp/cp" runs the control plane under a profiler.
+    let wrapper: Vec<String> = std::env::var("KPX_BENCH_CP_WRAPPER")
+        .map(|w| w.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default();
+    let mut command = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut c = std::process::Command::new(program);
+            c.args(args).arg(&cp_bin);
+            c
+        }
+        None => std::process::Command::new(&cp_bin),
+    };
+    let mut cp = command
         .args(["--listen", "127.0.0.1:28000", "--metrics-listen", "127.0.0.1:28002", "--log-format", "json"])
         .arg(format!("--source=file:{}", manifests.display()))
         .env("RUST_LOG", "warn,kpx_controlplane::publisher=info")
@@ -251,6 +263,10 @@ fn fanout(a: &Args, out: &mut serde_json::Map<String, serde_json::Value>) {
     let pid = cp.id();
     let loaded = Instant::now();
     kpx_e2e::wait_for("the control plane's first snapshot", Duration::from_secs(600), || {
+        if let Ok(Some(status)) = cp.try_wait() {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            panic!("kpx-controlplane exited ({status}) before serving:\n{log}");
+        }
         std::fs::read_to_string(&log_path).ok()?.contains("snapshot published").then_some(())
     });
     println!(
@@ -359,7 +375,11 @@ fn fanout(a: &Args, out: &mut serde_json::Map<String, serde_json::Value>) {
         }),
     );
     runtime.shutdown_background();
-    let _ = cp.kill();
+    // SIGTERM, so a profiler wrapper (KPX_BENCH_CP_WRAPPER) passes it on and writes its data.
+    if let Ok(pid) = libc::pid_t::try_from(cp.id()) {
+        // SAFETY: kill(2) on the child this function started.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
     let _ = cp.wait();
 }
 

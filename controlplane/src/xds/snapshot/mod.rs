@@ -31,6 +31,7 @@ use kpx_proto::{NODE_CONFIG_TYPE_URL, SERVICE_VIEW_TYPE_URL};
 
 use crate::model::ClusterState;
 use crate::view::{self, Locality, ViewBuilder};
+use crate::xds::wire::{HasEntry, ResourceEntry};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ResourceType {
@@ -53,17 +54,34 @@ impl ResourceType {
     }
 }
 
-/// One encoded resource.
+/// One encoded resource, with its encoding as it goes on the wire (shared by every stream).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Resource {
     pub name: String,
     pub version: String,
-    pub body: Vec<u8>,
+    entry: ResourceEntry,
 }
 
 impl Resource {
-    fn new(name: String, body: Vec<u8>) -> Self {
-        Resource { version: content_version(&body), name, body }
+    fn new(ty: ResourceType, name: String, body: Vec<u8>) -> Self {
+        let version = content_version(&body);
+        let entry = ResourceEntry::new(&name, &version, ty.type_url(), &body);
+        Resource { version, name, entry }
+    }
+
+    /// The resource's protobuf encoding.
+    pub fn body(&self) -> &[u8] {
+        self.entry.body()
+    }
+}
+
+impl HasEntry for Resource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn entry(&self) -> &ResourceEntry {
+        &self.entry
     }
 }
 
@@ -174,7 +192,11 @@ impl Snapshot {
             }
             for node in state.nodes.values() {
                 let config = view::node_config(node, &options.cluster_cidrs);
-                let resource = configs.intern(Resource::new(config.name.clone(), config.encode()));
+                let resource = configs.intern(Resource::new(
+                    ResourceType::NodeConfig,
+                    config.name.clone(),
+                    config.encode(),
+                ));
                 snapshot.node_configs.insert(resource.name.clone(), resource);
             }
         }
@@ -261,6 +283,35 @@ impl Snapshot {
             names.extend(set.iter().map(String::as_str));
         }
         Some(names)
+    }
+
+    /// The names of `ty` whose resource differs for `node` between `old` and `new`, found
+    /// by merging both in name order (for when `changed_since` no longer knows).
+    pub fn differences(old: &Snapshot, new: &Snapshot, ty: ResourceType, node: &str) -> Vec<String> {
+        use std::cmp::Ordering;
+        let mut before = old.for_node(ty, node).peekable();
+        let mut after = new.for_node(ty, node).peekable();
+        let mut names = Vec::new();
+        loop {
+            let order = match (before.peek(), after.peek()) {
+                (None, None) => break,
+                (Some(_), None) => Ordering::Less,
+                (None, Some(_)) => Ordering::Greater,
+                (Some(a), Some(b)) => a.name.cmp(&b.name),
+            };
+            match order {
+                Ordering::Less => names.extend(before.next().map(|r| r.name.clone())),
+                Ordering::Greater => names.extend(after.next().map(|r| r.name.clone())),
+                Ordering::Equal => {
+                    if let (Some(a), Some(b)) = (before.next(), after.next()) {
+                        if !Arc::ptr_eq(a, b) && a.version != b.version {
+                            names.push(a.name.clone());
+                        }
+                    }
+                }
+            }
+        }
+        names
     }
 
     /// How many resources of `ty` a node gets (without walking them).
@@ -425,5 +476,5 @@ impl Snapshot {
 
 fn encode(builder: &ViewBuilder<'_>, at: Locality<'_>) -> Resource {
     let view = builder.view(at);
-    Resource::new(view.resource_name(), view.encode())
+    Resource::new(ResourceType::ServiceView, view.resource_name(), view.encode())
 }

@@ -38,7 +38,7 @@ fn resource<'a>(snap: &'a Snapshot, node: &str) -> &'a Arc<Resource> {
 }
 
 fn view(snap: &Snapshot, node: &str) -> ServiceView {
-    ServiceView::decode(&resource(snap, node).body).expect("valid view")
+    ServiceView::decode(resource(snap, node).body()).expect("valid view")
 }
 
 fn addrs(endpoints: &[kpx_proto::types::Endpoint]) -> Vec<String> {
@@ -205,6 +205,6 @@ fn node_configs_carry_the_cluster_cidrs() {
     let options = BuildOptions { cluster_cidrs: vec!["10.244.0.0/16".parse().expect("cidr")] };
     let snap = Snapshot::build(&clusters, &Snapshot::default(), &options);
     let config = snap.get(ResourceType::NodeConfig, "n1", "n1").expect("n1");
-    assert_eq!(NodeConfig::decode(&config.body).expect("valid").cluster_cidrs, options.cluster_cidrs);
+    assert_eq!(NodeConfig::decode(config.body()).expect("valid").cluster_cidrs, options.cluster_cidrs);
     assert!(snap.get(ResourceType::NodeConfig, "n1", "n2").is_none());
 }

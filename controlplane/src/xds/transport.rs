@@ -1,0 +1,146 @@
+//! The ADS service as tonic routes it: requests are decoded by tonic, responses are
+//! written as [`wire`](super::wire) frames straight into the HTTP/2 body, so each
+//! resource's shared encoding goes out as it is (no per-stream encode buffer).
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use http_body::Frame;
+use tokio::sync::mpsc;
+use tonic::codec::{BufferSettings, Streaming};
+use tonic::server::NamedService;
+use tonic::transport::server::TcpConnectInfo;
+use tonic::{Code, Status};
+
+use super::server::AdsServer;
+use super::stream::Response;
+
+const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
+const DELTA_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+const STATE_OF_THE_WORLD_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+
+/// Largest request accepted (a reconnecting node's `initial_resource_versions` of 10k
+/// Services is about 0.5 MB).
+const MAX_REQUEST_BYTES: usize = 64 << 20;
+
+/// `envoy.service.discovery.v3.AggregatedDiscoveryService`, delta variant only.
+#[derive(Clone)]
+pub struct AdsService {
+    server: Arc<AdsServer>,
+}
+
+impl AdsService {
+    pub fn new(server: AdsServer) -> Self {
+        AdsService { server: Arc::new(server) }
+    }
+}
+
+impl NamedService for AdsService {
+    const NAME: &'static str = SERVICE;
+}
+
+type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = Result<T, Infallible>> + Send>>;
+
+impl tower_service::Service<http::Request<tonic::body::Body>> for AdsService {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let response = match request.uri().path() {
+            DELTA_PATH => self.delta(request),
+            STATE_OF_THE_WORLD_PATH => Status::unimplemented(
+                "kpx serves the incremental protocol only: use DeltaAggregatedResources",
+            )
+            .into_http(),
+            _ => Status::unimplemented("no such method").into_http(),
+        };
+        Box::pin(async move { Ok(response) })
+    }
+}
+
+impl AdsService {
+    fn delta(&self, request: http::Request<tonic::body::Body>) -> http::Response<tonic::body::Body> {
+        if request.headers().get("grpc-encoding").is_some_and(|e| e != "identity") {
+            return Status::unimplemented("compressed requests are not accepted").into_http();
+        }
+        let peer = request.extensions().get::<TcpConnectInfo>().and_then(TcpConnectInfo::remote_addr);
+        // Requests are small ACKs, after the first: start with a small buffer.
+        let decoder = tonic_prost::ProstCodec::<DeltaDiscoveryResponse, DeltaDiscoveryRequest>::raw_decoder(
+            BufferSettings::new(1024, 32 << 10),
+        );
+        let inbound = Streaming::new_request(decoder, request.into_body(), None, Some(MAX_REQUEST_BYTES));
+        let responses = self.server.open(peer, inbound);
+        let body = ResponseBody { responses, pieces: Vec::new().into_iter(), done: false };
+        let mut response = http::Response::new(tonic::body::Body::new(body));
+        response
+            .headers_mut()
+            .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));
+        response
+    }
+}
+
+/// The response body of one stream: each response's pieces as HTTP/2 data, then the
+/// gRPC status as trailers.
+struct ResponseBody {
+    responses: mpsc::Receiver<Result<Response, Status>>,
+    /// What is left of the response being sent (freed as a whole once sent).
+    pieces: std::vec::IntoIter<Bytes>,
+    done: bool,
+}
+
+impl ResponseBody {
+    fn trailers(status: &Status) -> Frame<Bytes> {
+        let mut trailers = http::HeaderMap::new();
+        if status.add_header(&mut trailers).is_err() {
+            trailers.insert("grpc-status", http::HeaderValue::from(Code::Internal as i32));
+        }
+        Frame::trailers(trailers)
+    }
+}
+
+impl http_body::Body for ResponseBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        loop {
+            if let Some(piece) = self.pieces.next() {
+                return Poll::Ready(Some(Ok(Frame::data(piece))));
+            }
+            if self.done {
+                return Poll::Ready(None);
+            }
+            match self.responses.poll_recv(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(response))) => {
+                    self.pieces = response.frames().into_iter();
+                }
+                Poll::Ready(Some(Err(status))) => {
+                    self.done = true;
+                    return Poll::Ready(Some(Ok(Self::trailers(&status))));
+                }
+                Poll::Ready(None) => {
+                    self.done = true;
+                    return Poll::Ready(Some(Ok(Self::trailers(&Status::new(Code::Ok, "")))));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done && self.pieces.len() == 0
+    }
+}
