@@ -19,6 +19,9 @@ use super::snapshot::{ResourceType, Snapshot};
 use super::stream::{RequestKind, Response, StreamState};
 use crate::metrics::ControlPlaneMetrics;
 
+/// What a stream task hands to the response body: boxed, so the channel's slots stay small.
+pub type Outbound = Result<Box<Response>, Box<Status>>;
+
 /// The newest snapshot; `None` until every source has read its initial state.
 pub type SnapshotReceiver = watch::Receiver<Option<Arc<Snapshot>>>;
 
@@ -32,7 +35,7 @@ pub struct AdsServer {
 
 /// How many first-sync chunks may be in flight at once, across all streams (each up to
 /// `MAX_RESOURCES_PER_RESPONSE` resources).
-pub const WALKS_IN_FLIGHT: usize = 128;
+pub const WALKS_IN_FLIGHT: usize = 32;
 
 impl AdsServer {
     pub fn new(snapshots: SnapshotReceiver, nodes: NodeRegistry, metrics: Arc<ControlPlaneMetrics>) -> Self {
@@ -115,7 +118,7 @@ impl AdsServer {
         &self,
         peer: Option<SocketAddr>,
         inbound: Streaming<DeltaDiscoveryRequest>,
-    ) -> mpsc::Receiver<Result<Response, Status>> {
+    ) -> mpsc::Receiver<Outbound> {
         // At most one response per type is in flight, so this never fills.
         let (tx, rx) = mpsc::channel(4);
         let snapshots = self.snapshots.clone();
@@ -137,7 +140,7 @@ impl AdsServer {
                 Ok(()) => tracing::info!(node, ?peer, "stream closed"),
                 Err(status) => {
                     tracing::warn!(node, ?peer, error = %status.message(), "stream ended");
-                    let _ = tx.send(Err(status)).await;
+                    let _ = tx.send(Err(Box::new(status))).await;
                 }
             }
         });
@@ -148,7 +151,7 @@ impl AdsServer {
 async fn serve_stream(
     state: &mut StreamState,
     mut inbound: Streaming<DeltaDiscoveryRequest>,
-    tx: &mpsc::Sender<Result<Response, Status>>,
+    tx: &mpsc::Sender<Outbound>,
     mut snapshots: SnapshotReceiver,
     reporter: &Reporter,
     mut queries: mpsc::Receiver<tokio::sync::oneshot::Sender<super::nodes::Versions>>,
@@ -200,7 +203,7 @@ async fn serve_stream(
                         "sending delta"
                     );
                     reporter.sent(state, ty, &response);
-                    if tx.send(Ok(response)).await.is_err() {
+                    if tx.send(Ok(Box::new(response))).await.is_err() {
                         return Ok(());
                     }
                 }

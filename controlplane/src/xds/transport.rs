@@ -16,8 +16,7 @@ use tonic::server::NamedService;
 use tonic::transport::server::TcpConnectInfo;
 use tonic::{Code, Status};
 
-use super::server::AdsServer;
-use super::stream::Response;
+use super::server::{AdsServer, Outbound};
 
 const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
 const DELTA_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
@@ -92,7 +91,7 @@ impl AdsService {
 /// The response body of one stream: each response's pieces as HTTP/2 data, then the
 /// gRPC status as trailers.
 struct ResponseBody {
-    responses: mpsc::Receiver<Result<Response, Status>>,
+    responses: mpsc::Receiver<Outbound>,
     /// What is left of the response being sent (freed as a whole once sent).
     pieces: std::vec::IntoIter<Bytes>,
     done: bool,
