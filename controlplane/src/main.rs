@@ -25,7 +25,9 @@ use tokio::sync::watch;
     about = "kpx control plane: serves per-node Service views over delta xDS"
 )]
 struct Args {
-    /// Where cluster state comes from: `[NAME=]file:DIR` (a folder of manifests). Repeatable.
+    /// Where cluster state comes from: `[NAME=]file:DIR` (a folder of manifests),
+    /// `[NAME=]kubeconfig:PATH[#CONTEXT]` or `[NAME=]in-cluster` (a Kubernetes API server).
+    /// Repeatable: each NAME is a cluster, the home of its own nodes.
     #[arg(long = "source", required = true, value_name = "SOURCE")]
     sources: Vec<SourceSpec>,
     /// The cluster's pod CIDR(s): traffic from inside them is pod traffic, not
@@ -70,13 +72,6 @@ fn main() -> ExitCode {
         eprintln!("kpx-controlplane: --source: cluster name {:?} given twice", dup.cluster);
         return ExitCode::from(2);
     }
-    for spec in &args.sources {
-        let source::SourceKind::File(dir) = &spec.kind;
-        if !dir.is_dir() {
-            eprintln!("kpx-controlplane: --source {}=file:{}: not a folder", spec.cluster, dir.display());
-            return ExitCode::from(2);
-        }
-    }
     init_logs(args.log_format);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
@@ -85,7 +80,17 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(run(args)) {
+    let mut prepared = Vec::new();
+    for spec in &args.sources {
+        match runtime.block_on(source::prepare(spec)) {
+            Ok(p) => prepared.push(p),
+            Err(e) => {
+                eprintln!("kpx-controlplane: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    match runtime.block_on(run(args, prepared)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -106,13 +111,13 @@ fn init_logs(format: LogFormat) {
     }
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
+async fn run(args: Args, prepared: Vec<source::Prepared>) -> anyhow::Result<()> {
     let mut sources = BTreeMap::new();
     let mut source_list = Vec::new();
-    for spec in &args.sources {
-        let rx = source::spawn(spec);
+    for (spec, prepared) in args.sources.iter().zip(prepared) {
+        let (rx, reachability) = source::spawn(&spec.cluster, prepared);
         source_list.push((spec.clone(), rx.clone()));
-        sources.insert(spec.cluster.clone(), rx);
+        sources.insert(spec.cluster.clone(), (rx, reachability));
     }
     let metrics = Arc::new(ControlPlaneMetrics::default());
     let nodes = NodeRegistry::default();

@@ -9,13 +9,13 @@ use tokio::sync::watch;
 
 use crate::metrics::ControlPlaneMetrics;
 use crate::model::ClusterState;
-use crate::source::StateReceiver;
+use crate::source::{ReachabilityReceiver, StateReceiver};
 use crate::xds::snapshot::BuildOptions;
 use crate::xds::Snapshot;
 
 /// Runs until every source is gone.
 pub async fn run(
-    mut sources: BTreeMap<String, StateReceiver>,
+    mut sources: BTreeMap<String, (StateReceiver, ReachabilityReceiver)>,
     options: BuildOptions,
     tx: watch::Sender<Option<Arc<Snapshot>>>,
     metrics: Arc<ControlPlaneMetrics>,
@@ -24,7 +24,7 @@ pub async fn run(
     loop {
         let states: Option<BTreeMap<String, Arc<ClusterState>>> = sources
             .iter_mut()
-            .map(|(name, rx)| rx.borrow_and_update().clone().map(|s| (name.clone(), s)))
+            .map(|(name, (rx, _))| rx.borrow_and_update().clone().map(|s| (name.clone(), s)))
             .collect();
         if let Some(states) = states {
             let started = std::time::Instant::now();
@@ -41,7 +41,7 @@ pub async fn run(
             previous = Arc::clone(&snapshot);
             tx.send_replace(Some(snapshot));
         }
-        let changes = sources.values_mut().map(|rx| Box::pin(rx.changed()));
+        let changes = sources.values_mut().map(|(rx, _)| Box::pin(rx.changed()));
         if futures::future::select_all(changes).await.0.is_err() {
             return;
         }

@@ -61,13 +61,12 @@ impl Netns {
 
     /// Runs `f` on a thread that has entered this namespace: sockets it creates live here.
     pub fn run_in<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let path = format!("/run/netns/{}", self.name);
-        std::thread::spawn(move || {
-            enter(&path);
-            f()
-        })
-        .join()
-        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+        self.place().run_in(f)
+    }
+
+    /// A way back into this namespace that does not own it.
+    pub fn place(&self) -> NetnsPlace {
+        NetnsPlace { path: format!("/run/netns/{}", self.name) }
     }
 
     /// Starts `f` on a thread inside this namespace and returns at once.
@@ -77,6 +76,25 @@ impl Netns {
             enter(&path);
             f()
         })
+    }
+}
+
+/// Where a namespace is (it is removed by its [`Netns`], not by this).
+#[derive(Debug, Clone)]
+pub struct NetnsPlace {
+    path: String,
+}
+
+impl NetnsPlace {
+    /// Runs `f` on a thread that has entered the namespace.
+    pub fn run_in<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let path = self.path.clone();
+        std::thread::spawn(move || {
+            enter(&path);
+            f()
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
     }
 }
 

@@ -166,6 +166,14 @@ impl Topology {
         KpxProcess::start(&self.node, "kpx-controlplane", &args, self.log_path("controlplane"))
     }
 
+    /// The control plane reading `sources` (`--source` values) instead of the manifest folder.
+    pub fn start_control_plane_from(&self, sources: &[String], extra: &[&str]) -> KpxProcess {
+        let mut args: Vec<String> = sources.iter().map(|s| format!("--source={s}")).collect();
+        args.push(format!("--listen={CONTROL_PLANE_ADDR}"));
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        KpxProcess::start(&self.node, "kpx-controlplane", &args, self.log_path("controlplane"))
+    }
+
     pub fn start_dataplane(&self) -> KpxProcess {
         self.start_dataplane_with(ProxyBackend::Nftables, &[])
     }

@@ -24,11 +24,18 @@ type Fingerprint = BTreeMap<PathBuf, (u64, Option<SystemTime>)>;
 /// re-parses only the files that changed.
 type ParsedFiles = BTreeMap<PathBuf, ((u64, Option<SystemTime>), Arc<Vec<Object>>)>;
 
-pub async fn run(cluster: String, dir: PathBuf, tx: watch::Sender<Option<Arc<ClusterState>>>) {
+pub async fn run(
+    cluster: String,
+    dir: PathBuf,
+    tx: watch::Sender<Option<Arc<ClusterState>>>,
+    reachability: watch::Sender<super::Reachability>,
+) {
     let mut last: Option<Fingerprint> = None;
     let mut parsed = ParsedFiles::new();
     loop {
-        match fingerprint(&dir) {
+        let listed = fingerprint(&dir);
+        reachability.send_if_modified(|r| r.observe(&cluster, listed.is_ok()));
+        match listed {
             Ok(print) if last.as_ref() != Some(&print) => {
                 // Let a writer finish: read only once the folder has been still for a moment.
                 tokio::time::sleep(SETTLE).await;

@@ -3,10 +3,12 @@
 //! complete read, so nothing partial is ever served.
 
 pub mod file;
+pub mod kubernetes;
 pub mod manifest;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::sync::watch;
 
@@ -15,7 +17,7 @@ use crate::model::ClusterState;
 /// The name a source gets when `--source` does not give one.
 pub const DEFAULT_CLUSTER: &str = "default";
 
-/// A `--source` argument: `[NAME=]file:DIR`.
+/// A `--source` argument: `[NAME=]file:DIR`, `[NAME=]kubeconfig:PATH[#CONTEXT]` or `[NAME=]in-cluster`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceSpec {
     pub cluster: String,
@@ -25,14 +27,15 @@ pub struct SourceSpec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SourceKind {
     File(PathBuf),
+    Kube(kubernetes::KubeTarget),
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SpecError {
-    #[error("--source {0:?}: expected [NAME=]file:DIR")]
+    #[error(
+        "--source {0:?}: expected [NAME=]file:DIR, [NAME=]kubeconfig:PATH[#CONTEXT] or [NAME=]in-cluster"
+    )]
     Malformed(String),
-    #[error("--source {0:?}: the {1} source is not available in this build (use file:DIR)")]
-    Unsupported(String, String),
     #[error("--source {0:?}: cluster name {1:?} must be lower-case letters, digits and '-'")]
     BadName(String, String),
 }
@@ -58,7 +61,18 @@ impl std::str::FromStr for SourceSpec {
             "file" if !arg.is_empty() => {
                 Ok(SourceSpec { cluster, kind: SourceKind::File(PathBuf::from(arg)) })
             }
-            "kubeconfig" | "in-cluster" => Err(SpecError::Unsupported(text.into(), scheme.into())),
+            "kubeconfig" if !arg.is_empty() => {
+                let (path, context) = match arg.split_once('#') {
+                    Some((path, context)) if !context.is_empty() => (path, Some(context.to_owned())),
+                    Some(_) => return Err(SpecError::Malformed(text.into())),
+                    None => (arg, None),
+                };
+                let target = kubernetes::KubeTarget::Kubeconfig { path: PathBuf::from(path), context };
+                Ok(SourceSpec { cluster, kind: SourceKind::Kube(target) })
+            }
+            "in-cluster" if arg.is_empty() => {
+                Ok(SourceSpec { cluster, kind: SourceKind::Kube(kubernetes::KubeTarget::InCluster) })
+            }
             _ => Err(SpecError::Malformed(text.into())),
         }
     }
@@ -68,6 +82,7 @@ impl std::fmt::Display for SourceSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kind {
             SourceKind::File(dir) => write!(f, "{}=file:{}", self.cluster, dir.display()),
+            SourceKind::Kube(target) => write!(f, "{}={target}", self.cluster),
         }
     }
 }
@@ -75,15 +90,73 @@ impl std::fmt::Display for SourceSpec {
 /// What a running source publishes.
 pub type StateReceiver = watch::Receiver<Option<Arc<ClusterState>>>;
 
-/// Starts a source's task; it runs until the process ends.
-pub fn spawn(spec: &SourceSpec) -> StateReceiver {
-    let (tx, rx) = watch::channel(None);
-    match &spec.kind {
-        SourceKind::File(dir) => {
-            tokio::spawn(file::run(spec.cluster.clone(), dir.clone(), tx));
+/// Whether a source's cluster answers (its API server, its folder).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reachability {
+    /// Since when it has not answered; `None` while it does.
+    pub unreachable_since: Option<Instant>,
+}
+
+impl Reachability {
+    /// Records one attempt; true when that changes whether it is reachable.
+    pub fn observe(&mut self, cluster: &str, answered: bool) -> bool {
+        match (answered, self.unreachable_since) {
+            (true, Some(since)) => {
+                tracing::info!(cluster, down_s = since.elapsed().as_secs(), "cluster reachable again");
+                self.unreachable_since = None;
+                true
+            }
+            (false, None) => {
+                tracing::warn!(cluster, "cluster unreachable");
+                self.unreachable_since = Some(Instant::now());
+                true
+            }
+            _ => false,
         }
     }
-    rx
+}
+
+pub type ReachabilityReceiver = watch::Receiver<Reachability>;
+
+/// A source checked and ready to run.
+pub enum Prepared {
+    File(PathBuf),
+    Kube(::kube::Client),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error("--source {0}: not a folder")]
+    NotAFolder(String),
+    #[error("--source {0}: {1}")]
+    Kube(String, kubernetes::KubeSourceError),
+}
+
+/// Checks a source's configuration (the folder exists, the kubeconfig reads).
+pub async fn prepare(spec: &SourceSpec) -> Result<Prepared, PrepareError> {
+    match &spec.kind {
+        SourceKind::File(dir) if dir.is_dir() => Ok(Prepared::File(dir.clone())),
+        SourceKind::File(_) => Err(PrepareError::NotAFolder(spec.to_string())),
+        SourceKind::Kube(target) => kubernetes::client(target)
+            .await
+            .map(Prepared::Kube)
+            .map_err(|e| PrepareError::Kube(spec.to_string(), e)),
+    }
+}
+
+/// Starts a source's tasks; they run until the process ends.
+pub fn spawn(cluster: &str, prepared: Prepared) -> (StateReceiver, ReachabilityReceiver) {
+    let (tx, rx) = watch::channel(None);
+    let (reach_tx, reach_rx) = watch::channel(Reachability::default());
+    match prepared {
+        Prepared::File(dir) => {
+            tokio::spawn(file::run(cluster.to_owned(), dir, tx, reach_tx));
+        }
+        Prepared::Kube(client) => {
+            tokio::spawn(kubernetes::run(cluster.to_owned(), client, tx, reach_tx));
+        }
+    }
+    (rx, reach_rx)
 }
 
 #[cfg(test)]
@@ -98,6 +171,14 @@ mod tests {
         assert_eq!(s.cluster, "east");
         assert!(matches!("nothing".parse::<SourceSpec>(), Err(SpecError::Malformed(_))));
         assert!(matches!("Bad_Name=file:/a".parse::<SourceSpec>(), Err(SpecError::BadName(..))));
-        assert!(matches!("kubeconfig:/k".parse::<SourceSpec>(), Err(SpecError::Unsupported(..))));
+        let s: SourceSpec = "west=kubeconfig:/k/config#ctx-1".parse().expect("valid");
+        let target =
+            kubernetes::KubeTarget::Kubeconfig { path: "/k/config".into(), context: Some("ctx-1".into()) };
+        assert_eq!(s, SourceSpec { cluster: "west".into(), kind: SourceKind::Kube(target) });
+        assert_eq!(s.to_string(), "west=kubeconfig:/k/config#ctx-1");
+        let s: SourceSpec = "in-cluster".parse().expect("valid");
+        assert_eq!(s.kind, SourceKind::Kube(kubernetes::KubeTarget::InCluster));
+        assert!(matches!("kubeconfig:/k#".parse::<SourceSpec>(), Err(SpecError::Malformed(_))));
+        assert!(matches!("in-cluster:x".parse::<SourceSpec>(), Err(SpecError::Malformed(_))));
     }
 }

@@ -61,6 +61,14 @@ pub fn parse(text: &str) -> Vec<Result<Object, ManifestError>> {
     out
 }
 
+/// Reads one object as an API server delivers it (a Service, EndpointSlice or Node);
+/// `None` for other kinds.
+pub fn object(value: serde_yaml::Value) -> Option<Result<Object, ManifestError>> {
+    let mut out = Vec::new();
+    read_value(0, value, &mut out);
+    out.pop()
+}
+
 fn read_value(document: usize, value: serde_yaml::Value, out: &mut Vec<Result<Object, ManifestError>>) {
     if value.is_null() {
         return;

@@ -1,0 +1,168 @@
+//! The Kubernetes source: kpx-controlplane reads a cluster through kube-rs from
+//! an API server that speaks the real list/watch protocol (tests/src/fake_apiserver.rs),
+//! and a node agent programs what it serves; traffic proves it.
+
+use std::path::PathBuf;
+
+use kpx_e2e::fake_apiserver::{FakeApiServer, Kind};
+use kpx_e2e::manifests::{documents, ep, service, slice, web_on_pod0};
+use kpx_e2e::process::{binary, KpxProcess};
+use kpx_e2e::topology::{node_yaml, sock, Topology, NODE_NAME};
+use kpx_e2e::traffic::Backend;
+use kpx_e2e::{wait_for, DEADLINE};
+
+const API_PORT: u16 = 16443;
+
+struct Cluster {
+    t: Topology,
+    api: FakeApiServer,
+    kubeconfig: PathBuf,
+    _backends: Vec<Backend>,
+}
+
+/// A node in zone-a, two pods serving :8080, and an API server holding the Node object.
+fn cluster() -> Cluster {
+    let t = Topology::new(2);
+    let backends = t.start_backends(8080);
+    let api = FakeApiServer::start(&t.node, sock("127.0.0.1", API_PORT));
+    api.apply_yaml(&node_yaml(NODE_NAME, "zone-a"));
+    let kubeconfig = t.dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    Cluster { t, api, kubeconfig, _backends: backends }
+}
+
+impl Cluster {
+    fn start_control_plane(&self) -> KpxProcess {
+        self.t.start_control_plane_from(&[format!("kubeconfig:{}", self.kubeconfig.display())], &[])
+    }
+}
+
+fn kpxctl(t: &Topology, args: &[&str]) -> std::process::Output {
+    t.node.try_exec(&binary("kpxctl").display().to_string(), args)
+}
+
+/// How many deltas the node agent has applied.
+fn applied(dp: &KpxProcess) -> usize {
+    dp.events().iter().filter(|e| e["message"] == "delta applied").count()
+}
+
+#[test]
+fn nothing_is_served_until_every_initial_list_is_complete() {
+    let c = cluster();
+    c.api.apply_yaml(&web_on_pod0("web", "10.96.0.10"));
+    c.api.hold(Kind::EndpointSlice);
+    let cp = c.start_control_plane();
+    let _dp = c.t.start_dataplane();
+    wait_for("Services and Nodes listed and watched, EndpointSlices listing", DEADLINE, || {
+        let watching = c.api.requests("watch", Kind::Service) > 0 && c.api.requests("watch", Kind::Node) > 0;
+        (watching && c.api.requests("list", Kind::EndpointSlice) > 0).then_some(())
+    });
+    cp.wait_event("the control plane to wait for the lists", DEADLINE, |e| {
+        e["message"] == "waiting for the initial lists of Services, EndpointSlices and Nodes"
+    });
+    // The Service is known, its endpoints are not: serving it now would program a Service
+    // without endpoints (rejecting traffic). Nothing is served at all.
+    let out = kpxctl(&c.t, &["services"]);
+    assert!(
+        !out.status.success(),
+        "the admin API must have no snapshot yet: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("synced yet"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!c.t.ruleset().contains("10.96.0.10"), "nothing may be programmed before the lists are complete");
+
+    c.api.release(Kind::EndpointSlice);
+    c.t.wait_answered_by("10.96.0.10", 80, "pod0");
+}
+
+#[test]
+fn a_relist_after_410_and_an_api_server_restart_send_nodes_nothing() {
+    let mut c = cluster();
+    c.api.apply_yaml(&web_on_pod0("web", "10.96.0.10"));
+    let _cp = c.start_control_plane();
+    let dp = c.t.start_dataplane();
+    c.t.wait_answered_by("10.96.0.10", 80, "pod0");
+    let synced = applied(&dp);
+
+    // History compacted and every watch cut: the watches resume from a version that is
+    // gone, get 410 Gone, and list everything again.
+    let lists = c.api.requests("list", Kind::Service);
+    c.api.expire_history();
+    c.api.drop_watches();
+    wait_for("Services listed again after 410", DEADLINE, || {
+        (c.api.requests("list", Kind::Service) > lists).then_some(())
+    });
+    // A change made after the relist reaches the node: the source is live again...
+    let moved = documents(&[
+        service("web", "  clusterIP: 10.96.0.10\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n", ""),
+        slice("web", "web-1", false, &[("http", "TCP", 8080)], &[ep(Topology::pod_ip(1))]),
+    ]);
+    c.api.apply_yaml(&moved);
+    c.t.wait_answered_by("10.96.0.10", 80, "pod1");
+    // ...and the identical relist before it sent the node nothing.
+    wait_for("the change to be applied", DEADLINE, || (applied(&dp) > synced).then_some(()));
+    assert_eq!(applied(&dp), synced + 1, "one delta for the one change, none for the relist");
+
+    // The API server restarts (its watch cache gone: relist); nothing changed meanwhile.
+    let lists = c.api.requests("list", Kind::EndpointSlice);
+    c.api.stop();
+    c.api.expire_history();
+    c.api.restart();
+    wait_for("EndpointSlices listed again after the restart", DEADLINE, || {
+        (c.api.requests("list", Kind::EndpointSlice) > lists).then_some(())
+    });
+    c.api.apply_yaml(&web_on_pod0("web", "10.96.0.10"));
+    c.t.wait_answered_by("10.96.0.10", 80, "pod0");
+    wait_for("the change to be applied", DEADLINE, || (applied(&dp) > synced + 1).then_some(()));
+    assert_eq!(applied(&dp), synced + 2, "one delta for the second change, none for the restart");
+}
+
+#[test]
+fn the_node_objects_zone_feeds_topology_hints() {
+    let c = cluster();
+    let spec = "  clusterIP: 10.96.0.20\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
+    let hinted = documents(&[
+        service("zoned", spec, ""),
+        slice(
+            "zoned",
+            "zoned-1",
+            false,
+            &[("http", "TCP", 8080)],
+            &[
+                ep(Topology::pod_ip(0)).for_zone("zone-a"),
+                ep(Topology::pod_ip(1)).on("node-b").for_zone("zone-b"),
+            ],
+        ),
+    ]);
+    c.api.apply_yaml(&hinted);
+    c.api.apply_yaml(
+        &node_yaml("node-b", "zone-b")
+            .replace("10.0.0.1", "10.0.9.1")
+            .replace("10.0.1.1", "10.0.9.2")
+            .replace("fd00::1", "fd00:9::1"),
+    );
+    let _cp = c.start_control_plane();
+    let _dp = c.t.start_dataplane();
+    c.t.wait_answered_by("10.96.0.20", 80, "pod0");
+    let endpoints_for = |node: &str| -> Vec<String> {
+        let out = kpxctl(&c.t, &["endpoints", "test/zoned", "--node", node, "-o", "json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        json["views"][0]["view"]["ports"][0]["endpoints"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|e| e["address"].as_str().map(str::to_owned)).collect())
+            .unwrap_or_default()
+    };
+    assert_eq!(endpoints_for(NODE_NAME), [Topology::pod_ip(0)], "zone-a's node uses zone-a's endpoint");
+    assert_eq!(endpoints_for("node-b"), [Topology::pod_ip(1)], "zone-b's node uses zone-b's endpoint");
+    // Every connection through node-a stays in zone-a.
+    let to = sock("10.96.0.20", 80);
+    for _ in 0..20 {
+        let answer = c.t.client.run_in(move || kpx_e2e::traffic::tcp_request(to));
+        assert_eq!(answer, kpx_e2e::traffic::Answer::From("pod0".into()));
+    }
+}
