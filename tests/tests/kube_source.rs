@@ -77,6 +77,49 @@ fn nothing_is_served_until_every_initial_list_is_complete() {
 
     c.api.release(Kind::EndpointSlice);
     c.t.wait_answered_by("10.96.0.10", 80, "pod0");
+    rbac_covers_what_was_asked(&c.api);
+}
+
+/// deploy/kubernetes/rbac.yaml grants every request the control plane made (the fake
+/// API server serves nothing else, so anything more would have failed above).
+fn rbac_covers_what_was_asked(api: &FakeApiServer) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes/rbac.yaml");
+    let text = std::fs::read_to_string(path).expect("deploy/kubernetes/rbac.yaml");
+    let mut granted = std::collections::BTreeSet::new();
+    for document in serde_yaml::Deserializer::from_str(&text) {
+        let doc: serde_json::Value = serde::Deserialize::deserialize(document).expect("YAML");
+        if doc["kind"] != "ClusterRole" {
+            continue;
+        }
+        for rule in doc["rules"].as_array().into_iter().flatten() {
+            for group in rule["apiGroups"].as_array().into_iter().flatten() {
+                for resource in rule["resources"].as_array().into_iter().flatten() {
+                    for verb in rule["verbs"].as_array().into_iter().flatten() {
+                        granted.insert(format!(
+                            "{}/{}:{}",
+                            group.as_str().unwrap_or("?"),
+                            resource.as_str().unwrap_or("?"),
+                            verb.as_str().unwrap_or("?")
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    for (kind, resource) in [
+        (Kind::Service, "/services"),
+        (Kind::EndpointSlice, "discovery.k8s.io/endpointslices"),
+        (Kind::Node, "/nodes"),
+    ] {
+        for verb in ["list", "watch"] {
+            assert!(api.requests(verb, kind) > 0, "the control plane did {verb} {resource}");
+            assert!(
+                granted.contains(&format!("{resource}:{verb}")),
+                "rbac.yaml must grant {verb} on {resource}: {granted:?}"
+            );
+        }
+    }
+    assert_eq!(granted.len(), 6, "nothing beyond list/watch of the three kinds: {granted:?}");
 }
 
 #[test]
