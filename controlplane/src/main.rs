@@ -35,6 +35,10 @@ struct Args {
     /// Without it, each node uses its own podCIDRs.
     #[arg(long = "cluster-cidr", value_name = "CIDR", value_parser = cidr)]
     cluster_cidrs: Vec<IpNet>,
+    /// How long a cluster may be unreachable (API server or folder) before its endpoints
+    /// are withdrawn from the other clusters' global Services (e.g. 90s, 5m).
+    #[arg(long, default_value = "5m", value_parser = duration)]
+    cluster_grace_period: std::time::Duration,
     /// gRPC address: delta ADS, the admin API, health and reflection.
     #[arg(long, default_value = "0.0.0.0:18000")]
     listen: SocketAddr,
@@ -51,6 +55,32 @@ fn cidr(text: &str) -> Result<IpNet, String> {
     text.parse::<IpNet>()
         .map(|net| net.trunc())
         .map_err(|_| format!("{text:?} is not a CIDR (e.g. 10.244.0.0/16)"))
+}
+
+/// A duration as `90s`, `5m`, `1h30m`, `500ms`.
+fn duration(text: &str) -> Result<std::time::Duration, String> {
+    let bad = || format!("{text:?} is not a duration (e.g. 90s, 5m, 1h30m)");
+    let mut total = std::time::Duration::ZERO;
+    let mut rest = text;
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let number: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let scale = match &rest[..unit] {
+            "ms" => std::time::Duration::from_millis(1),
+            "s" => std::time::Duration::from_secs(1),
+            "m" => std::time::Duration::from_secs(60),
+            "h" => std::time::Duration::from_secs(3600),
+            _ => return Err(bad()),
+        };
+        rest = &rest[unit..];
+        total += scale * u32::try_from(number).map_err(|_| bad())?;
+    }
+    Ok(total)
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -125,8 +155,14 @@ async fn run(args: Args, prepared: Vec<source::Prepared>) -> anyhow::Result<()> 
     let mut cluster_cidrs = args.cluster_cidrs.clone();
     cluster_cidrs.sort();
     cluster_cidrs.dedup();
-    let options = BuildOptions { cluster_cidrs };
-    tokio::spawn(publisher::run(sources, options, snapshot_tx, Arc::clone(&metrics)));
+    let options = BuildOptions { cluster_cidrs, ..Default::default() };
+    tokio::spawn(publisher::run(
+        sources,
+        options,
+        args.cluster_grace_period,
+        snapshot_tx,
+        Arc::clone(&metrics),
+    ));
     let metrics_listener = tokio::net::TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("cannot listen on {} (--metrics-listen)", args.metrics_listen))?;
@@ -189,6 +225,16 @@ async fn shutdown() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration("90s"), Ok(std::time::Duration::from_secs(90)));
+        assert_eq!(duration("1h30m"), Ok(std::time::Duration::from_secs(5400)));
+        assert_eq!(duration("250ms"), Ok(std::time::Duration::from_millis(250)));
+        assert!(duration("").is_err());
+        assert!(duration("5").is_err());
+        assert!(duration("5d").is_err());
+    }
 
     #[test]
     fn cluster_cidrs_are_repeatable_and_a_bad_one_names_the_flag() {

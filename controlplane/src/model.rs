@@ -80,6 +80,23 @@ pub struct Service {
     pub health_check_node_port: Option<u16>,
     /// `sessionAffinity: ClientIP` with this timeout in seconds.
     pub session_affinity_timeout: Option<u32>,
+    /// Annotation `service.kpx.io/global: "true"`: one Service with the Services of the
+    /// same namespace/name marked global in the other clusters, endpoints from all.
+    pub global: bool,
+    /// Annotation `service.kpx.io/affinity` (global Services).
+    pub cluster_affinity: ClusterAffinity,
+}
+
+/// Which cluster's endpoints a global Service prefers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClusterAffinity {
+    /// All clusters' endpoints alike.
+    #[default]
+    None,
+    /// Its own cluster's, others' only while it has no ready endpoint.
+    Local,
+    /// Other clusters', its own only while they have no ready endpoint.
+    Remote,
 }
 
 impl Service {

@@ -124,6 +124,7 @@ mod tests {
                 port: 53,
                 node_name: String::new(),
                 terminating: false,
+                cluster: String::new(),
             })
             .collect();
         let mut port = ServicePort::new("dns", Protocol::Udp, 53, eps);

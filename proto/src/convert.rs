@@ -98,6 +98,7 @@ fn endpoints(field: &str, list: Vec<pb::Endpoint>, families: Families) -> Result
                 port: port(&format!("{at}.port"), e.port)?,
                 node_name: e.node_name,
                 terminating: e.terminating,
+                cluster: e.cluster,
             })
         })
         .collect()
@@ -198,6 +199,7 @@ impl ServiceView {
                     port: u32::from(e.port),
                     node_name: e.node_name.clone(),
                     terminating: e.terminating,
+                    cluster: e.cluster.clone(),
                 })
                 .collect()
         };
@@ -299,6 +301,7 @@ mod tests {
                     port: 8080,
                     node_name: "n1".into(),
                     terminating: false,
+                    cluster: String::new(),
                 }],
                 node_port: 30080,
                 local_endpoints: vec![],

@@ -316,7 +316,13 @@ mod tests {
     use crate::types::{Endpoint, ServicePort};
 
     fn ep(a: &str, node: &str) -> Endpoint {
-        Endpoint { address: a.parse().expect("ip"), port: 8080, node_name: node.into(), terminating: false }
+        Endpoint {
+            address: a.parse().expect("ip"),
+            port: 8080,
+            node_name: node.into(),
+            terminating: false,
+            cluster: String::new(),
+        }
     }
 
     fn node() -> NodeConfig {

@@ -119,6 +119,8 @@ pub struct Endpoint {
     pub port: u16,
     pub node_name: String,
     pub terminating: bool,
+    /// The cluster it comes from when not the Service's own ("" otherwise).
+    pub cluster: String,
 }
 
 /// What a node needs to know about itself.

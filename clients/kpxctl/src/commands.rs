@@ -111,6 +111,7 @@ pub async fn run(cli: &Cli) -> anyhow::Result<String> {
                             String::new(),
                             String::new(),
                             String::new(),
+                            String::new(),
                         ]);
                     }
                     for (set, e) in eps {
@@ -119,13 +120,14 @@ pub async fn run(cli: &Cli) -> anyhow::Result<String> {
                             port_name.clone(),
                             endpoint_text(&e.address, e.port),
                             e.node_name.clone(),
+                            if e.cluster.is_empty() { view.cluster.clone() } else { e.cluster.clone() },
                             set.to_owned(),
                             if e.terminating { "terminating".into() } else { "ready".into() },
                         ]);
                     }
                 }
             }
-            Ok(table::render(&["VIEW-FOR", "PORT", "ENDPOINT", "NODE", "SET", "STATE"], &rows))
+            Ok(table::render(&["VIEW-FOR", "PORT", "ENDPOINT", "NODE", "CLUSTER", "SET", "STATE"], &rows))
         }
         Command::Nodes { node: Some(node) } => {
             let mut c = ControlPlaneAdminClient::new(connect(&cli.control_plane, CP).await?);
@@ -323,7 +325,12 @@ fn endpoint_text(address: &str, port: u32) -> String {
 
 fn view_json(v: &pb::ServiceView) -> Value {
     let eps = |list: &[pb::Endpoint]| -> Vec<Value> {
-        list.iter().map(|e| json!({"address": e.address, "port": e.port, "node": e.node_name, "terminating": e.terminating})).collect()
+        list.iter()
+            .map(|e| {
+                let cluster = if e.cluster.is_empty() { &v.cluster } else { &e.cluster };
+                json!({"address": e.address, "port": e.port, "node": e.node_name, "terminating": e.terminating, "cluster": cluster})
+            })
+            .collect()
     };
     let ports: Vec<Value> = v
         .ports

@@ -24,7 +24,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use kpx_proto::types::{NodeConfig, ServicePort, ServiceView};
 
-use crate::model::{EndpointSlice, Node, Service, ServiceType};
+use crate::model::{ClusterAffinity, EndpointSlice, Node, Service, ServiceType};
 use select::{categorize, Candidate, Policy};
 
 /// Whether kpx programs this Service at all.
@@ -80,7 +80,30 @@ pub struct ViewBuilder<'a> {
 
 impl<'a> ViewBuilder<'a> {
     pub fn new(cluster: &'a str, svc: &'a Service, slices: &[&'a EndpointSlice]) -> Self {
-        let ports = svc.ports.iter().map(|port| candidates(svc, port, slices)).collect();
+        Self::global(cluster, svc, slices, &[])
+    }
+
+    /// A global Service: its own `slices` and, from other clusters, `remote` ones (with
+    /// their cluster's name), weighed by the Service's cluster affinity.
+    pub fn global(
+        cluster: &'a str,
+        svc: &'a Service,
+        slices: &[&'a EndpointSlice],
+        remote: &[(&'a str, &'a EndpointSlice)],
+    ) -> Self {
+        let all: Vec<(Option<&'a str>, &'a EndpointSlice)> =
+            slices.iter().map(|s| (None, *s)).chain(remote.iter().map(|(c, s)| (Some(*c), *s))).collect();
+        let ports = svc
+            .ports
+            .iter()
+            .map(|port| {
+                let mut families = candidates(svc, port, &all);
+                for family in &mut families {
+                    prefer(family, svc.cluster_affinity);
+                }
+                families
+            })
+            .collect();
         ViewBuilder { cluster, svc, ports }
     }
 
@@ -173,10 +196,10 @@ fn sorted<T: Ord + Clone>(list: &[T]) -> Vec<T> {
 fn candidates<'a>(
     svc: &Service,
     port: &crate::model::ServicePort,
-    slices: &[&'a EndpointSlice],
+    slices: &[(Option<&'a str>, &'a EndpointSlice)],
 ) -> Vec<Vec<Candidate<'a>>> {
     let mut unique: BTreeMap<(IpAddr, u16), Candidate<'a>> = BTreeMap::new();
-    for slice in slices {
+    for &(cluster, slice) in slices {
         let Some(slice_port) =
             slice.ports.iter().find(|p| p.name == port.name && p.protocol == port.protocol)
         else {
@@ -184,7 +207,7 @@ fn candidates<'a>(
         };
         for source in &slice.endpoints {
             for &address in &source.addresses {
-                let candidate = Candidate { address, port: slice_port.port, source };
+                let candidate = Candidate { address, port: slice_port.port, source, cluster };
                 unique
                     .entry((address, slice_port.port))
                     .and_modify(|known| {
@@ -201,6 +224,19 @@ fn candidates<'a>(
         .into_iter()
         .map(|v4| unique.values().filter(|c| c.address.is_ipv4() == v4).copied().collect())
         .collect()
+}
+
+/// A global Service's cluster affinity: with `Local`, endpoints of other clusters are
+/// used only while its own cluster has no ready endpoint (`Remote` the other way round).
+fn prefer(family: &mut Vec<Candidate<'_>>, affinity: ClusterAffinity) {
+    let preferred = |c: &Candidate<'_>| match affinity {
+        ClusterAffinity::None => true,
+        ClusterAffinity::Local => c.cluster.is_none(),
+        ClusterAffinity::Remote => c.cluster.is_some(),
+    };
+    if family.iter().any(|c| c.ready() && preferred(c)) {
+        family.retain(preferred);
+    }
 }
 
 /// The node config of a Node object; `cluster_cidrs` are the control plane's `--cluster-cidr`s.

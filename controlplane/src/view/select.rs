@@ -18,6 +18,8 @@ pub(super) struct Candidate<'a> {
     pub address: IpAddr,
     pub port: u16,
     pub source: &'a SliceEndpoint,
+    /// The cluster it comes from, when not the Service's own (a global Service).
+    pub cluster: Option<&'a str>,
 }
 
 impl Candidate<'_> {
@@ -39,6 +41,7 @@ impl Candidate<'_> {
             port: self.port,
             node_name: self.source.node_name.clone().unwrap_or_default(),
             terminating: !self.ready(),
+            cluster: self.cluster.unwrap_or_default().to_owned(),
         }
     }
 }
@@ -173,8 +176,10 @@ mod tests {
 
     fn run(specs: &[&str], policy: Policy, at: Locality<'_>) -> (Vec<String>, Vec<String>) {
         let eps = endpoints(specs);
-        let candidates: Vec<Candidate<'_>> =
-            eps.iter().map(|e| Candidate { address: e.addresses[0], port: 80, source: e }).collect();
+        let candidates: Vec<Candidate<'_>> = eps
+            .iter()
+            .map(|e| Candidate { address: e.addresses[0], port: 80, source: e, cluster: None })
+            .collect();
         let show = |list: Vec<Endpoint>| {
             let mut out: Vec<String> = list
                 .iter()

@@ -6,7 +6,13 @@ use crate::state::{ChangeSet, NodeState, Versioned};
 
 /// An endpoint on port 8080 of `node`.
 pub fn endpoint(address: &str, node: &str) -> Endpoint {
-    Endpoint { address: address.parse().expect("ip"), port: 8080, node_name: node.into(), terminating: false }
+    Endpoint {
+        address: address.parse().expect("ip"),
+        port: 8080,
+        node_name: node.into(),
+        terminating: false,
+        cluster: String::new(),
+    }
 }
 
 /// Service `c/ns/<name>` on `vip`: one TCP port 80 (`http`), endpoints on 8080 of node `n1`.

@@ -146,6 +146,8 @@ struct Metadata {
     namespace: Option<String>,
     #[serde(default)]
     labels: BTreeMap<String, String>,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
 }
 
 impl Metadata {

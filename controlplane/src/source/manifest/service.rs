@@ -5,6 +5,35 @@ use std::net::IpAddr;
 use serde::Deserialize;
 
 use super::{cidr, ip, port, protocol, FieldError, Metadata};
+use crate::model::ClusterAffinity;
+
+/// Marks a Service global: one Service across the clusters that mark it so.
+pub const GLOBAL_ANNOTATION: &str = "service.kpx.io/global";
+/// A global Service's preference for its own cluster's endpoints: `local`, `remote`, `none`.
+pub const AFFINITY_ANNOTATION: &str = "service.kpx.io/affinity";
+
+fn global(metadata: &Metadata) -> Result<bool, FieldError> {
+    match metadata.annotations.get(GLOBAL_ANNOTATION).map(String::as_str) {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err((
+            format!("metadata.annotations[{GLOBAL_ANNOTATION}]"),
+            format!("{other:?} is not \"true\" or \"false\""),
+        )),
+    }
+}
+
+fn cluster_affinity(metadata: &Metadata) -> Result<ClusterAffinity, FieldError> {
+    match metadata.annotations.get(AFFINITY_ANNOTATION).map(String::as_str) {
+        None | Some("none") => Ok(ClusterAffinity::None),
+        Some("local") => Ok(ClusterAffinity::Local),
+        Some("remote") => Ok(ClusterAffinity::Remote),
+        Some(other) => Err((
+            format!("metadata.annotations[{AFFINITY_ANNOTATION}]"),
+            format!("{other:?} is not local, remote or none"),
+        )),
+    }
+}
 use crate::model::{Service, ServicePort, ServiceType, TrafficPolicy};
 
 /// `sessionAffinityConfig.clientIP.timeoutSeconds` when not given (3 hours).
@@ -237,6 +266,8 @@ pub(super) fn service(m: ServiceManifest) -> Result<Service, FieldError> {
             spec.health_check_node_port,
         )?,
         session_affinity_timeout: session_affinity(&spec)?,
+        global: global(&m.metadata)?,
+        cluster_affinity: cluster_affinity(&m.metadata)?,
     })
 }
 

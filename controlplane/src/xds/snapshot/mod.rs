@@ -22,14 +22,15 @@
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::ops::Bound;
 use std::sync::Arc;
 
 use ipnet::IpNet;
 use kpx_proto::version::content_version;
 use kpx_proto::{NODE_CONFIG_TYPE_URL, SERVICE_VIEW_TYPE_URL};
 
-use crate::model::ClusterState;
+use crate::model::{ClusterState, EndpointSlice, ObjectKey};
 use crate::view::{self, Locality, ViewBuilder};
 use crate::xds::wire::{HasEntry, ResourceEntry};
 
@@ -90,6 +91,9 @@ impl HasEntry for Resource {
 pub struct BuildOptions {
     /// `--cluster-cidr`: goes into every node config.
     pub cluster_cidrs: Vec<IpNet>,
+    /// Clusters unreachable for longer than the grace period: their endpoints are no longer
+    /// offered to the other clusters' nodes (global Services).
+    pub withdrawn: BTreeSet<String>,
 }
 
 /// Resource name → resource.
@@ -105,6 +109,12 @@ pub struct Snapshot {
     node_variants: HashMap<String, Resources>,
     /// The zone of every node whose zone has variants.
     node_zones: HashMap<String, String>,
+    /// With several clusters: each known node's cluster (its home: it gets that
+    /// cluster's Services only). With one cluster every node gets everything.
+    node_homes: HashMap<String, String>,
+    /// With several clusters: how many Services each has.
+    cluster_sizes: HashMap<String, usize>,
+    several_clusters: bool,
     /// Node configs by node name.
     node_configs: Resources,
     /// 1 for the first snapshot, +1 for each next one.
@@ -181,16 +191,49 @@ impl Snapshot {
         let mut configs = Interner::new(previous.node_configs.values());
         let zones = Zones::new(clusters);
         let mut snapshot = Snapshot::default();
+        let slices: BTreeMap<&str, HashMap<ObjectKey, Vec<&EndpointSlice>>> =
+            clusters.iter().map(|(c, state)| (c.as_str(), state.slices_by_service())).collect();
+        // Global Services: namespace/name → the clusters that mark it global.
+        let mut globals: HashMap<&ObjectKey, Vec<&str>> = HashMap::new();
         for (cluster, state) in clusters {
-            let slices = state.slices_by_service();
+            for svc in state.services.values().filter(|s| s.global && view::is_proxied(s)) {
+                globals.entry(&svc.key).or_default().push(cluster);
+            }
+        }
+        snapshot.several_clusters = clusters.len() > 1;
+        for (cluster, state) in clusters {
+            let own_slices = &slices[cluster.as_str()];
             for svc in state.services.values().filter(|s| view::is_proxied(s)) {
-                let builder =
-                    ViewBuilder::new(cluster, svc, slices.get(&svc.key).map_or(&[][..], Vec::as_slice));
+                let own = own_slices.get(&svc.key).map_or(&[][..], Vec::as_slice);
+                let remote: Vec<(&str, &EndpointSlice)> = match globals.get(&svc.key).filter(|_| svc.global) {
+                    Some(peers) => peers
+                        .iter()
+                        .filter(|peer| **peer != cluster.as_str() && !options.withdrawn.contains(**peer))
+                        .flat_map(|peer| {
+                            slices[peer].get(&svc.key).into_iter().flatten().map(move |s| (*peer, *s))
+                        })
+                        .collect(),
+                    None => Vec::new(),
+                };
+                let builder = ViewBuilder::global(cluster, svc, own, &remote);
                 let default = views.intern(encode(&builder, Locality::UNKNOWN));
                 snapshot.add_variants(&builder, &default, &zones, &mut views);
                 snapshot.services.insert(default.name.clone(), default);
+                *snapshot.cluster_sizes.entry(cluster.clone()).or_default() += 1;
             }
             for node in state.nodes.values() {
+                if snapshot.several_clusters {
+                    if let Some(first) = snapshot.node_homes.get(&node.name) {
+                        tracing::warn!(
+                            node = node.name,
+                            first,
+                            also = cluster,
+                            "a node of two clusters: the first one is its home"
+                        );
+                        continue;
+                    }
+                    snapshot.node_homes.insert(node.name.clone(), cluster.clone());
+                }
                 let config = view::node_config(node, &options.cluster_cidrs);
                 let resource = configs.intern(Resource::new(
                     ResourceType::NodeConfig,
@@ -229,8 +272,10 @@ impl Snapshot {
             }
             signatures.insert(name.clone(), xxhash_rust::xxh3::xxh3_64(text.as_bytes()));
         }
-        let mut changes =
-            Changes { everything: self.node_zones != previous.node_zones, ..Default::default() };
+        let mut changes = Changes {
+            everything: self.node_zones != previous.node_zones || self.node_homes != previous.node_homes,
+            ..Default::default()
+        };
         for (name, sig) in &signatures {
             if previous.signatures.get(name) != Some(sig) {
                 changes.services.insert(name.clone());
@@ -317,7 +362,11 @@ impl Snapshot {
     /// How many resources of `ty` a node gets (without walking them).
     pub fn count_for_node(&self, ty: ResourceType, node: &str) -> usize {
         match ty {
-            ResourceType::ServiceView => self.services.len(),
+            ResourceType::ServiceView => match self.home(node) {
+                Some(None) => self.services.len(),
+                Some(Some(cluster)) => self.cluster_sizes.get(cluster).copied().unwrap_or(0),
+                None => 0,
+            },
             ResourceType::NodeConfig => usize::from(self.node_configs.contains_key(node)),
         }
     }
@@ -375,20 +424,32 @@ impl Snapshot {
         ty: ResourceType,
         node: &'a str,
     ) -> Box<dyn Iterator<Item = &'a Arc<Resource>> + 'a> {
-        match ty {
-            ResourceType::ServiceView => {
-                let has_variants =
-                    self.node_variants.contains_key(node) || self.node_zones.contains_key(node);
-                if !has_variants {
-                    return Box::new(self.services.values());
-                }
-                Box::new(
-                    self.services
-                        .iter()
-                        .map(move |(name, default)| self.variant(node, name).unwrap_or(default)),
-                )
+        self.for_node_after(ty, node, None)
+    }
+
+    /// The cluster whose Services `node` gets: `Some(None)` for all (one cluster),
+    /// `None` for none (several clusters, and no Node object names it).
+    fn home(&self, node: &str) -> Option<Option<&str>> {
+        if !self.several_clusters {
+            return Some(None);
+        }
+        self.node_homes.get(node).map(|c| Some(c.as_str()))
+    }
+
+    /// The names of the Services `node` gets, after `after`, as a key range.
+    fn service_range(&self, node: &str, after: Option<&str>) -> Option<(Bound<String>, Bound<String>)> {
+        let after = after.map(|a| Bound::Excluded(a.to_owned()));
+        match self.home(node)? {
+            None => Some((after.unwrap_or(Bound::Unbounded), Bound::Unbounded)),
+            Some(cluster) => {
+                let first = format!("{cluster}/");
+                let start = match after {
+                    Some(Bound::Excluded(a)) if a >= first => Bound::Excluded(a),
+                    _ => Bound::Included(first),
+                };
+                // '0' follows '/': the range holds exactly the names "cluster/…".
+                Some((start, Bound::Excluded(format!("{cluster}0"))))
             }
-            ResourceType::NodeConfig => Box::new(self.node_configs.get(node).into_iter()),
         }
     }
 
@@ -399,17 +460,19 @@ impl Snapshot {
         node: &'a str,
         after: Option<&str>,
     ) -> Box<dyn Iterator<Item = &'a Arc<Resource>> + 'a> {
-        use std::ops::Bound;
-        let range = match after {
-            Some(name) => (Bound::Excluded(name.to_owned()), Bound::Unbounded),
-            None => (Bound::Unbounded, Bound::Unbounded),
-        };
         match ty {
-            ResourceType::ServiceView => Box::new(
-                self.services
-                    .range::<String, _>(range)
-                    .map(move |(name, default)| self.variant(node, name).unwrap_or(default)),
-            ),
+            ResourceType::ServiceView => {
+                let Some(range) = self.service_range(node, after) else {
+                    return Box::new(std::iter::empty());
+                };
+                let services = self.services.range::<String, _>(range);
+                let has_variants =
+                    self.node_variants.contains_key(node) || self.node_zones.contains_key(node);
+                if !has_variants {
+                    return Box::new(services.map(|(_, default)| default));
+                }
+                Box::new(services.map(move |(name, default)| self.variant(node, name).unwrap_or(default)))
+            }
             ResourceType::NodeConfig => {
                 let after = after.map(str::to_owned);
                 Box::new(
@@ -426,7 +489,15 @@ impl Snapshot {
     pub fn get(&self, ty: ResourceType, node: &str, name: &str) -> Option<&Arc<Resource>> {
         match ty {
             ResourceType::ServiceView => {
-                self.services.get(name).map(|default| self.variant(node, name).unwrap_or(default))
+                let at_home = match self.home(node) {
+                    Some(None) => true,
+                    Some(Some(cluster)) => {
+                        name.strip_prefix(cluster).is_some_and(|rest| rest.starts_with('/'))
+                    }
+                    None => false,
+                };
+                let default = self.services.get(name).filter(|_| at_home)?;
+                Some(self.variant(node, name).unwrap_or(default))
             }
             ResourceType::NodeConfig => (name == node).then(|| self.node_configs.get(node)).flatten(),
         }

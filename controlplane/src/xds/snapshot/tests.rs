@@ -202,9 +202,105 @@ fn unchanged_resources_and_variants_keep_their_arcs() {
 #[test]
 fn node_configs_carry_the_cluster_cidrs() {
     let clusters = [("c".to_owned(), Arc::new(state_of(&nodes(&["n1"]))))].into_iter().collect();
-    let options = BuildOptions { cluster_cidrs: vec!["10.244.0.0/16".parse().expect("cidr")] };
+    let options =
+        BuildOptions { cluster_cidrs: vec!["10.244.0.0/16".parse().expect("cidr")], ..Default::default() };
     let snap = Snapshot::build(&clusters, &Snapshot::default(), &options);
     let config = snap.get(ResourceType::NodeConfig, "n1", "n1").expect("n1");
     assert_eq!(NodeConfig::decode(config.body()).expect("valid").cluster_cidrs, options.cluster_cidrs);
     assert!(snap.get(ResourceType::NodeConfig, "n1", "n2").is_none());
+}
+
+/// Two clusters: each with a node and Service `ns/web` (global or not) whose endpoint is `ep`.
+fn two_clusters(east: &str, west: &str) -> BTreeMap<String, Arc<ClusterState>> {
+    [("east", east, "node-e", "10.1.0.1"), ("west", west, "node-w", "10.2.0.1")]
+        .into_iter()
+        .map(|(cluster, annotations, node, ep)| {
+            let yaml = format!(
+                "{}{}",
+                nodes(&[node]),
+                web(PORT, &format!("{{addresses: [{ep}], conditions: {{ready: true}}}}")).replace(
+                    "metadata: {name: web, namespace: ns}",
+                    &format!("metadata: {{name: web, namespace: ns, annotations: {{{annotations}}}}}")
+                )
+            );
+            (cluster.to_owned(), Arc::new(state_of(&yaml)))
+        })
+        .collect()
+}
+
+fn endpoints_of(snap: &Snapshot, node: &str, name: &str) -> Vec<String> {
+    let r = snap.get(ResourceType::ServiceView, node, name).expect("the view");
+    let view = ServiceView::decode(r.body()).expect("valid view");
+    view.ports[0]
+        .endpoints
+        .iter()
+        .map(|e| format!("{}@{}", e.address, if e.cluster.is_empty() { "home" } else { &e.cluster }))
+        .collect()
+}
+
+#[test]
+fn with_several_clusters_a_node_gets_its_own_clusters_services_only() {
+    let clusters = two_clusters("", "");
+    let snap = Snapshot::build(&clusters, &Snapshot::default(), &BuildOptions::default());
+    let names = |node: &str| -> Vec<String> {
+        snap.for_node(ResourceType::ServiceView, node).map(|r| r.name.clone()).collect()
+    };
+    assert_eq!(names("node-e"), ["east/ns/web"]);
+    assert_eq!(names("node-w"), ["west/ns/web"]);
+    assert!(names("stranger").is_empty(), "a node no cluster knows gets nothing");
+    assert!(snap.get(ResourceType::ServiceView, "node-e", "west/ns/web").is_none());
+    assert_eq!(snap.count_for_node(ResourceType::ServiceView, "node-e"), 1);
+    assert_eq!(
+        endpoints_of(&snap, "node-e", "east/ns/web"),
+        ["10.1.0.1@home"],
+        "not global: own endpoints only"
+    );
+    let after: Vec<String> = snap
+        .for_node_after(ResourceType::ServiceView, "node-w", Some("east/zzz"))
+        .map(|r| r.name.clone())
+        .collect();
+    assert_eq!(after, ["west/ns/web"]);
+}
+
+#[test]
+fn a_global_service_has_every_clusters_endpoints_with_affinity_and_withdrawal() {
+    let global = "service.kpx.io/global: 'true'";
+    let clusters = two_clusters(global, global);
+    let snap = Snapshot::build(&clusters, &Snapshot::default(), &BuildOptions::default());
+    assert_eq!(endpoints_of(&snap, "node-e", "east/ns/web"), ["10.1.0.1@home", "10.2.0.1@west"]);
+    assert_eq!(endpoints_of(&snap, "node-w", "west/ns/web"), ["10.1.0.1@east", "10.2.0.1@home"]);
+
+    // Only one side global: not merged.
+    let half = two_clusters(global, "");
+    let snap = Snapshot::build(&half, &Snapshot::default(), &BuildOptions::default());
+    assert_eq!(endpoints_of(&snap, "node-e", "east/ns/web"), ["10.1.0.1@home"]);
+
+    // Affinity local: own endpoints while there are some ready ones.
+    let local = format!("{global}, service.kpx.io/affinity: local");
+    let clusters = two_clusters(&local, global);
+    let snap = Snapshot::build(&clusters, &Snapshot::default(), &BuildOptions::default());
+    assert_eq!(endpoints_of(&snap, "node-e", "east/ns/web"), ["10.1.0.1@home"]);
+    let mut no_local = two_clusters(&local, global);
+    let east = state_of(&format!(
+        "{}{}",
+        nodes(&["node-e"]),
+        web(PORT, "{addresses: [10.1.0.1], conditions: {ready: false}}").replace(
+            "metadata: {name: web, namespace: ns}",
+            &format!("metadata: {{name: web, namespace: ns, annotations: {{{local}}}}}")
+        )
+    ));
+    no_local.insert("east".into(), Arc::new(east));
+    let snap = Snapshot::build(&no_local, &Snapshot::default(), &BuildOptions::default());
+    assert_eq!(
+        endpoints_of(&snap, "node-e", "east/ns/web"),
+        ["10.2.0.1@west"],
+        "falls back to the remote cluster"
+    );
+
+    // A withdrawn cluster's endpoints are no longer offered to the others; its own nodes keep theirs.
+    let clusters = two_clusters(global, global);
+    let options = BuildOptions { withdrawn: ["west".to_owned()].into(), ..Default::default() };
+    let snap = Snapshot::build(&clusters, &Snapshot::default(), &options);
+    assert_eq!(endpoints_of(&snap, "node-e", "east/ns/web"), ["10.1.0.1@home"]);
+    assert_eq!(endpoints_of(&snap, "node-w", "west/ns/web"), ["10.1.0.1@east", "10.2.0.1@home"]);
 }

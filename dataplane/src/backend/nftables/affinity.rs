@@ -169,6 +169,7 @@ mod tests {
                 port: 80,
                 node_name: String::new(),
                 terminating: false,
+                cluster: String::new(),
             })
             .collect()
     }
