@@ -9,6 +9,7 @@ pub use kpx_proto::categorize;
 #[cfg(test)]
 pub mod fixtures;
 pub mod iptables;
+pub mod ipvs;
 pub mod nftables;
 pub mod owners;
 
