@@ -235,10 +235,17 @@ impl ControlPlaneAdmin for ControlPlaneAdminService {
     ) -> Result<Response<GetNodeViewResponse>, Status> {
         let snapshot = self.snapshot()?;
         let GetNodeViewRequest { node, service } = request.into_inner();
-        let name = resolve(&snapshot, &service)?;
+        // `ns/name` means the node's own Service when several clusters have one.
+        let own = snapshot.for_node(ResourceType::ServiceView, &node).find(|r| {
+            r.name.strip_suffix(&service).is_some_and(|c| c.ends_with('/') && c.matches('/').count() == 1)
+        });
+        let name = match own {
+            Some(r) => r.name.clone(),
+            None => resolve(&snapshot, &service)?,
+        };
         let resource = snapshot
             .get(ResourceType::ServiceView, &node, &name)
-            .ok_or_else(|| Status::not_found(format!("no Service {name:?}")))?;
+            .ok_or_else(|| Status::not_found(format!("no Service {name:?} for node {node:?}")))?;
         let node_config = match snapshot.node_config(&node) {
             Some(r) => Some(
                 NodeConfig::decode(r.body())

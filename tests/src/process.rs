@@ -117,5 +117,12 @@ impl Drop for KpxProcess {
         if let Ok(None) = self.child.try_wait() {
             self.kill();
         }
+        if std::thread::panicking() {
+            // The test failed: what the process said is the first thing to read.
+            let text = self.log_text();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(15)..];
+            eprintln!("--- last lines of {}:\n{}", self.log.display(), tail.join("\n"));
+        }
     }
 }

@@ -43,10 +43,12 @@ macro_rules! behaviour_suite {
 
 /// A started topology with backends on 8080 in every pod.
 pub struct Scene {
-    pub t: Topology,
-    pub backends: Vec<Backend>,
+    // Dropped in this order: the processes (which print their logs when a test fails)
+    // before the topology that holds those logs.
     pub cp: KpxProcess,
     pub dp: KpxProcess,
+    pub backends: Vec<Backend>,
+    pub t: Topology,
     pub backend: ProxyBackend,
 }
 
@@ -85,7 +87,9 @@ impl Scene {
                     .collect()
             }
             ProxyBackend::Ipvs => {
-                String::from_utf8_lossy(&self.t.node.try_exec("ipvsadm", &["-Ln"]).stdout).into_owned()
+                // The node agent's own dump (`kpxctl rules`): IPVS services and destinations.
+                let kpxctl = crate::process::binary("kpxctl").display().to_string();
+                String::from_utf8_lossy(&self.t.node.try_exec(&kpxctl, &["rules"]).stdout).into_owned()
             }
         };
         dump.to_lowercase().contains(&text.to_lowercase())

@@ -56,7 +56,7 @@ impl Clusters {
     fn endpoints(&self) -> Vec<String> {
         let out = self.t.node.try_exec(
             &binary("kpxctl").display().to_string(),
-            &["endpoints", "east/test/web", "--node", NODE_NAME, "-o", "json"],
+            &["endpoints", "test/web", "--node", NODE_NAME, "-o", "json"],
         );
         if !out.status.success() {
             return vec![format!("kpxctl failed: {}", String::from_utf8_lossy(&out.stderr).trim())];

@@ -55,6 +55,16 @@ pub struct ProxyOptions {
 }
 
 impl ProxyOptions {
+    /// The node's addresses NodePorts open on (inside `--nodeport-addresses`).
+    pub fn nodeport_addresses(&self, node: Option<&kpx_proto::types::NodeConfig>) -> Vec<std::net::IpAddr> {
+        let addresses = node.map(|n| n.addresses.as_slice()).unwrap_or_default();
+        addresses
+            .iter()
+            .filter(|a| self.nodeport_cidrs.is_empty() || self.nodeport_cidrs.iter().any(|c| c.contains(*a)))
+            .copied()
+            .collect()
+    }
+
     /// The prefixes of pod traffic on this node.
     pub fn local_cidrs(&self, node: Option<&kpx_proto::types::NodeConfig>) -> Vec<ipnet::IpNet> {
         if !self.cluster_cidrs.is_empty() {
@@ -87,7 +97,7 @@ impl BackendKind {
                 tracing::info!(?mode, "iptables flavour");
                 Ok(Box::new(iptables::IptablesBackend::new(iptables::IptablesProcess { mode }, options)))
             }
-            other => Err(format!("--backend {other:?}: not available in this build yet (use nftables)")),
+            BackendKind::Ipvs => Ok(Box::new(ipvs::IpvsBackend::new(options, "rr".to_owned()))),
         }
     }
 }

@@ -18,11 +18,7 @@ impl ProxyOptions {
     /// What rendering depends on, given the node's config.
     fn derive(&self, node: Option<&NodeConfig>, pick_chains: usize) -> (TableOptions, ServiceContext) {
         let node_addresses = node.map(|n| n.addresses.clone()).unwrap_or_default();
-        let nodeport_addresses = node_addresses
-            .iter()
-            .filter(|a| self.nodeport_cidrs.is_empty() || self.nodeport_cidrs.iter().any(|c| c.contains(*a)))
-            .copied()
-            .collect();
+        let nodeport_addresses = self.nodeport_addresses(node);
         let table = TableOptions {
             pick_chains,
             masquerade_all: self.masquerade_all,
