@@ -7,8 +7,15 @@
 use kpx_e2e::process::binary;
 
 /// The scenarios `--backend ipvs` passes (tests/BEHAVIOURS.md says the same).
-const PASSING: &[&str] =
-    &["topology_hints", "terminating_endpoints", "dual_stack", "ports", "ignored_services", "bad_input"];
+const PASSING: &[&str] = &[
+    "topology_hints",
+    "terminating_endpoints",
+    "dual_stack",
+    "ports",
+    "udp_conntrack",
+    "ignored_services",
+    "bad_input",
+];
 
 fn in_vm(program: &str, args: &[&str]) -> String {
     let runner = concat!(env!("CARGO_MANIFEST_DIR"), "/vm/run-in-vm.sh");

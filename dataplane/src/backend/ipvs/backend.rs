@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use std::process::Command;
 
 use super::desired::{desired, DesiredIpvs};
-use super::netlink::{Destination, IpvsError, IpvsSocket, ServiceKey};
+use super::netlink::{Destination, IpvsError, IpvsSocket, ServiceKey, PROTO_UDP};
 use crate::backend::{Backend, BackendError, ProxyOptions};
 use crate::state::{ChangeSet, NodeState};
 
@@ -110,6 +110,7 @@ impl IpvsBackend {
         self.ensure_interface()?;
         let was_bound = self.bind(&want.addresses)?;
         let mut ipvs = IpvsSocket::open().map_err(refused)?;
+        set_sysctls()?;
         let current = ipvs.services().map_err(refused)?;
         for (key, (service, destinations)) in &want.services {
             match current.iter().find(|s| s.key == *key) {
@@ -131,8 +132,19 @@ impl IpvsBackend {
     }
 }
 
-/// Adds what is missing, sets weights, drains what goes away and removes drained
-/// destinations without connections.
+/// IPVS settings of the node's namespace (present once ip_vs is loaded, which opening the
+/// socket does): a packet of a connection whose destination was removed expires that
+/// connection, so it is scheduled again (a UDP client that keeps its socket reaches a
+/// live endpoint).
+fn set_sysctls() -> Result<(), BackendError> {
+    let path = "/proc/sys/net/ipv4/vs/expire_nodest_conn";
+    std::fs::write(path, "1")
+        .map_err(|source| BackendError::Spawn { tool: "sysctl net.ipv4.vs.expire_nodest_conn", source })
+}
+
+/// Adds what is missing, sets weights, and takes away what goes: a TCP or SCTP destination
+/// is drained (weight 0) and removed once IPVS counts no connection on it; a UDP one
+/// (connectionless: nothing to drain) is removed at once.
 fn sync_destinations(
     ipvs: &mut IpvsSocket,
     key: &ServiceKey,
@@ -147,7 +159,7 @@ fn sync_destinations(
         }
     }
     for c in current.iter().filter(|c| !wanted.iter().any(|d| (d.address, d.port) == (c.address, c.port))) {
-        if c.active + c.inactive == 0 {
+        if c.active + c.inactive == 0 || key.protocol == PROTO_UDP {
             ipvs.delete_destination(key, c).map_err(refused)?;
         } else if c.weight != 0 {
             ipvs.edit_destination(key, &Destination { weight: 0, ..c.clone() }).map_err(refused)?;
