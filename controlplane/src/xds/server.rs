@@ -35,7 +35,7 @@ pub struct AdsServer {
 
 /// How many first-sync chunks may be in flight at once, across all streams (each up to
 /// `MAX_RESOURCES_PER_RESPONSE` resources).
-pub const WALKS_IN_FLIGHT: usize = 32;
+pub const WALKS_IN_FLIGHT: usize = 128;
 
 impl AdsServer {
     pub fn new(snapshots: SnapshotReceiver, nodes: NodeRegistry, metrics: Arc<ControlPlaneMetrics>) -> Self {
