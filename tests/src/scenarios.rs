@@ -41,6 +41,27 @@ macro_rules! behaviour_suite {
     };
 }
 
+/// One scenario: it builds its own topology for the backend and proves one behaviour.
+pub type Scenario = fn(ProxyBackend);
+
+/// Every scenario by name, for runners that are not test harnesses (the IPVS suite runs
+/// in a VM); the same list as [`behaviour_suite!`].
+pub const ALL: &[(&str, Scenario)] = &[
+    ("node_port", node_port),
+    ("external_and_load_balancer_ips", external_and_load_balancer_ips),
+    ("external_traffic_policy_local", external_traffic_policy_local),
+    ("internal_traffic_policy_local", internal_traffic_policy_local),
+    ("topology_hints", topology_hints),
+    ("session_affinity", session_affinity),
+    ("terminating_endpoints", terminating_endpoints),
+    ("masquerade", masquerade),
+    ("dual_stack", dual_stack),
+    ("ports", ports),
+    ("udp_conntrack", udp_conntrack),
+    ("ignored_services", ignored_services),
+    ("bad_input", bad_input),
+];
+
 /// A started topology with backends on 8080 in every pod.
 pub struct Scene {
     // Dropped in this order: the processes (which print their logs when a test fails)

@@ -6,28 +6,10 @@
 use kpx_e2e::scenarios;
 use kpx_e2e::topology::ProxyBackend;
 
-type Scenario = fn(ProxyBackend);
-
-const SCENARIOS: &[(&str, Scenario)] = &[
-    ("node_port", scenarios::node_port),
-    ("external_and_load_balancer_ips", scenarios::external_and_load_balancer_ips),
-    ("external_traffic_policy_local", scenarios::external_traffic_policy_local),
-    ("internal_traffic_policy_local", scenarios::internal_traffic_policy_local),
-    ("topology_hints", scenarios::topology_hints),
-    ("session_affinity", scenarios::session_affinity),
-    ("terminating_endpoints", scenarios::terminating_endpoints),
-    ("masquerade", scenarios::masquerade),
-    ("dual_stack", scenarios::dual_stack),
-    ("ports", scenarios::ports),
-    ("udp_conntrack", scenarios::udp_conntrack),
-    ("ignored_services", scenarios::ignored_services),
-    ("bad_input", scenarios::bad_input),
-];
-
 fn main() {
     let chosen: Vec<String> = std::env::args().skip(1).collect();
     let mut failed = Vec::new();
-    for (name, scenario) in SCENARIOS {
+    for (name, scenario) in scenarios::ALL {
         if !chosen.is_empty() && !chosen.iter().any(|c| c == name) {
             continue;
         }

@@ -131,11 +131,11 @@ struct Message {
 }
 
 impl Message {
-    fn new(family: u16, flags: u16, command: u8, version: u8) -> Message {
+    fn new(family: u16, command: u8, version: u8) -> Message {
         let mut buf = Vec::with_capacity(256);
         buf.extend_from_slice(&0u32.to_ne_bytes()); // length, set in finish
         buf.extend_from_slice(&family.to_ne_bytes());
-        buf.extend_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
+        buf.extend_from_slice(&0u16.to_ne_bytes()); // flags, set in finish
         buf.extend_from_slice(&0u32.to_ne_bytes()); // sequence, set in finish
         buf.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel fills it
         buf.extend_from_slice(&[command, version, 0, 0]);
@@ -180,9 +180,10 @@ impl Message {
         self
     }
 
-    fn finish(mut self, seq: u32) -> Vec<u8> {
+    fn finish(mut self, flags: u16, seq: u32) -> Vec<u8> {
         let len = u32::try_from(self.buf.len()).unwrap_or(u32::MAX);
         self.buf[0..4].copy_from_slice(&len.to_ne_bytes());
+        self.buf[6..8].copy_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
         self.buf[8..12].copy_from_slice(&seq.to_ne_bytes());
         self.buf
     }
@@ -331,7 +332,7 @@ impl IpvsSocket {
         // SAFETY: `raw` is a fresh descriptor nobody else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let mut socket = IpvsSocket { fd, family: GENL_ID_CTRL, seq: 0 };
-        let mut m = Message::new(GENL_ID_CTRL, 0, CTRL_CMD_GETFAMILY, 1);
+        let mut m = Message::new(GENL_ID_CTRL, CTRL_CMD_GETFAMILY, 1);
         m.put(CTRL_ATTR_FAMILY_NAME, b"IPVS\0");
         let replies = match socket.request("family lookup", m, false) {
             Ok(r) => r,
@@ -353,11 +354,7 @@ impl IpvsSocket {
     fn request(&mut self, op: &'static str, m: Message, dump: bool) -> Result<Vec<Vec<u8>>, IpvsError> {
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
-        let flags_at = 6;
-        let mut bytes = m.finish(seq);
-        let extra = if dump { NLM_F_DUMP } else { NLM_F_ACK };
-        let flags = u16::from_ne_bytes([bytes[flags_at], bytes[flags_at + 1]]) | extra;
-        bytes[flags_at..flags_at + 2].copy_from_slice(&flags.to_ne_bytes());
+        let bytes = m.finish(if dump { NLM_F_DUMP } else { NLM_F_ACK }, seq);
         let fd = self.fd.as_raw_fd();
         // SAFETY: sending an initialized buffer on our socket (to the kernel: no address).
         let sent = unsafe { libc::send(fd, bytes.as_ptr().cast(), bytes.len(), 0) };
@@ -408,7 +405,7 @@ impl IpvsSocket {
     }
 
     fn message(&self, command: u8) -> Message {
-        Message::new(self.family, 0, command, IPVS_GENL_VERSION)
+        Message::new(self.family, command, IPVS_GENL_VERSION)
     }
 
     /// Every virtual service.
@@ -505,9 +502,9 @@ mod tests {
             flags: FLAG_PERSISTENT,
             timeout: 10800,
         };
-        let mut m = Message::new(0x20, 0, cmd::NEW_SERVICE, IPVS_GENL_VERSION);
+        let mut m = Message::new(0x20, cmd::NEW_SERVICE, IPVS_GENL_VERSION);
         service_attrs(&mut m, &s);
-        let bytes = m.finish(7);
+        let bytes = m.finish(NLM_F_ACK, 7);
         assert_eq!(u32::from_ne_bytes(bytes[0..4].try_into().expect("4")) as usize, bytes.len());
         assert_eq!(bytes[16], cmd::NEW_SERVICE);
         let top = attributes(&bytes[20..]);
@@ -531,9 +528,9 @@ mod tests {
                 active: 0,
                 inactive: 0,
             };
-            let mut m = Message::new(0x20, 0, cmd::NEW_DEST, IPVS_GENL_VERSION);
+            let mut m = Message::new(0x20, cmd::NEW_DEST, IPVS_GENL_VERSION);
             destination_attrs(&mut m, &d);
-            let bytes = m.finish(1);
+            let bytes = m.finish(NLM_F_ACK, 1);
             let top = attributes(&bytes[20..]);
             let back = parse_destination(top[0].1, libc::AF_INET as u16).expect("parses back");
             assert_eq!(back, d);
