@@ -85,6 +85,8 @@ pub struct Service {
     pub global: bool,
     /// Annotation `service.kpx.io/affinity` (global Services).
     pub cluster_affinity: ClusterAffinity,
+    /// Annotation `service.kpx.io/ipvs-scheduler`: the IPVS scheduler for this Service.
+    pub ipvs_scheduler: Option<String>,
 }
 
 /// Which cluster's endpoints a global Service prefers.

@@ -172,6 +172,13 @@ impl Agent {
         self.metrics.sync_failures.inc();
     }
 
+    /// The backend's timed work (see [`Backend::housekeeping`]).
+    pub fn housekeeping(&mut self) {
+        if let Err(e) = self.backend.housekeeping() {
+            tracing::warn!(error = %e, "backend housekeeping failed; retrying shortly");
+        }
+    }
+
     /// Programs the whole state again (the periodic full resync).
     pub fn resync(&mut self) {
         let started = Instant::now();

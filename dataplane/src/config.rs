@@ -12,7 +12,9 @@
 //! metricsBindAddress: 127.0.0.1:10249
 //! healthzBindAddress: 0.0.0.0:10256
 //! nftables: {masqueradeAll: false, syncPeriod: 1h, minSyncPeriod: 0s}   # likewise iptables:, ipvs:
-//! kpx: {controlPlane: http://cp:18000, stateDir: /var/lib/kpx, adminBindAddress: 127.0.0.1:18001, iptablesMode: auto}
+//! ipvs: {scheduler: rr}               # rr, wrr, lc, wlc, sh, dh, mh
+//! kpx: {controlPlane: http://cp:18000, stateDir: /var/lib/kpx, adminBindAddress: 127.0.0.1:18001, iptablesMode: auto,
+//!       ipvsDrainGrace: 15m}
 //! ```
 
 use std::net::SocketAddr;
@@ -44,6 +46,8 @@ pub struct Flags {
     pub iptables_mode: Option<IptablesMode>,
     pub full_sync_period: Option<Duration>,
     pub min_sync_period: Option<Duration>,
+    pub ipvs_scheduler: Option<String>,
+    pub ipvs_drain_grace: Option<Duration>,
     pub admin_listen: Option<SocketAddr>,
     pub healthz_listen: Option<SocketAddr>,
     pub metrics_listen: Option<SocketAddr>,
@@ -61,6 +65,10 @@ pub struct AgentConfig {
     /// `None`: never.
     pub full_sync_period: Option<Duration>,
     pub min_sync_period: Duration,
+    /// The IPVS scheduler of Services without `service.kpx.io/ipvs-scheduler`.
+    pub ipvs_scheduler: String,
+    /// How long a removed IPVS destination may keep its connections.
+    pub ipvs_drain_grace: Duration,
     pub admin_listen: SocketAddr,
     pub healthz_listen: SocketAddr,
     pub metrics_listen: SocketAddr,
@@ -90,6 +98,8 @@ struct ModeSection {
     masquerade_all: Option<bool>,
     sync_period: Option<String>,
     min_sync_period: Option<String>,
+    /// ipvs only.
+    scheduler: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -99,6 +109,7 @@ struct KpxSection {
     state_dir: Option<PathBuf>,
     admin_bind_address: Option<String>,
     iptables_mode: Option<String>,
+    ipvs_drain_grace: Option<String>,
 }
 
 fn field_error(field: &str, reason: impl std::fmt::Display) -> ConfigError {
@@ -135,6 +146,15 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         rest = next;
     }
     Ok(total)
+}
+
+/// An IPVS scheduler kpx knows (`--ipvs-scheduler`, `ipvs.scheduler`).
+pub fn parse_scheduler(text: &str) -> Result<String, String> {
+    if kpx_proto::types::IPVS_SCHEDULERS.contains(&text) {
+        Ok(text.to_owned())
+    } else {
+        Err(format!("{text:?} is not an IPVS scheduler (one of {})", kpx_proto::types::IPVS_SCHEDULERS.join(", ")))
+    }
 }
 
 fn cidrs(field: &str, texts: &[String]) -> Result<Vec<IpNet>, ConfigError> {
@@ -209,6 +229,19 @@ impl AgentConfig {
                 .transpose()
                 .map_err(|e| field_error(&format!("{section_name}.{field}"), e))
         };
+        for (name, other) in [("nftables", &file.nftables), ("iptables", &file.iptables)] {
+            if other.as_ref().is_some_and(|s| s.scheduler.is_some()) {
+                return Err(field_error(&format!("{name}.scheduler"), "only the ipvs section has a scheduler"));
+            }
+        }
+        let ipvs_scheduler = match (flags.ipvs_scheduler, file.ipvs.as_ref().and_then(|s| s.scheduler.clone())) {
+            (Some(s), _) => s,
+            (None, Some(s)) => {
+                parse_scheduler(&s).map_err(|e| field_error("ipvs.scheduler", e))?;
+                s
+            }
+            (None, None) => "rr".to_owned(),
+        };
         let sync_period = duration("syncPeriod", &section.sync_period)?;
         let min_sync_period = duration("minSyncPeriod", &section.min_sync_period)?;
         let nodeport_cidrs = match (flags.nodeport_addresses, &file.node_port_addresses) {
@@ -251,6 +284,11 @@ impl AgentConfig {
             (None, Some(text)) => address("metricsBindAddress", text)?,
             (None, None) => SocketAddr::from(([127, 0, 0, 1], 10249)),
         };
+        let ipvs_drain_grace = match (flags.ipvs_drain_grace, kpx.ipvs_drain_grace.as_deref()) {
+            (Some(d), _) => d,
+            (None, Some(text)) => parse_duration(text).map_err(|e| field_error("kpx.ipvsDrainGrace", e))?,
+            (None, None) => Duration::from_secs(15 * 60),
+        };
         let full_sync_period = flags.full_sync_period.or(sync_period).unwrap_or(Duration::from_secs(3600));
         Ok(AgentConfig {
             node_name: flags.node_name.or(file.hostname_override),
@@ -265,6 +303,8 @@ impl AgentConfig {
             iptables_mode,
             full_sync_period: (!full_sync_period.is_zero()).then_some(full_sync_period),
             min_sync_period: flags.min_sync_period.or(min_sync_period).unwrap_or(Duration::ZERO),
+            ipvs_scheduler,
+            ipvs_drain_grace,
             admin_listen,
             healthz_listen,
             metrics_listen,

@@ -49,6 +49,14 @@ struct Args {
     /// Apply deltas at most this often; the control plane coalesces changes meanwhile [default: 0s].
     #[arg(long, value_parser = config::parse_duration)]
     min_sync_period: Option<Duration>,
+    /// The IPVS scheduler (rr, wrr, lc, wlc, sh, dh, mh) of Services without the
+    /// `service.kpx.io/ipvs-scheduler` annotation [default: rr].
+    #[arg(long, value_parser = config::parse_scheduler)]
+    ipvs_scheduler: Option<String>,
+    /// How long an IPVS destination that went away may keep its connections before it is
+    /// removed (it takes no new ones meanwhile) [default: 15m].
+    #[arg(long, value_parser = config::parse_duration)]
+    ipvs_drain_grace: Option<Duration>,
     /// The admin gRPC API (kpx.admin.v1.NodeAdmin, health, reflection) [default: 127.0.0.1:18001].
     #[arg(long)]
     admin_listen: Option<std::net::SocketAddr>,
@@ -99,6 +107,8 @@ fn main() -> ExitCode {
         iptables_mode: args.iptables_mode,
         full_sync_period: args.full_sync_period,
         min_sync_period: args.min_sync_period,
+        ipvs_scheduler: args.ipvs_scheduler,
+        ipvs_drain_grace: args.ipvs_drain_grace,
         admin_listen: args.admin_listen,
         healthz_listen: args.healthz_listen,
         metrics_listen: args.metrics_listen,
@@ -107,7 +117,7 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return usage_error(e),
     };
-    let mut backend = match config.backend.create(config.options.clone(), config.iptables_mode) {
+    let mut backend = match config.backend.create(&config) {
         Ok(b) => b,
         Err(message) => return usage_error(message),
     };

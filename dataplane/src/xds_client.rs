@@ -69,6 +69,9 @@ fn subscription(agent: &Agent, kind: Kind) -> DeltaDiscoveryRequest {
     }
 }
 
+/// How often the backend's timed work runs (drained IPVS destinations are removed).
+const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(5);
+
 async fn stream_once(control_plane: &str, agent: &SharedAgent, sync: SyncPeriods) -> Result<(), StreamEnd> {
     let full_sync_period = sync.full;
     let fail = |established: bool| move |e: anyhow::Error| StreamEnd { error: e, established };
@@ -95,9 +98,15 @@ async fn stream_once(control_plane: &str, agent: &SharedAgent, sync: SyncPeriods
     let period = full_sync_period.unwrap_or(Duration::from_secs(365 * 24 * 3600));
     let mut resync = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     let mut last_apply = tokio::time::Instant::now() - sync.min;
+    let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
+    housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let message = tokio::select! {
             message = inbound.message() => message,
+            _ = housekeeping.tick() => {
+                tokio::task::block_in_place(|| agent.lock().housekeeping());
+                continue;
+            }
             _ = resync.tick(), if full_sync_period.is_some() => {
                 tokio::task::block_in_place(|| agent.lock().resync());
                 continue;

@@ -162,6 +162,16 @@ impl ServiceView {
                 ))
             }
         };
+        let ipvs_scheduler = match msg.ipvs_scheduler.as_str() {
+            "" => None,
+            s if crate::types::IPVS_SCHEDULERS.contains(&s) => Some(msg.ipvs_scheduler.clone()),
+            s => {
+                return Err(InvalidResource::new(
+                    "ipvs_scheduler",
+                    format!("{s:?} is not one of {}", crate::types::IPVS_SCHEDULERS.join(", ")),
+                ))
+            }
+        };
         let mut ports = Vec::with_capacity(msg.ports.len());
         for (i, p) in msg.ports.into_iter().enumerate() {
             let at = format!("ports[{i}]");
@@ -187,6 +197,7 @@ impl ServiceView {
             internal_traffic_local: msg.internal_traffic_local,
             health_check_node_port,
             session_affinity_timeout,
+            ipvs_scheduler,
         })
     }
 
@@ -231,6 +242,7 @@ impl ServiceView {
             internal_traffic_local: self.internal_traffic_local,
             health_check_node_port: self.health_check_node_port.map_or(0, u32::from),
             session_affinity_timeout_seconds: self.session_affinity_timeout.unwrap_or(0),
+            ipvs_scheduler: self.ipvs_scheduler.clone().unwrap_or_default(),
         }
     }
 
@@ -313,6 +325,7 @@ mod tests {
             internal_traffic_local: false,
             health_check_node_port: 31000,
             session_affinity_timeout_seconds: 10800,
+            ipvs_scheduler: "sh".into(),
         }
     }
 
@@ -357,6 +370,10 @@ mod tests {
         let mut bad = valid();
         bad.external_ips[0] = "2001:db8::1".into();
         assert_eq!(ServiceView::from_proto(bad).expect_err("family").field, "external_ips[0]");
+
+        let mut bad = valid();
+        bad.ipvs_scheduler = "fastest".into();
+        assert_eq!(ServiceView::from_proto(bad).expect_err("scheduler").field, "ipvs_scheduler");
 
         let mut bad = valid();
         bad.session_affinity_timeout_seconds = 86401;

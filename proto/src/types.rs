@@ -49,7 +49,14 @@ pub struct ServiceView {
     pub health_check_node_port: Option<u16>,
     /// sessionAffinity: ClientIP timeout in seconds.
     pub session_affinity_timeout: Option<u32>,
+    /// The IPVS scheduler this Service asks for (one of [`IPVS_SCHEDULERS`]); `None`: the
+    /// node agent's default.
+    pub ipvs_scheduler: Option<String>,
 }
+
+/// The IPVS schedulers kpx offers: round robin, weighted round robin, least connections,
+/// weighted least connections, source hashing, destination hashing, Maglev hashing.
+pub const IPVS_SCHEDULERS: [&str; 7] = ["rr", "wrr", "lc", "wlc", "sh", "dh", "mh"];
 
 impl ServiceView {
     /// A view with only the fields every Service has; the rest empty.
@@ -73,6 +80,7 @@ impl ServiceView {
             internal_traffic_local: false,
             health_check_node_port: None,
             session_affinity_timeout: None,
+            ipvs_scheduler: None,
         }
     }
 

@@ -48,6 +48,19 @@ impl ProxyBackend {
             ProxyBackend::Ipvs => &["--backend=ipvs"],
         }
     }
+
+    /// How long ClientIP affinity may outlast its timeout after a client's last connection.
+    /// IPVS keeps a client's persistence template while it still tracks one of the client's
+    /// connections, and it tracks a closed TCP connection for its TIME_WAIT (2 minutes, not
+    /// settable), re-checking the template every 60 s after the first expiry: the affinity
+    /// ends about 2 minutes after the last connection, not after the timeout (kube-proxy's
+    /// IPVS mode behaves the same). The netfilter backends keep the timeout exactly.
+    pub fn affinity_linger(self) -> std::time::Duration {
+        match self {
+            ProxyBackend::Ipvs => std::time::Duration::from_secs(185),
+            _ => std::time::Duration::ZERO,
+        }
+    }
 }
 
 pub struct Topology {

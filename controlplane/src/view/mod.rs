@@ -172,6 +172,7 @@ impl<'a> ViewBuilder<'a> {
             internal_traffic_local: policy.internal_local,
             health_check_node_port: svc.effective_health_check_node_port(),
             session_affinity_timeout: svc.session_affinity_timeout,
+            ipvs_scheduler: svc.ipvs_scheduler.clone(),
             ..ServiceView::new(
                 self.cluster,
                 &svc.key.namespace,

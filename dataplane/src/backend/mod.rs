@@ -40,6 +40,12 @@ pub trait Backend: Send {
 
     /// The rules as programmed, in the tool's own text.
     fn dump(&mut self) -> Result<String, BackendError>;
+
+    /// Work that is due with time rather than with a change (the IPVS backend removes
+    /// drained destinations); called every few seconds.
+    fn housekeeping(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
 }
 
 /// The node agent's proxy settings, the same for every backend.
@@ -83,11 +89,9 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
-    pub fn create(
-        self,
-        options: ProxyOptions,
-        iptables_mode: iptables::IptablesMode,
-    ) -> Result<Box<dyn Backend>, String> {
+    pub fn create(self, config: &crate::config::AgentConfig) -> Result<Box<dyn Backend>, String> {
+        let options = config.options.clone();
+        let iptables_mode = config.iptables_mode;
         match self {
             BackendKind::Nftables => {
                 Ok(Box::new(nftables::NftablesBackend::new(nftables::runner::best_runner(), options)))
@@ -97,7 +101,14 @@ impl BackendKind {
                 tracing::info!(?mode, "iptables flavour");
                 Ok(Box::new(iptables::IptablesBackend::new(iptables::IptablesProcess { mode }, options)))
             }
-            BackendKind::Ipvs => Ok(Box::new(ipvs::IpvsBackend::new(options, "rr".to_owned()))),
+            BackendKind::Ipvs => Ok(Box::new(ipvs::IpvsBackend::new(
+                options,
+                ipvs::IpvsOptions {
+                    scheduler: config.ipvs_scheduler.clone(),
+                    drain_grace: config.ipvs_drain_grace,
+                    iptables_mode,
+                },
+            ))),
         }
     }
 }

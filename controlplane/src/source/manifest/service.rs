@@ -23,6 +23,20 @@ fn global(metadata: &Metadata) -> Result<bool, FieldError> {
     }
 }
 
+/// The IPVS scheduler for one Service (nodes running `--backend ipvs`).
+pub const IPVS_SCHEDULER_ANNOTATION: &str = "service.kpx.io/ipvs-scheduler";
+
+fn ipvs_scheduler(metadata: &Metadata) -> Result<Option<String>, FieldError> {
+    match metadata.annotations.get(IPVS_SCHEDULER_ANNOTATION) {
+        None => Ok(None),
+        Some(s) if kpx_proto::types::IPVS_SCHEDULERS.contains(&s.as_str()) => Ok(Some(s.clone())),
+        Some(other) => Err((
+            format!("metadata.annotations[{IPVS_SCHEDULER_ANNOTATION}]"),
+            format!("{other:?} is not one of {}", kpx_proto::types::IPVS_SCHEDULERS.join(", ")),
+        )),
+    }
+}
+
 fn cluster_affinity(metadata: &Metadata) -> Result<ClusterAffinity, FieldError> {
     match metadata.annotations.get(AFFINITY_ANNOTATION).map(String::as_str) {
         None | Some("none") => Ok(ClusterAffinity::None),
@@ -268,6 +282,7 @@ pub(super) fn service(m: ServiceManifest) -> Result<Service, FieldError> {
         session_affinity_timeout: session_affinity(&spec)?,
         global: global(&m.metadata)?,
         cluster_affinity: cluster_affinity(&m.metadata)?,
+        ipvs_scheduler: ipvs_scheduler(&m.metadata)?,
     })
 }
 
@@ -285,6 +300,22 @@ mod tests {
             Ok(other) => panic!("not a Service: {other:?}"),
             Err(e) => Err((e.field, e.reason)),
         }
+    }
+
+    #[test]
+    fn the_ipvs_scheduler_annotation_is_one_of_the_known_schedulers() {
+        let annotated = |value: &str| {
+            let text = format!(
+                "kind: Service\nmetadata: {{name: s, annotations: {{service.kpx.io/ipvs-scheduler: {value}}}}}\nspec: {{clusterIP: 10.96.0.1, ports: [{{port: 80}}]}}"
+            );
+            match parse(&text).remove(0) {
+                Ok(Object::Service(s)) => Ok(s.ipvs_scheduler),
+                Ok(other) => panic!("not a Service: {other:?}"),
+                Err(e) => Err(e.field),
+            }
+        };
+        assert_eq!(annotated("mh"), Ok(Some("mh".to_owned())));
+        assert_eq!(annotated("fastest"), Err("metadata.annotations[service.kpx.io/ipvs-scheduler]".to_owned()));
     }
 
     fn field_of(spec: &str) -> String {

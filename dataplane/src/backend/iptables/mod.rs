@@ -89,7 +89,7 @@ impl<R: RestoreRunner + Send> Backend for IptablesBackend<R> {
         self.programmed = None;
         for family in Family::ALL {
             let saved = self.runner.save(family)?;
-            let script = ruleset::cleanup_script(&saved);
+            let script = ruleset::cleanup_script(&saved, names::PREFIX);
             if !script.is_empty() {
                 self.runner.restore(family, &script)?;
             }

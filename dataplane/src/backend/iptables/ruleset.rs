@@ -278,20 +278,21 @@ pub fn saved_rules(text: &str, wanted: Table) -> Vec<&str> {
         .collect()
 }
 
-/// Restore input that removes everything kpx owns (hooks, then its chains), given `iptables-save` output.
-pub fn cleanup_script(saved: &str) -> String {
+/// Restore input that removes every chain named `prefix…` and the hooks into them (hooks
+/// first), given `iptables-save` output.
+pub fn cleanup_script(saved: &str, prefix: &str) -> String {
     let mut s = String::new();
     for table in Table::ALL {
         let ours: Vec<String> = saved_chains(saved)
             .into_iter()
-            .filter(|(t, c)| *t == table && c.starts_with(PREFIX))
+            .filter(|(t, c)| *t == table && c.starts_with(prefix))
             .map(|(_, c)| c)
             .collect();
         let hooks: Vec<&str> = saved_rules(saved, table)
             .into_iter()
             .filter(|l| {
                 let chain = l.split_whitespace().nth(1).unwrap_or_default();
-                !chain.starts_with(PREFIX) && l.contains(&format!("-j {PREFIX}"))
+                !chain.starts_with(prefix) && l.contains(&format!("-j {prefix}"))
             })
             .collect();
         if ours.is_empty() && hooks.is_empty() {
@@ -354,7 +355,7 @@ mod tests {
         let saved = "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KPX-PORTALS - [0:0]\n\
                      -A PREROUTING -m comment --comment \"kpx service portals\" -j KPX-PORTALS\n\
                      -A PREROUTING -j KUBE-SERVICES\nCOMMIT\n";
-        let cleanup = cleanup_script(saved);
+        let cleanup = cleanup_script(saved, PREFIX);
         assert_eq!(
             cleanup,
             "*nat\n:KPX-PORTALS - [0:0]\n-D PREROUTING -m comment --comment \"kpx service portals\" -j KPX-PORTALS\n-X KPX-PORTALS\nCOMMIT\n"

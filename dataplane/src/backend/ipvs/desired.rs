@@ -1,29 +1,55 @@
-//! What IPVS should hold for a node: one virtual service per entry point (ClusterIP,
-//! external IP, load-balancer IP, NodePort on each node address) of every Service port and
-//! family, its destinations the endpoints `categorize` chose, and the addresses the dummy
-//! interface must carry so the node accepts traffic to them. Pure.
+//! What one Service puts into IPVS on a node ([`Piece`]): one virtual service per entry
+//! point (ClusterIP, external IP, load-balancer IP, NodePort on each node address) of every
+//! port and family, its destinations the endpoints `categorize` chose; the addresses the
+//! dummy interface must carry so the node accepts traffic to them; and the members of the
+//! [`ipset`](super::ipset) sets that tell the iptables rules what to masquerade, filter and
+//! drop. Pure.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use kpx_proto::categorize::{self, Action, EntryKind};
-use kpx_proto::types::{Endpoint, Protocol};
+use kpx_proto::categorize::{self, Action, EntryKind, PortFamily};
+use kpx_proto::types::{Endpoint, Protocol, ServiceView};
 
+use super::ipset::{self, SetName, SetRole};
 use super::netlink::{
     Destination, ServiceKey, VirtualService, FLAG_PERSISTENT, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
 };
 use crate::backend::ProxyOptions;
 use crate::state::NodeState;
 
-/// Everything IPVS should hold.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct DesiredIpvs {
+/// What every Service's piece depends on besides the Service.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Context {
+    /// The node addresses NodePorts open on.
+    pub nodeport_addresses: Vec<IpAddr>,
+    /// All the node's addresses (a source range containing one lets the node in).
+    pub node_addresses: Vec<IpAddr>,
+    /// The scheduler of Services that do not choose one.
+    pub scheduler: String,
+}
+
+impl Context {
+    pub fn new(state: &NodeState, options: &ProxyOptions, scheduler: &str) -> Context {
+        let node = state.node.as_ref().map(|n| &n.value);
+        Context {
+            nodeport_addresses: options.nodeport_addresses(node),
+            node_addresses: node.map(|n| n.addresses.clone()).unwrap_or_default(),
+            scheduler: scheduler.to_owned(),
+        }
+    }
+}
+
+/// One Service's share of the kernel's state.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Piece {
     pub services: BTreeMap<ServiceKey, (VirtualService, Vec<Destination>)>,
     /// Service addresses the node must accept traffic for (bound to the dummy interface).
     pub addresses: BTreeSet<IpAddr>,
+    pub members: BTreeSet<(SetName, String)>,
 }
 
-fn protocol(p: Protocol) -> u16 {
+pub fn protocol(p: Protocol) -> u16 {
     match p {
         Protocol::Tcp => PROTO_TCP,
         Protocol::Udp => PROTO_UDP,
@@ -41,35 +67,59 @@ fn destinations(endpoints: &[&Endpoint]) -> Vec<Destination> {
     out
 }
 
-/// The IPVS table for `state`, every virtual service using `scheduler`.
-pub fn desired(state: &NodeState, options: &ProxyOptions, scheduler: &str) -> DesiredIpvs {
-    let node = state.node.as_ref().map(|n| &n.value);
-    let nodeport_addresses = options.nodeport_addresses(node);
-    let mut out = DesiredIpvs::default();
-    for view in state.services.values().map(|v| &v.value) {
-        let (flags, timeout) = match view.session_affinity_timeout {
-            Some(seconds) => (FLAG_PERSISTENT, seconds),
-            None => (0, 0),
-        };
-        for pf in categorize::port_families(view, &nodeport_addresses) {
-            for entry in &pf.entries {
-                // Policy-Local external traffic goes to this node's endpoints only (traffic
-                // from the node or its pods included, for now: that needs filtering rules).
-                let endpoints = match pf.local_action(entry.kind) {
-                    Some(Action::Pick) => destinations(&pf.local),
-                    Some(Action::Drop | Action::Reject) => Vec::new(),
-                    None if pf.cluster_action(entry.kind) == Action::Pick => destinations(&pf.cluster),
-                    None => Vec::new(),
-                };
-                let key = ServiceKey {
-                    address: entry.address,
-                    protocol: protocol(pf.port.protocol),
-                    port: entry.port,
-                };
-                let service = VirtualService { key, scheduler: scheduler.to_owned(), flags, timeout };
-                out.services.insert(key, (service, endpoints));
-                if entry.kind != EntryKind::NodePort {
-                    out.addresses.insert(entry.address);
+/// Where traffic to an entry of `kind` goes: the endpoints IPVS may pick, and whether the
+/// traffic is dropped before IPVS sees it. Without endpoints and not dropped, IPVS itself
+/// rejects (ICMP port unreachable).
+fn route<'a>(pf: &'a PortFamily<'a>, kind: EntryKind) -> (&'a [&'a Endpoint], bool) {
+    match pf.local_action(kind) {
+        Some(Action::Pick) => (&pf.local, false),
+        Some(Action::Drop) => (&[], true),
+        Some(Action::Reject) => (&[], false),
+        None => match pf.cluster_action(kind) {
+            Action::Pick => (&pf.cluster, false),
+            Action::Drop => (&[], true),
+            Action::Reject => (&[], false),
+        },
+    }
+}
+
+/// What `view` puts into IPVS, ipsets and the dummy interface.
+pub fn piece(view: &ServiceView, ctx: &Context) -> Piece {
+    let (flags, timeout) = match view.session_affinity_timeout {
+        Some(seconds) => (FLAG_PERSISTENT, seconds),
+        None => (0, 0),
+    };
+    let mut out = Piece::default();
+    for pf in categorize::port_families(view, &ctx.nodeport_addresses) {
+        let proto = pf.port.protocol;
+        let set = |role| SetName::new(role, pf.family);
+        for ep in pf.all_endpoints() {
+            out.members.insert((set(SetRole::LoopBack), ipset::loop_back_member(ep.address, proto, ep.port)));
+        }
+        for entry in &pf.entries {
+            let (endpoints, dropped) = route(&pf, entry.kind);
+            let key = ServiceKey { address: entry.address, protocol: protocol(proto), port: entry.port };
+            let scheduler = view.ipvs_scheduler.clone().unwrap_or_else(|| ctx.scheduler.clone());
+            let service = VirtualService { key, scheduler, flags, timeout };
+            out.services.insert(key, (service, destinations(endpoints)));
+            if entry.kind != EntryKind::NodePort {
+                out.addresses.insert(entry.address);
+            }
+            let member = ipset::entry_member(entry.address, proto, entry.port);
+            let role = match entry.kind {
+                EntryKind::ClusterIp => SetRole::ClusterIp,
+                kind if pf.masquerade_external(kind) => SetRole::External,
+                _ => SetRole::ExternalLocal,
+            };
+            out.members.insert((set(role), member.clone()));
+            if dropped {
+                out.members.insert((set(SetRole::Drop), member.clone()));
+            }
+            if let Some(allowed) = pf.allowed_sources(entry, &ctx.node_addresses) {
+                out.members.insert((set(SetRole::LoadBalancerFirewall), member));
+                for source in &allowed {
+                    let m = ipset::source_member(entry.address, proto, entry.port, source);
+                    out.members.insert((set(SetRole::LoadBalancerSource), m));
                 }
             }
         }
@@ -80,24 +130,32 @@ pub fn desired(state: &NodeState, options: &ProxyOptions, scheduler: &str) -> De
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::fixtures;
+    use crate::backend::{fixtures, Family};
     use crate::state::Versioned;
     use kpx_proto::types::NodeConfig;
 
-    #[test]
-    fn every_entry_is_a_virtual_service_with_the_chosen_endpoints() {
-        let mut view = fixtures::web(&["10.244.1.2"]);
-        view.ports[0].node_port = Some(30080);
-        view.session_affinity_timeout = Some(600);
+    fn with_node(view: &ServiceView) -> Context {
         let mut state = NodeState::default();
-        state.services.insert(view.resource_name(), Versioned { version: "1".into(), value: view });
+        state.services.insert(view.resource_name(), Versioned { version: "1".into(), value: view.clone() });
         let node = NodeConfig {
             name: "n1".into(),
             addresses: vec!["10.0.0.1".parse().expect("ip")],
             ..Default::default()
         };
         state.node = Some(Versioned { version: "1".into(), value: node });
-        let want = desired(&state, &fixtures::NO, "rr");
+        Context::new(&state, &fixtures::NO, "rr")
+    }
+
+    fn members(p: &Piece, role: SetRole) -> Vec<&str> {
+        p.members.iter().filter(|(s, _)| *s == SetName::new(role, Family::V4)).map(|(_, m)| m.as_str()).collect()
+    }
+
+    #[test]
+    fn every_entry_is_a_virtual_service_with_the_chosen_endpoints() {
+        let mut view = fixtures::web(&["10.244.1.2"]);
+        view.ports[0].node_port = Some(30080);
+        view.session_affinity_timeout = Some(600);
+        let want = piece(&view, &with_node(&view));
         let keys: Vec<String> = want.services.keys().map(ToString::to_string).collect();
         assert_eq!(keys, ["10.0.0.1:30080/tcp", "10.96.0.10:80/tcp"]);
         for (service, dests) in want.services.values() {
@@ -109,13 +167,37 @@ mod tests {
         }
         let vip: IpAddr = "10.96.0.10".parse().expect("ip");
         assert_eq!(want.addresses, [vip].into(), "NodePorts use the node's own addresses");
+        assert_eq!(members(&want, SetRole::ClusterIp), ["10.96.0.10,tcp:80"]);
+        assert_eq!(members(&want, SetRole::External), ["10.0.0.1,tcp:30080"], "policy Cluster: masqueraded");
+        assert_eq!(members(&want, SetRole::LoopBack), ["10.244.1.2,tcp:8080,10.244.1.2"]);
+        assert!(members(&want, SetRole::Drop).is_empty());
     }
 
     #[test]
-    fn a_service_without_endpoints_has_a_virtual_service_without_destinations() {
-        let state = fixtures::state(&[("web", "10.96.0.10", &[])]);
-        let want = desired(&state, &fixtures::NO, "rr");
+    fn without_endpoints_ipvs_rejects_and_policy_local_drops() {
+        let view = fixtures::web(&[]);
+        let want = piece(&view, &Context::default());
         assert_eq!(want.services.len(), 1);
         assert!(want.services.values().all(|(_, d)| d.is_empty()));
+        assert!(members(&want, SetRole::Drop).is_empty(), "no endpoints at all: rejected by IPVS");
+        let mut local = fixtures::web(&[]);
+        local.internal_traffic_local = true;
+        let want = piece(&local, &Context::default());
+        assert_eq!(members(&want, SetRole::Drop), ["10.96.0.10,tcp:80"]);
+    }
+
+    #[test]
+    fn source_ranges_let_in_the_ranges_and_the_node() {
+        let mut view = fixtures::web(&["10.244.1.2"]);
+        view.load_balancer_ips = vec!["192.0.2.20".parse().expect("ip")];
+        view.load_balancer_source_ranges = vec!["10.0.0.0/24".parse().expect("net")];
+        view.external_traffic_local = true;
+        let want = piece(&view, &with_node(&view));
+        assert_eq!(members(&want, SetRole::LoadBalancerFirewall), ["192.0.2.20,tcp:80"]);
+        assert_eq!(
+            members(&want, SetRole::LoadBalancerSource),
+            ["192.0.2.20,tcp:80,10.0.0.0/24", "192.0.2.20,tcp:80,192.0.2.20/32"]
+        );
+        assert_eq!(members(&want, SetRole::ExternalLocal), ["192.0.2.20,tcp:80"], "policy Local: client kept");
     }
 }

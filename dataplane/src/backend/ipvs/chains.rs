@@ -1,0 +1,125 @@
+//! The iptables rules around IPVS, for what IPVS cannot do itself: masquerading (traffic
+//! from outside the pods to a ClusterIP, external traffic of policy Cluster, hairpin),
+//! load-balancer source ranges and the drops of policy Local without local endpoints. A
+//! fixed handful of rules per family that match the [`ipset`](super::ipset) sets, so they
+//! do not grow with the number of Services; written whole with `iptables-restore
+//! --noflush` (one atomic commit per table) when they change, which is only when the
+//! options or the pod CIDRs do.
+//!
+//! Order in the kernel: nat PREROUTING/OUTPUT mark, filter INPUT drops (before IPVS's
+//! LOCAL_IN hook), IPVS schedules and forwards, nat POSTROUTING masquerades what was
+//! marked (IPVS keeps conntrack for it: `net.ipv4.vs.conntrack = 1`).
+
+use std::fmt::Write as _;
+
+use ipnet::IpNet;
+
+use super::ipset::{SetName, SetRole};
+use crate::backend::iptables::names::MASQ_MARK;
+use crate::backend::iptables::ruleset::saved_rules;
+use crate::backend::iptables::service::Table;
+use crate::backend::Family;
+
+/// The prefix of every chain of the IPVS backend.
+pub const PREFIX: &str = "KPX-IPVS-";
+const SERVICES: &str = "KPX-IPVS-SERVICES";
+const MASQ_NONLOCAL: &str = "KPX-IPVS-MASQ-NONLOCAL";
+const MARK_MASQ: &str = "KPX-IPVS-MARK-MASQ";
+const POSTROUTING: &str = "KPX-IPVS-POSTROUTING";
+const FILTER: &str = "KPX-IPVS-FILTER";
+
+/// A jump from a built-in chain into kpx's: (table, built-in chain, rule).
+const HOOKS: [(Table, &str, &str); 4] = [
+    (Table::Nat, "PREROUTING", "-m comment --comment \"kpx ipvs services\" -j KPX-IPVS-SERVICES"),
+    (Table::Nat, "OUTPUT", "-m comment --comment \"kpx ipvs services\" -j KPX-IPVS-SERVICES"),
+    (Table::Nat, "POSTROUTING", "-m comment --comment \"kpx ipvs postrouting\" -j KPX-IPVS-POSTROUTING"),
+    (Table::Filter, "INPUT", "-m comment --comment \"kpx ipvs firewall\" -j KPX-IPVS-FILTER"),
+];
+
+/// What the rules depend on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainInputs {
+    pub masquerade_all: bool,
+    /// The pod CIDRs of the family (traffic from them is not masqueraded to a ClusterIP).
+    pub local_cidrs: Vec<IpNet>,
+}
+
+/// `iptables-restore --noflush` input for one family: kpx's chains, whole, and the hooks
+/// that `saved` (that family's `iptables-save`) lacks.
+pub fn script(family: Family, inputs: &ChainInputs, saved: Option<&str>) -> String {
+    let set = |role| SetName::new(role, family).to_string();
+    let mut nat = vec![
+        format!(
+            "-A {SERVICES} -m set --match-set {} dst,dst -j {}",
+            set(SetRole::ClusterIp),
+            if inputs.masquerade_all { MARK_MASQ } else { MASQ_NONLOCAL }
+        ),
+        format!("-A {SERVICES} -m set --match-set {} dst,dst -j {MARK_MASQ}", set(SetRole::External)),
+        format!(
+            "-A {SERVICES} -m set --match-set {} dst,dst -m addrtype --src-type LOCAL -j {MARK_MASQ}",
+            set(SetRole::ExternalLocal)
+        ),
+    ];
+    nat.extend(inputs.local_cidrs.iter().map(|c| format!("-A {MASQ_NONLOCAL} -s {c} -j RETURN")));
+    nat.push(format!("-A {MASQ_NONLOCAL} -j {MARK_MASQ}"));
+    nat.push(format!("-A {MARK_MASQ} -j MARK --or-mark {MASQ_MARK}"));
+    nat.push(format!(
+        "-A {POSTROUTING} -m set --match-set {} dst,dst,src -j MASQUERADE",
+        set(SetRole::LoopBack)
+    ));
+    nat.push(format!("-A {POSTROUTING} -m mark ! --mark {MASQ_MARK}/{MASQ_MARK} -j RETURN"));
+    nat.push(format!("-A {POSTROUTING} -j MARK --xor-mark {MASQ_MARK}"));
+    nat.push(format!("-A {POSTROUTING} -j MASQUERADE --random-fully"));
+    let filter = vec![
+        format!(
+            "-A {FILTER} -m set --match-set {} dst,dst -m set ! --match-set {} dst,dst,src -j DROP",
+            set(SetRole::LoadBalancerFirewall),
+            set(SetRole::LoadBalancerSource)
+        ),
+        format!("-A {FILTER} -m set --match-set {} dst,dst -j DROP", set(SetRole::Drop)),
+    ];
+    let mut s = String::new();
+    for (table, chains, rules) in
+        [(Table::Nat, &[SERVICES, MASQ_NONLOCAL, MARK_MASQ, POSTROUTING][..], nat), (Table::Filter, &[FILTER][..], filter)]
+    {
+        let _ = writeln!(s, "*{}", table.name());
+        for chain in chains {
+            let _ = writeln!(s, ":{chain} - [0:0]");
+        }
+        for rule in rules {
+            let _ = writeln!(s, "{rule}");
+        }
+        for (_, builtin, spec) in HOOKS.iter().filter(|(t, _, _)| *t == table) {
+            let present = saved.is_some_and(|text| {
+                saved_rules(text, table).iter().any(|l| *l == format!("-A {builtin} {spec}"))
+            });
+            if !present {
+                let _ = writeln!(s, "-I {builtin} 1 {spec}");
+            }
+        }
+        let _ = writeln!(s, "COMMIT");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rules_match_sets_and_hooks_are_added_once() {
+        let inputs = ChainInputs { masquerade_all: false, local_cidrs: vec!["10.244.0.0/16".parse().expect("net")] };
+        let fresh = script(Family::V4, &inputs, None);
+        assert!(fresh.contains("-A KPX-IPVS-SERVICES -m set --match-set KPX-CLUSTER-IP-4 dst,dst -j KPX-IPVS-MASQ-NONLOCAL\n"), "{fresh}");
+        assert!(fresh.contains("-A KPX-IPVS-MASQ-NONLOCAL -s 10.244.0.0/16 -j RETURN\n"), "{fresh}");
+        assert!(fresh.contains("-m set --match-set KPX-LOOP-BACK-4 dst,dst,src -j MASQUERADE"), "{fresh}");
+        assert!(fresh.contains("-A KPX-IPVS-FILTER -m set --match-set KPX-LB-FIREWALL-4 dst,dst -m set ! --match-set KPX-LB-SOURCE-4 dst,dst,src -j DROP"), "{fresh}");
+        assert_eq!(fresh.matches("-I ").count(), 4, "{fresh}");
+        let saved = "*nat\n-A PREROUTING -m comment --comment \"kpx ipvs services\" -j KPX-IPVS-SERVICES\nCOMMIT\n";
+        let again = script(Family::V4, &inputs, Some(saved));
+        assert_eq!(again.matches("-I ").count(), 3, "{again}");
+        let all = ChainInputs { masquerade_all: true, local_cidrs: vec![] };
+        let v6 = script(Family::V6, &all, None);
+        assert!(v6.contains("--match-set KPX-CLUSTER-IP-6 dst,dst -j KPX-IPVS-MARK-MASQ\n"), "{v6}");
+    }
+}

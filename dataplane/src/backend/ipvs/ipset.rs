@@ -1,0 +1,269 @@
+//! The ipsets that tell kpx's few iptables rules (see [`chains`](super::chains)) which
+//! packets IPVS alone cannot handle: one set per role and family, members in ipset's own
+//! text (`10.96.0.10,tcp:80`). A full sync fills a fresh set and swaps it in (atomic per
+//! set); an apply adds and deletes only the members that changed. [`IpsetProcess`] is the
+//! only code that runs `ipset`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::{self, Write as _};
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::process::{Command, Stdio};
+
+use ipnet::IpNet;
+use kpx_proto::types::Protocol;
+
+use crate::backend::{BackendError, Family};
+
+/// What a set's members are for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SetRole {
+    /// ClusterIP entries: traffic from outside the pod CIDRs (or all, with
+    /// `--masquerade-all`) is masqueraded.
+    ClusterIp,
+    /// External IP, load-balancer and NodePort entries of policy Cluster: masqueraded.
+    External,
+    /// External entries of policy Local: the client address is kept (only the node's own
+    /// traffic is masqueraded).
+    ExternalLocal,
+    /// `endpoint,proto:port,endpoint`: a pod reaching itself through a Service (hairpin).
+    LoopBack,
+    /// Load-balancer entries with source ranges.
+    LoadBalancerFirewall,
+    /// `lb-ip,proto:port,allowed-net`: the sources those entries accept.
+    LoadBalancerSource,
+    /// Entries whose traffic is dropped (a traffic policy Local without endpoints here).
+    Drop,
+}
+
+impl SetRole {
+    pub const ALL: [SetRole; 7] = [
+        SetRole::ClusterIp,
+        SetRole::External,
+        SetRole::ExternalLocal,
+        SetRole::LoopBack,
+        SetRole::LoadBalancerFirewall,
+        SetRole::LoadBalancerSource,
+        SetRole::Drop,
+    ];
+
+    fn base(self) -> &'static str {
+        match self {
+            SetRole::ClusterIp => "CLUSTER-IP",
+            SetRole::External => "EXTERNAL",
+            SetRole::ExternalLocal => "EXTERNAL-LOCAL",
+            SetRole::LoopBack => "LOOP-BACK",
+            SetRole::LoadBalancerFirewall => "LB-FIREWALL",
+            SetRole::LoadBalancerSource => "LB-SOURCE",
+            SetRole::Drop => "DROP",
+        }
+    }
+
+    fn set_type(self) -> &'static str {
+        match self {
+            SetRole::LoopBack => "hash:ip,port,ip",
+            SetRole::LoadBalancerSource => "hash:ip,port,net",
+            _ => "hash:ip,port",
+        }
+    }
+}
+
+/// A set of one role and family: `KPX-CLUSTER-IP-4`, `KPX-LOOP-BACK-6`, …
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SetName {
+    pub role: SetRole,
+    pub family: Family,
+}
+
+/// The prefix of every set kpx owns.
+pub const PREFIX: &str = "KPX-";
+
+impl fmt::Display for SetName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let family = match self.family {
+            Family::V4 => 4,
+            Family::V6 => 6,
+        };
+        write!(f, "{PREFIX}{}-{family}", self.role.base())
+    }
+}
+
+impl SetName {
+    pub fn new(role: SetRole, family: Family) -> Self {
+        SetName { role, family }
+    }
+
+    /// Every set kpx's chains refer to.
+    pub fn all() -> impl Iterator<Item = SetName> {
+        Family::ALL.into_iter().flat_map(|family| SetRole::ALL.into_iter().map(move |role| SetName { role, family }))
+    }
+
+    fn create(&self, name: &str) -> String {
+        let family = match self.family {
+            Family::V4 => "inet",
+            Family::V6 => "inet6",
+        };
+        format!("create {name} {} family {family} hashsize 1024 maxelem 1048576\n", self.role.set_type())
+    }
+}
+
+/// The members of every set.
+pub type SetMembers = BTreeMap<SetName, BTreeSet<String>>;
+
+/// `address,proto:port`.
+pub fn entry_member(address: IpAddr, protocol: Protocol, port: u16) -> String {
+    format!("{address},{protocol}:{port}")
+}
+
+/// `address,proto:port,address` (hairpin).
+pub fn loop_back_member(address: IpAddr, protocol: Protocol, port: u16) -> String {
+    format!("{address},{protocol}:{port},{address}")
+}
+
+/// `address,proto:port,net` (an allowed source of a load-balancer entry).
+pub fn source_member(address: IpAddr, protocol: Protocol, port: u16, source: &IpNet) -> String {
+    format!("{address},{protocol}:{port},{source}")
+}
+
+/// `ipset restore` input that makes every set hold exactly `members`: each filled as a
+/// fresh set and swapped in, so a set is never seen half filled.
+pub fn swap_script(members: &SetMembers) -> String {
+    let empty = BTreeSet::new();
+    let mut s = String::new();
+    for set in SetName::all() {
+        let name = set.to_string();
+        let fresh = format!("{name}-N");
+        s.push_str(&set.create(&name));
+        s.push_str(&set.create(&fresh));
+        let _ = writeln!(s, "flush {fresh}");
+        for member in members.get(&set).unwrap_or(&empty) {
+            let _ = writeln!(s, "add {fresh} {member}");
+        }
+        let _ = writeln!(s, "swap {fresh} {name}");
+        let _ = writeln!(s, "destroy {fresh}");
+    }
+    s
+}
+
+/// The members to add and those to delete to go from `before` to `after`, as two
+/// `ipset restore` inputs (adds go before the kernel's IPVS changes, deletes after).
+pub fn diff_scripts(before: &SetMembers, after: &SetMembers) -> (String, String) {
+    let empty = BTreeSet::new();
+    let (mut adds, mut deletes) = (String::new(), String::new());
+    for set in SetName::all() {
+        let (old, new) = (before.get(&set).unwrap_or(&empty), after.get(&set).unwrap_or(&empty));
+        for member in new.difference(old) {
+            let _ = writeln!(adds, "add {set} {member}");
+        }
+        for member in old.difference(new) {
+            let _ = writeln!(deletes, "del {set} {member}");
+        }
+    }
+    (adds, deletes)
+}
+
+/// `ipset restore` input that destroys the sets among `existing` that kpx owns.
+pub fn destroy_script(existing: &[String]) -> String {
+    let ours: BTreeSet<String> = SetName::all().flat_map(|s| [s.to_string(), format!("{s}-N")]).collect();
+    existing.iter().filter(|name| ours.contains(*name)).map(|name| format!("destroy {name}\n")).collect()
+}
+
+/// Runs the `ipset` tool.
+pub struct IpsetProcess;
+
+const TOOL: &str = "ipset";
+
+impl IpsetProcess {
+    /// Feeds `script` to `ipset -exist restore` (adding what is there or deleting what is
+    /// not is no error).
+    pub fn restore(&self, script: &str) -> Result<(), BackendError> {
+        if script.is_empty() {
+            return Ok(());
+        }
+        let mut child = Command::new(TOOL)
+            .args(["-exist", "restore"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| BackendError::Spawn { tool: TOOL, source })?;
+        if let Some(mut pipe) = child.stdin.take() {
+            pipe.write_all(script.as_bytes()).map_err(|source| BackendError::Spawn { tool: TOOL, source })?;
+        }
+        let out = child.wait_with_output().map_err(|source| BackendError::Spawn { tool: TOOL, source })?;
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(BackendError::Refused { tool: TOOL, message: String::from_utf8_lossy(&out.stderr).trim().to_owned() })
+    }
+
+    /// The names of the sets in the kernel.
+    pub fn names(&self) -> Result<Vec<String>, BackendError> {
+        let out = Command::new(TOOL)
+            .args(["list", "-n"])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| BackendError::Spawn { tool: TOOL, source })?;
+        if !out.status.success() {
+            return Err(BackendError::Refused {
+                tool: TOOL,
+                message: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect())
+    }
+
+    /// `ipset save` of kpx's sets (for `kpxctl rules`).
+    pub fn save(&self) -> Result<String, BackendError> {
+        let out = Command::new(TOOL)
+            .arg("save")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| BackendError::Spawn { tool: TOOL, source })?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        Ok(text
+            .lines()
+            .filter(|line| line.split_whitespace().nth(1).is_some_and(|set| set.starts_with(PREFIX)))
+            .map(|line| format!("{line}\n"))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn members(set: SetName, list: &[&str]) -> SetMembers {
+        [(set, list.iter().map(|m| (*m).to_owned()).collect())].into()
+    }
+
+    #[test]
+    fn names_and_members_are_in_ipsets_own_text() {
+        let set = SetName::new(SetRole::LoopBack, Family::V6);
+        assert_eq!(set.to_string(), "KPX-LOOP-BACK-6");
+        let ip: IpAddr = "fd00::5".parse().expect("ip");
+        assert_eq!(loop_back_member(ip, Protocol::Udp, 53), "fd00::5,udp:53,fd00::5");
+        let net: IpNet = "192.0.2.0/24".parse().expect("net");
+        let lb: IpAddr = "192.0.2.20".parse().expect("ip");
+        assert_eq!(source_member(lb, Protocol::Tcp, 80, &net), "192.0.2.20,tcp:80,192.0.2.0/24");
+        assert!(SetName::all().all(|s| s.to_string().len() + 2 <= 31), "ipset names are at most 31 bytes");
+    }
+
+    #[test]
+    fn a_full_sync_swaps_every_set_and_an_apply_touches_only_changed_members() {
+        let set = SetName::new(SetRole::ClusterIp, Family::V4);
+        let script = swap_script(&members(set, &["10.96.0.10,tcp:80"]));
+        assert!(script.contains(
+            "create KPX-CLUSTER-IP-4-N hash:ip,port family inet hashsize 1024 maxelem 1048576\nflush KPX-CLUSTER-IP-4-N\nadd KPX-CLUSTER-IP-4-N 10.96.0.10,tcp:80\nswap KPX-CLUSTER-IP-4-N KPX-CLUSTER-IP-4\ndestroy KPX-CLUSTER-IP-4-N\n"
+        ));
+        assert_eq!(script.matches("swap ").count(), 14, "every role in both families");
+        let (adds, deletes) = diff_scripts(
+            &members(set, &["10.96.0.10,tcp:80", "10.96.0.11,tcp:80"]),
+            &members(set, &["10.96.0.10,tcp:80", "10.96.0.12,udp:53"]),
+        );
+        assert_eq!(adds, "add KPX-CLUSTER-IP-4 10.96.0.12,udp:53\n");
+        assert_eq!(deletes, "del KPX-CLUSTER-IP-4 10.96.0.11,tcp:80\n");
+        let existing = ["KUBE-CLUSTER-IP".to_owned(), "KPX-DROP-6".to_owned()];
+        assert_eq!(destroy_script(&existing), "destroy KPX-DROP-6\n");
+    }
+}
