@@ -7,6 +7,7 @@
 
 pub mod fake_apiserver;
 pub mod fake_control_plane;
+pub mod ipvs_scenarios;
 pub mod manifests;
 pub mod netns;
 pub mod process;

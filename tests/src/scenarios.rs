@@ -95,7 +95,12 @@ impl Scene {
 
     /// Whether what the backend programmed mentions `text` (nft, iptables-save or ipvsadm output).
     pub fn rules_mention(&self, text: &str) -> bool {
-        let dump = match self.backend {
+        self.rules().to_lowercase().contains(&text.to_lowercase())
+    }
+
+    /// What the backend programmed, as text (nft, iptables-save, or the IPVS table and sets).
+    pub fn rules(&self) -> String {
+        match self.backend {
             ProxyBackend::Nftables => self.t.ruleset(),
             ProxyBackend::Iptables | ProxyBackend::IptablesLegacy => {
                 let flavour = if self.backend == ProxyBackend::Iptables { "nft" } else { "legacy" };
@@ -112,8 +117,7 @@ impl Scene {
                 let kpxctl = crate::process::binary("kpxctl").display().to_string();
                 String::from_utf8_lossy(&self.t.node.try_exec(&kpxctl, &["rules"]).stdout).into_owned()
             }
-        };
-        dump.to_lowercase().contains(&text.to_lowercase())
+        }
     }
 
     /// The peers pod `i`'s backend has seen.

@@ -1,15 +1,15 @@
-//! The behaviour suite (`kpx_e2e::scenarios`) with `--backend ipvs`, run inside the VM of
-//! `tests/vm/run-in-vm.sh` by `tests/tests/ipvs.rs`. With scenario names as arguments it
-//! runs those (the ones the backend claims, see tests/BEHAVIOURS.md) and exits 1 if one
-//! fails; without, it runs them all and reports. Each prints `pass NAME` or `FAIL NAME: why`.
+//! The behaviour suite (`kpx_e2e::scenarios`) and the IPVS-only scenarios
+//! (`kpx_e2e::ipvs_scenarios`) with `--backend ipvs`, run inside the VM of
+//! `tests/vm/run-in-vm.sh` by `tests/tests/ipvs.rs` (one boot for all). It runs the scenarios named as
+//! arguments, or all of them, and exits 1 if one fails. Each prints `pass NAME` or `FAIL NAME: why`.
 
-use kpx_e2e::scenarios;
+use kpx_e2e::{ipvs_scenarios, scenarios};
 use kpx_e2e::topology::ProxyBackend;
 
 fn main() {
     let chosen: Vec<String> = std::env::args().skip(1).collect();
     let mut failed = Vec::new();
-    for (name, scenario) in scenarios::ALL {
+    for (name, scenario) in scenarios::ALL.iter().chain(ipvs_scenarios::ALL) {
         if !chosen.is_empty() && !chosen.iter().any(|c| c == name) {
             continue;
         }
@@ -29,7 +29,7 @@ fn main() {
             }
         }
     }
-    if !chosen.is_empty() && !failed.is_empty() {
+    if !failed.is_empty() {
         eprintln!("failed: {failed:?}");
         std::process::exit(1);
     }

@@ -1,0 +1,307 @@
+//! What only the IPVS backend has, proven in the VM beside the behaviour suite (run by
+//! `src/bin/behaviour_ipvs_vm.rs`): a restart that neither flushes nor cuts traffic and
+//! recognises what an earlier run programmed, destinations drained rather than cut,
+//! schedulers by flag and by annotation, and SCTP traffic (this VM's kernel has SCTP).
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::manifests::{documents, ep, service, slice};
+use crate::netns::Netns;
+use crate::scenarios::{Scenario, Scene};
+use crate::topology::{sock, ProxyBackend, Topology, NODE_IP};
+use crate::traffic::{tcp_request, Answer};
+use crate::{wait_for, DEADLINE};
+
+/// Every IPVS-only scenario by name.
+pub const ALL: &[(&str, Scenario)] = &[
+    ("ipvs_restart_keeps_traffic", restart_keeps_traffic),
+    ("ipvs_drains_removed_endpoints", drains_removed_endpoints),
+    ("ipvs_schedulers", schedulers),
+    ("ipvs_sctp", sctp),
+];
+
+/// A TCP (or SCTP) listener in a pod that answers each line with `NAME LINE`, keeping the
+/// connection open; stopped on drop.
+struct EchoServer {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl EchoServer {
+    fn start(ns: &Netns, name: &str, listener: impl FnOnce() -> TcpListener + Send + 'static) -> EchoServer {
+        let listener = ns.run_in(listener);
+        listener.set_nonblocking(true).expect("nonblocking");
+        let stop = Arc::new(AtomicBool::new(false));
+        let (name, flag) = (name.to_owned(), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        let name = name.clone();
+                        std::thread::spawn(move || echo(conn, &name));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        EchoServer { stop, thread: Some(thread) }
+    }
+}
+
+fn echo(conn: TcpStream, name: &str) {
+    let _ = conn.set_nonblocking(false);
+    let Ok(mut writer) = conn.try_clone() else { return };
+    for line in BufReader::new(conn).lines() {
+        let Ok(line) = line else { return };
+        if writer.write_all(format!("{name} {line}\n").as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A kept connection: each `say` is answered by the server that holds it.
+struct Kept {
+    writer: TcpStream,
+    reader: BufReader<TcpStream>,
+}
+
+impl Kept {
+    fn open(ns: &Netns, to: SocketAddr) -> Kept {
+        Kept::new(ns.run_in(move || TcpStream::connect_timeout(&to, Duration::from_secs(5))).expect("connect"))
+    }
+
+    fn new(stream: TcpStream) -> Kept {
+        stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        let reader = BufReader::new(stream.try_clone().expect("clone"));
+        Kept { writer: stream, reader }
+    }
+
+    fn say(&mut self, word: &str) -> String {
+        self.writer.write_all(format!("{word}\n").as_bytes()).expect("write");
+        let mut line = String::new();
+        self.reader.read_line(&mut line).expect("read");
+        line.trim_end().to_owned()
+    }
+}
+
+fn tcp_listener(port: u16) -> impl FnOnce() -> TcpListener + Send + 'static {
+    move || TcpListener::bind(("0.0.0.0", port)).expect("bind")
+}
+
+/// The agent is killed and started again: traffic to the Services never stops meanwhile
+/// (nothing is flushed, the kernel keeps serving); then an agent that lost its state
+/// directory still recognises the NodePort virtual service an earlier run made (through
+/// kpx's sets, NodePorts being on node addresses, not on kpx-ipvs0) and removes it with
+/// its Service.
+pub fn restart_keeps_traffic(backend: ProxyBackend) {
+    let spec = "  type: NodePort\n  clusterIP: 10.96.2.2\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30090}\n";
+    let manifest = documents(&[
+        service("restart", spec, ""),
+        slice("restart", "restart-1", false, &[("http", "TCP", 8080)], &[ep(Topology::pod_ip(0))]),
+    ]);
+    let mut s = Scene::start(backend, 1, &[("restart.yaml", manifest)], &[], &[]);
+    let vip = sock("10.96.2.2", 80);
+    let node_port = sock(NODE_IP, 30090);
+    for to in [vip, node_port] {
+        wait_for(&format!("{to} to answer"), DEADLINE, || {
+            (s.t.client.run_in(move || tcp_request(to)) == Answer::From("pod0".into())).then_some(())
+        });
+    }
+    // Requests all along the restart, from a thread in the client namespace.
+    let (stop, failures, sent) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let prober = {
+        let (stop, failures, sent) = (Arc::clone(&stop), Arc::clone(&failures), Arc::clone(&sent));
+        s.t.client.spawn_in(move || {
+            while !stop.load(Ordering::Relaxed) {
+                for to in [vip, node_port] {
+                    if tcp_request(to) != Answer::From("pod0".into()) {
+                        failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    s.dp.kill();
+    std::thread::sleep(Duration::from_secs(1));
+    s.dp = s.t.start_dataplane_with(backend, &[]);
+    s.dp.wait_event("the restarted agent programmed its state", DEADLINE, |e| e["message"] == "programmed stored state");
+    wait_for("the restarted agent to resume its stream", DEADLINE, || {
+        s.dp.events().iter().any(|e| e["message"].as_str().is_some_and(|m| m.starts_with("stream open"))).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    prober.join().expect("prober");
+    let (failed, total) = (failures.load(Ordering::Relaxed), sent.load(Ordering::Relaxed));
+    assert!(total > 20, "requests were sent during the restart: {total}");
+    assert_eq!(failed, 0, "{failed} of {total} requests failed while the agent restarted");
+
+    // An agent without its state: the Service is gone meanwhile.
+    s.dp.kill();
+    std::fs::remove_dir_all(s.t.dir.path().join("state")).expect("remove state");
+    s.t.write_manifest("restart.yaml", &documents(&[]));
+    s.dp = s.t.start_dataplane_with(backend, &[]);
+    wait_for("the earlier run's virtual services to be removed", DEADLINE, || {
+        let rules = s.rules();
+        (!rules.is_empty() && !rules.contains(":30090/tcp") && !rules.contains("10.96.2.2")).then_some(())
+    });
+    assert_eq!(s.t.client.run_in(move || tcp_request(node_port)), Answer::Refused);
+}
+
+/// An endpoint that goes away keeps its open connections (weight 0, no new ones) and is
+/// removed after `--ipvs-drain-grace` even while one is still open.
+pub fn drains_removed_endpoints(backend: ProxyBackend) {
+    let spec = "  clusterIP: 10.96.2.1\n  ports:\n  - {name: echo, protocol: TCP, port: 9000}\n";
+    let write = |t: &Topology, pod: usize| {
+        t.write_manifest(
+            "drain.yaml",
+            &documents(&[
+                service("drain", spec, ""),
+                slice("drain", "drain-1", false, &[("echo", "TCP", 9000)], &[ep(Topology::pod_ip(pod))]),
+            ]),
+        );
+    };
+    let s = Scene::start(backend, 2, &[], &[], &["--ipvs-drain-grace=8s"]);
+    let _echo: Vec<EchoServer> =
+        (0..2).map(|i| EchoServer::start(&s.t.pods[i], &format!("pod{i}"), tcp_listener(9000))).collect();
+    write(&s.t, 0);
+    let vip = sock("10.96.2.1", 9000);
+    let mut kept = wait_for("the Service to answer from pod0", DEADLINE, || {
+        s.t.client.run_in(move || TcpStream::connect_timeout(&vip, Duration::from_secs(2)).ok()).map(Kept::new)
+    });
+    assert_eq!(kept.say("a"), "pod0 a");
+    write(&s.t, 1);
+    wait_for("new connections to reach pod1", DEADLINE, || {
+        let mut fresh = Kept::open(&s.t.client, vip);
+        (fresh.say("x") == "pod1 x").then_some(())
+    });
+    assert_eq!(kept.say("b"), "pod0 b", "the open connection to the removed endpoint still works");
+    let pod0 = format!("{}:9000 Masq weight 0", Topology::pod_ip(0));
+    assert!(s.rules_mention(&pod0), "the removed endpoint drains at weight 0:\n{}", s.rules());
+    wait_for("the drained endpoint to be removed after the grace", DEADLINE, || {
+        (!s.rules_mention(&format!("{}:9000", Topology::pod_ip(0)))).then_some(())
+    });
+}
+
+/// `--ipvs-scheduler` sets the default; `service.kpx.io/ipvs-scheduler` overrides it per
+/// Service; both Services are served.
+pub fn schedulers(backend: ProxyBackend) {
+    let plain = "  clusterIP: 10.96.2.3\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
+    let annotated = "apiVersion: v1\nkind: Service\nmetadata: {name: hashed, namespace: test, annotations: {service.kpx.io/ipvs-scheduler: mh}}\nspec:\n  clusterIP: 10.96.2.4\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n".to_owned();
+    let eps = [ep(Topology::pod_ip(0))];
+    let manifest = documents(&[
+        service("plain", plain, ""),
+        slice("plain", "plain-1", false, &[("http", "TCP", 8080)], &eps),
+        annotated,
+        slice("hashed", "hashed-1", false, &[("http", "TCP", 8080)], &eps),
+    ]);
+    let s = Scene::start(backend, 1, &[("sched.yaml", manifest)], &[], &["--ipvs-scheduler=wlc"]);
+    for vip in ["10.96.2.3", "10.96.2.4"] {
+        let to = sock(vip, 80);
+        wait_for(&format!("{vip} to answer"), DEADLINE, || {
+            (s.t.client.run_in(move || tcp_request(to)) == Answer::From("pod0".into())).then_some(())
+        });
+    }
+    let rules = s.rules();
+    assert!(rules.contains("10.96.2.3:80/tcp wlc"), "{rules}");
+    assert!(rules.contains("10.96.2.4:80/tcp mh"), "{rules}");
+}
+
+/// An SCTP socket of the one-to-one style, which reads and writes like a TCP stream.
+fn sctp_socket() -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    // SAFETY: socket(2); the descriptor is owned right away.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, libc::IPPROTO_SCTP) };
+    assert!(fd >= 0, "SCTP socket: {}", std::io::Error::last_os_error());
+    // SAFETY: a fresh descriptor nobody else owns.
+    unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
+}
+
+fn sockaddr_v4(to: std::net::SocketAddrV4) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: to.port().to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(to.ip().octets()) },
+        sin_zero: [0; 8],
+    }
+}
+
+fn sctp_listener(port: u16) -> impl FnOnce() -> TcpListener + Send + 'static {
+    move || {
+        use std::os::fd::AsRawFd;
+        let fd = sctp_socket();
+        let addr = sockaddr_v4(std::net::SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, port));
+        let size = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        // SAFETY: bind and listen on our socket with a valid address.
+        unsafe {
+            assert_eq!(libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_in).cast(), size), 0);
+            assert_eq!(libc::listen(fd.as_raw_fd(), 64), 0);
+        }
+        TcpListener::from(fd)
+    }
+}
+
+/// One SCTP exchange with `to` (v4): who answered.
+fn sctp_request(to: SocketAddr) -> Answer {
+    use std::os::fd::AsRawFd;
+    let SocketAddr::V4(v4) = to else { return Answer::Failed("IPv4 only".into()) };
+    let fd = sctp_socket();
+    let addr = sockaddr_v4(v4);
+    let size = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let timeout = libc::timeval { tv_sec: 3, tv_usec: 0 };
+    let tsize = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+    // SAFETY: socket options and connect on our socket with valid arguments.
+    let rc = unsafe {
+        for opt in [libc::SO_SNDTIMEO, libc::SO_RCVTIMEO] {
+            libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, opt, (&timeout as *const libc::timeval).cast(), tsize);
+        }
+        libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_in).cast(), size)
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::ECONNREFUSED) { Answer::Refused } else { Answer::Failed(e.to_string()) };
+    }
+    let mut kept = Kept::new(TcpStream::from(fd));
+    if kept.writer.write_all(b"hi\n").is_err() {
+        return Answer::Failed("write".into());
+    }
+    let mut line = String::new();
+    match kept.reader.read_line(&mut line) {
+        Ok(n) if n > 0 => Answer::From(line.split_whitespace().next().unwrap_or_default().to_owned()),
+        other => Answer::Failed(format!("{other:?}")),
+    }
+}
+
+/// SCTP through IPVS: the ClusterIP balances over both endpoints, the NodePort answers.
+pub fn sctp(backend: ProxyBackend) {
+    let spec = "  type: NodePort\n  clusterIP: 10.96.2.5\n  ports:\n  - {name: sctp, protocol: SCTP, port: 9, nodePort: 30019}\n";
+    let eps = [ep(Topology::pod_ip(0)), ep(Topology::pod_ip(1))];
+    let manifest = documents(&[
+        service("sctp", spec, ""),
+        slice("sctp", "sctp-1", false, &[("sctp", "SCTP", 9000)], &eps),
+    ]);
+    let s = Scene::start(backend, 2, &[("sctp.yaml", manifest)], &[], &[]);
+    let _echo: Vec<EchoServer> =
+        (0..2).map(|i| EchoServer::start(&s.t.pods[i], &format!("pod{i}"), sctp_listener(9000))).collect();
+    for to in [sock("10.96.2.5", 9), sock(NODE_IP, 30019)] {
+        wait_for(&format!("SCTP {to} to be answered by both pods"), DEADLINE, || {
+            let seen: std::collections::BTreeSet<Answer> =
+                s.t.client.run_in(move || (0..6).map(|_| sctp_request(to)).collect());
+            (seen == [Answer::From("pod0".into()), Answer::From("pod1".into())].into()).then_some(())
+        });
+    }
+}
