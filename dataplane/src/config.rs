@@ -153,7 +153,10 @@ pub fn parse_scheduler(text: &str) -> Result<String, String> {
     if kpx_proto::types::IPVS_SCHEDULERS.contains(&text) {
         Ok(text.to_owned())
     } else {
-        Err(format!("{text:?} is not an IPVS scheduler (one of {})", kpx_proto::types::IPVS_SCHEDULERS.join(", ")))
+        Err(format!(
+            "{text:?} is not an IPVS scheduler (one of {})",
+            kpx_proto::types::IPVS_SCHEDULERS.join(", ")
+        ))
     }
 }
 
@@ -231,17 +234,21 @@ impl AgentConfig {
         };
         for (name, other) in [("nftables", &file.nftables), ("iptables", &file.iptables)] {
             if other.as_ref().is_some_and(|s| s.scheduler.is_some()) {
-                return Err(field_error(&format!("{name}.scheduler"), "only the ipvs section has a scheduler"));
+                return Err(field_error(
+                    &format!("{name}.scheduler"),
+                    "only the ipvs section has a scheduler",
+                ));
             }
         }
-        let ipvs_scheduler = match (flags.ipvs_scheduler, file.ipvs.as_ref().and_then(|s| s.scheduler.clone())) {
-            (Some(s), _) => s,
-            (None, Some(s)) => {
-                parse_scheduler(&s).map_err(|e| field_error("ipvs.scheduler", e))?;
-                s
-            }
-            (None, None) => "rr".to_owned(),
-        };
+        let ipvs_scheduler =
+            match (flags.ipvs_scheduler, file.ipvs.as_ref().and_then(|s| s.scheduler.clone())) {
+                (Some(s), _) => s,
+                (None, Some(s)) => {
+                    parse_scheduler(&s).map_err(|e| field_error("ipvs.scheduler", e))?;
+                    s
+                }
+                (None, None) => "rr".to_owned(),
+            };
         let sync_period = duration("syncPeriod", &section.sync_period)?;
         let min_sync_period = duration("minSyncPeriod", &section.min_sync_period)?;
         let nodeport_cidrs = match (flags.nodeport_addresses, &file.node_port_addresses) {
@@ -366,6 +373,27 @@ mod tests {
         assert!(err.0.contains("nodePortAddresses[0]"), "{err}");
         let err = with_file("kind: Deployment\n", Flags::default()).expect_err("kind");
         assert!(err.0.contains("kind"), "{err}");
+    }
+
+    #[test]
+    fn ipvs_scheduler_and_drain_grace() {
+        let c =
+            with_file("mode: ipvs\nipvs: {scheduler: mh}\nkpx: {ipvsDrainGrace: 30s}\n", Flags::default())
+                .expect("valid");
+        assert_eq!((c.ipvs_scheduler.as_str(), c.ipvs_drain_grace), ("mh", Duration::from_secs(30)));
+        let flags = Flags { ipvs_scheduler: Some("wlc".into()), ..Flags::default() };
+        assert_eq!(with_file("ipvs: {scheduler: mh}\n", flags).expect("valid").ipvs_scheduler, "wlc");
+        let defaults = AgentConfig::resolve(Flags::default()).expect("defaults");
+        assert_eq!(
+            (defaults.ipvs_scheduler.as_str(), defaults.ipvs_drain_grace),
+            ("rr", Duration::from_secs(900))
+        );
+        let err = with_file("ipvs: {scheduler: fastest}\n", Flags::default()).expect_err("scheduler");
+        assert!(err.0.contains("ipvs.scheduler") && err.0.contains("fastest"), "{err}");
+        let err = with_file("nftables: {scheduler: rr}\n", Flags::default()).expect_err("not ipvs");
+        assert!(err.0.contains("nftables.scheduler"), "{err}");
+        let err = with_file("kpx: {ipvsDrainGrace: later}\n", Flags::default()).expect_err("duration");
+        assert!(err.0.contains("kpx.ipvsDrainGrace"), "{err}");
     }
 
     #[test]

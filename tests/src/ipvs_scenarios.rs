@@ -80,7 +80,9 @@ struct Kept {
 
 impl Kept {
     fn open(ns: &Netns, to: SocketAddr) -> Kept {
-        Kept::new(ns.run_in(move || TcpStream::connect_timeout(&to, Duration::from_secs(5))).expect("connect"))
+        Kept::new(
+            ns.run_in(move || TcpStream::connect_timeout(&to, Duration::from_secs(5))).expect("connect"),
+        )
     }
 
     fn new(stream: TcpStream) -> Kept {
@@ -121,7 +123,8 @@ pub fn restart_keeps_traffic(backend: ProxyBackend) {
         });
     }
     // Requests all along the restart, from a thread in the client namespace.
-    let (stop, failures, sent) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (stop, failures, sent) =
+        (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let prober = {
         let (stop, failures, sent) = (Arc::clone(&stop), Arc::clone(&failures), Arc::clone(&sent));
         s.t.client.spawn_in(move || {
@@ -139,9 +142,14 @@ pub fn restart_keeps_traffic(backend: ProxyBackend) {
     s.dp.kill();
     std::thread::sleep(Duration::from_secs(1));
     s.dp = s.t.start_dataplane_with(backend, &[]);
-    s.dp.wait_event("the restarted agent programmed its state", DEADLINE, |e| e["message"] == "programmed stored state");
+    s.dp.wait_event("the restarted agent programmed its state", DEADLINE, |e| {
+        e["message"] == "programmed stored state"
+    });
     wait_for("the restarted agent to resume its stream", DEADLINE, || {
-        s.dp.events().iter().any(|e| e["message"].as_str().is_some_and(|m| m.starts_with("stream open"))).then_some(())
+        s.dp.events()
+            .iter()
+            .any(|e| e["message"].as_str().is_some_and(|m| m.starts_with("stream open")))
+            .then_some(())
     });
     std::thread::sleep(Duration::from_secs(1));
     stop.store(true, Ordering::Relaxed);
@@ -181,7 +189,9 @@ pub fn drains_removed_endpoints(backend: ProxyBackend) {
     write(&s.t, 0);
     let vip = sock("10.96.2.1", 9000);
     let mut kept = wait_for("the Service to answer from pod0", DEADLINE, || {
-        s.t.client.run_in(move || TcpStream::connect_timeout(&vip, Duration::from_secs(2)).ok()).map(Kept::new)
+        s.t.client
+            .run_in(move || TcpStream::connect_timeout(&vip, Duration::from_secs(2)).ok())
+            .map(Kept::new)
     });
     assert_eq!(kept.say("a"), "pod0 a");
     write(&s.t, 1);
@@ -225,7 +235,8 @@ pub fn schedulers(backend: ProxyBackend) {
 fn sctp_socket() -> std::os::fd::OwnedFd {
     use std::os::fd::FromRawFd;
     // SAFETY: socket(2); the descriptor is owned right away.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, libc::IPPROTO_SCTP) };
+    let fd =
+        unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, libc::IPPROTO_SCTP) };
     assert!(fd >= 0, "SCTP socket: {}", std::io::Error::last_os_error());
     // SAFETY: a fresh descriptor nobody else owns.
     unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
@@ -267,13 +278,23 @@ fn sctp_request(to: SocketAddr) -> Answer {
     // SAFETY: socket options and connect on our socket with valid arguments.
     let rc = unsafe {
         for opt in [libc::SO_SNDTIMEO, libc::SO_RCVTIMEO] {
-            libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, opt, (&timeout as *const libc::timeval).cast(), tsize);
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&timeout as *const libc::timeval).cast(),
+                tsize,
+            );
         }
         libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_in).cast(), size)
     };
     if rc != 0 {
         let e = std::io::Error::last_os_error();
-        return if e.raw_os_error() == Some(libc::ECONNREFUSED) { Answer::Refused } else { Answer::Failed(e.to_string()) };
+        return if e.raw_os_error() == Some(libc::ECONNREFUSED) {
+            Answer::Refused
+        } else {
+            Answer::Failed(e.to_string())
+        };
     }
     let mut kept = Kept::new(TcpStream::from(fd));
     if kept.writer.write_all(b"hi\n").is_err() {

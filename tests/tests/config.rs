@@ -52,4 +52,12 @@ fn a_kube_proxy_configuration_file_drives_the_agent_and_bad_fields_are_named() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let message = String::from_utf8_lossy(&out.stderr);
     assert!(message.contains("localhostNodePorts"), "the unsupported field is named: {message}");
+
+    let out = t.node.try_exec(&binary("kpx-dataplane").display().to_string(), &["--ipvs-scheduler=fastest"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let message = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        message.contains("--ipvs-scheduler") && message.contains("mh"),
+        "the flag and the choices: {message}"
+    );
 }

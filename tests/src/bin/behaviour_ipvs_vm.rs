@@ -3,8 +3,8 @@
 //! `tests/vm/run-in-vm.sh` by `tests/tests/ipvs.rs` (one boot for all). It runs the scenarios named as
 //! arguments, or all of them, and exits 1 if one fails. Each prints `pass NAME` or `FAIL NAME: why`.
 
-use kpx_e2e::{ipvs_scenarios, scenarios};
 use kpx_e2e::topology::ProxyBackend;
+use kpx_e2e::{ipvs_scenarios, scenarios};
 
 fn main() {
     let chosen: Vec<String> = std::env::args().skip(1).collect();

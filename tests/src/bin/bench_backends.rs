@@ -1,7 +1,8 @@
 //! Full sync and one-endpoint-change times of the node agent's backends, side by side.
 //!
 //! `sudo ./tests/bench-backends.sh [SERVICES…]` (default 1000 10000): for each backend
-//! (nftables, iptables-legacy, iptables-nft) and each size, Services of one port with
+//! (nftables, iptables-legacy, iptables-nft, and IPVS where the kernel has it: run
+//! `sudo tests/vm/run-in-vm.sh target/release/bench_backends` for a kernel with IPVS) and each size, Services of one port with
 //! 10 endpoints each are programmed from scratch into a scratch network namespace
 //! (full sync), then one endpoint of one Service is replaced 20 times (one partial
 //! apply each, the work the agent does per delta). Prints figures; asserts nothing.
@@ -9,6 +10,7 @@
 use std::time::{Duration, Instant};
 
 use kpx_dataplane::backend::iptables::{IptablesBackend, IptablesMode, IptablesProcess};
+use kpx_dataplane::backend::ipvs::{netlink::IpvsSocket, IpvsBackend, IpvsOptions};
 use kpx_dataplane::backend::nftables::{NftLibrary, NftProcess, NftablesBackend};
 use kpx_dataplane::backend::{Backend, ProxyOptions};
 use kpx_dataplane::state::{ChangeSet, NodeState, Versioned};
@@ -125,6 +127,17 @@ fn main() {
                     &mut IptablesBackend::new(IptablesProcess { mode }, options.clone()),
                     services,
                 );
+            }
+            match IpvsSocket::open() {
+                Ok(_) => {
+                    let ipvs = IpvsOptions {
+                        scheduler: "rr".into(),
+                        drain_grace: Duration::from_secs(900),
+                        iptables_mode: IptablesMode::Auto,
+                    };
+                    measure("ipvs", &mut IpvsBackend::new(options.clone(), ipvs), services)
+                }
+                Err(e) => println!("ipvs: {e}"),
             }
         }
     });

@@ -315,7 +315,10 @@ mod tests {
             }
         };
         assert_eq!(annotated("mh"), Ok(Some("mh".to_owned())));
-        assert_eq!(annotated("fastest"), Err("metadata.annotations[service.kpx.io/ipvs-scheduler]".to_owned()));
+        assert_eq!(
+            annotated("fastest"),
+            Err("metadata.annotations[service.kpx.io/ipvs-scheduler]".to_owned())
+        );
     }
 
     fn field_of(spec: &str) -> String {

@@ -131,7 +131,8 @@ fn ensure_interface() -> Result<(), BackendError> {
 fn set_sysctls() -> Result<(), BackendError> {
     for (name, value) in [("conntrack", "1"), ("expire_nodest_conn", "1")] {
         let path = format!("/proc/sys/net/ipv4/vs/{name}");
-        std::fs::write(&path, value).map_err(|source| BackendError::Spawn { tool: "sysctl net.ipv4.vs", source })?;
+        std::fs::write(&path, value)
+            .map_err(|source| BackendError::Spawn { tool: "sysctl net.ipv4.vs", source })?;
     }
     Ok(())
 }
@@ -141,7 +142,10 @@ fn set_sysctls() -> Result<(), BackendError> {
 fn keys_in_sets(saved: &str) -> BTreeSet<ServiceKey> {
     let entry_sets: BTreeSet<String> = Family::ALL
         .into_iter()
-        .flat_map(|f| [SetRole::ClusterIp, SetRole::External, SetRole::ExternalLocal].map(|r| ipset::SetName::new(r, f).to_string()))
+        .flat_map(|f| {
+            [SetRole::ClusterIp, SetRole::External, SetRole::ExternalLocal]
+                .map(|r| ipset::SetName::new(r, f).to_string())
+        })
         .collect();
     saved
         .lines()
@@ -164,7 +168,11 @@ fn keys_in_sets(saved: &str) -> BTreeSet<ServiceKey> {
 impl IpvsBackend {
     pub fn new(options: ProxyOptions, ipvs_options: IpvsOptions) -> Self {
         let mode = ipvs_options.iptables_mode.resolve();
-        tracing::info!(?mode, scheduler = ipvs_options.scheduler, "IPVS backend; iptables flavour for its rules");
+        tracing::info!(
+            ?mode,
+            scheduler = ipvs_options.scheduler,
+            "IPVS backend; iptables flavour for its rules"
+        );
         IpvsBackend {
             options,
             ipvs_options,
@@ -189,7 +197,12 @@ impl IpvsBackend {
         let node = state.node.as_ref().map(|n| &n.value);
         ChainInputs {
             masquerade_all: self.options.masquerade_all,
-            local_cidrs: self.options.local_cidrs(node).into_iter().filter(|c| Family::of_net(c) == family).collect(),
+            local_cidrs: self
+                .options
+                .local_cidrs(node)
+                .into_iter()
+                .filter(|c| Family::of_net(c) == family)
+                .collect(),
         }
     }
 
@@ -238,7 +251,8 @@ impl IpvsBackend {
             }
         }
         let mut started = Vec::new();
-        for c in current.iter().filter(|c| !wanted.iter().any(|d| (d.address, d.port) == (c.address, c.port))) {
+        for c in current.iter().filter(|c| !wanted.iter().any(|d| (d.address, d.port) == (c.address, c.port)))
+        {
             if c.active + c.inactive == 0 || key.protocol == PROTO_UDP {
                 ipvs.delete_destination(key, c).map_err(refused)?;
             } else if c.weight != 0 {
@@ -248,7 +262,8 @@ impl IpvsBackend {
                 started.push((*key, c.address, c.port));
             }
         }
-        self.draining.retain(|(k, a, p), _| k != key || !wanted.iter().any(|d| (d.address, d.port) == (*a, *p)));
+        self.draining
+            .retain(|(k, a, p), _| k != key || !wanted.iter().any(|d| (d.address, d.port) == (*a, *p)));
         for d in started {
             self.draining.entry(d).or_insert_with(Instant::now);
         }
@@ -292,7 +307,9 @@ impl IpvsBackend {
         }
         // kpx's: what it programmed, what its sets name, and what sits on its interface.
         let ours = |key: &ServiceKey| {
-            previous.as_ref().is_some_and(|t| t.owns(key)) || in_sets.contains(key) || was_bound.contains(&key.address)
+            previous.as_ref().is_some_and(|t| t.owns(key))
+                || in_sets.contains(key)
+                || was_bound.contains(&key.address)
         };
         for stale in current.iter().filter(|s| !table.owns(&s.key) && ours(&s.key)) {
             self.socket()?.delete_service(&stale.key).map_err(refused)?;
@@ -311,7 +328,8 @@ impl Backend for IpvsBackend {
 
     fn apply(&mut self, desired: &NodeState, changes: &ChangeSet) -> Result<(), BackendError> {
         let context = Context::new(desired, &self.options, &self.ipvs_options.scheduler);
-        let chains_same = Family::ALL.into_iter().all(|f| self.chains.get(&f) == Some(&self.chain_inputs(desired, f)));
+        let chains_same =
+            Family::ALL.into_iter().all(|f| self.chains.get(&f) == Some(&self.chain_inputs(desired, f)));
         if self.table.is_none() || context != self.context || !chains_same {
             return self.full_sync(desired);
         }
@@ -374,7 +392,9 @@ impl Backend for IpvsBackend {
         let bound = bound_addresses();
         let in_sets = keys_in_sets(&self.ipset.save()?);
         let owned = |key: &ServiceKey| {
-            self.table.as_ref().is_some_and(|t| t.owns(key)) || in_sets.contains(key) || bound.contains(&key.address)
+            self.table.as_ref().is_some_and(|t| t.owns(key))
+                || in_sets.contains(key)
+                || bound.contains(&key.address)
         };
         if let Ok(mut ipvs) = IpvsSocket::open() {
             for s in ipvs.services().map_err(refused)? {

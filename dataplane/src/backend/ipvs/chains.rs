@@ -79,9 +79,10 @@ pub fn script(family: Family, inputs: &ChainInputs, saved: Option<&str>) -> Stri
         format!("-A {FILTER} -m set --match-set {} dst,dst -j DROP", set(SetRole::Drop)),
     ];
     let mut s = String::new();
-    for (table, chains, rules) in
-        [(Table::Nat, &[SERVICES, MASQ_NONLOCAL, MARK_MASQ, POSTROUTING][..], nat), (Table::Filter, &[FILTER][..], filter)]
-    {
+    for (table, chains, rules) in [
+        (Table::Nat, &[SERVICES, MASQ_NONLOCAL, MARK_MASQ, POSTROUTING][..], nat),
+        (Table::Filter, &[FILTER][..], filter),
+    ] {
         let _ = writeln!(s, "*{}", table.name());
         for chain in chains {
             let _ = writeln!(s, ":{chain} - [0:0]");
@@ -108,14 +109,16 @@ mod tests {
 
     #[test]
     fn the_rules_match_sets_and_hooks_are_added_once() {
-        let inputs = ChainInputs { masquerade_all: false, local_cidrs: vec!["10.244.0.0/16".parse().expect("net")] };
+        let inputs =
+            ChainInputs { masquerade_all: false, local_cidrs: vec!["10.244.0.0/16".parse().expect("net")] };
         let fresh = script(Family::V4, &inputs, None);
         assert!(fresh.contains("-A KPX-IPVS-SERVICES -m set --match-set KPX-CLUSTER-IP-4 dst,dst -j KPX-IPVS-MASQ-NONLOCAL\n"), "{fresh}");
         assert!(fresh.contains("-A KPX-IPVS-MASQ-NONLOCAL -s 10.244.0.0/16 -j RETURN\n"), "{fresh}");
         assert!(fresh.contains("-m set --match-set KPX-LOOP-BACK-4 dst,dst,src -j MASQUERADE"), "{fresh}");
         assert!(fresh.contains("-A KPX-IPVS-FILTER -m set --match-set KPX-LB-FIREWALL-4 dst,dst -m set ! --match-set KPX-LB-SOURCE-4 dst,dst,src -j DROP"), "{fresh}");
         assert_eq!(fresh.matches("-I ").count(), 4, "{fresh}");
-        let saved = "*nat\n-A PREROUTING -m comment --comment \"kpx ipvs services\" -j KPX-IPVS-SERVICES\nCOMMIT\n";
+        let saved =
+            "*nat\n-A PREROUTING -m comment --comment \"kpx ipvs services\" -j KPX-IPVS-SERVICES\nCOMMIT\n";
         let again = script(Family::V4, &inputs, Some(saved));
         assert_eq!(again.matches("-I ").count(), 3, "{again}");
         let all = ChainInputs { masquerade_all: true, local_cidrs: vec![] };

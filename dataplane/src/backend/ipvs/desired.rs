@@ -147,7 +147,11 @@ mod tests {
     }
 
     fn members(p: &Piece, role: SetRole) -> Vec<&str> {
-        p.members.iter().filter(|(s, _)| *s == SetName::new(role, Family::V4)).map(|(_, m)| m.as_str()).collect()
+        p.members
+            .iter()
+            .filter(|(s, _)| *s == SetName::new(role, Family::V4))
+            .map(|(_, m)| m.as_str())
+            .collect()
     }
 
     #[test]
@@ -198,6 +202,10 @@ mod tests {
             members(&want, SetRole::LoadBalancerSource),
             ["192.0.2.20,tcp:80,10.0.0.0/24", "192.0.2.20,tcp:80,192.0.2.20/32"]
         );
-        assert_eq!(members(&want, SetRole::ExternalLocal), ["192.0.2.20,tcp:80"], "policy Local: client kept");
+        assert_eq!(
+            members(&want, SetRole::ExternalLocal),
+            ["192.0.2.20,tcp:80"],
+            "policy Local: client kept"
+        );
     }
 }

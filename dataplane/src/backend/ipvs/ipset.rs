@@ -95,7 +95,9 @@ impl SetName {
 
     /// Every set kpx's chains refer to.
     pub fn all() -> impl Iterator<Item = SetName> {
-        Family::ALL.into_iter().flat_map(|family| SetRole::ALL.into_iter().map(move |role| SetName { role, family }))
+        Family::ALL
+            .into_iter()
+            .flat_map(|family| SetRole::ALL.into_iter().map(move |role| SetName { role, family }))
     }
 
     fn create(&self, name: &str) -> String {
@@ -194,7 +196,10 @@ impl IpsetProcess {
         if out.status.success() {
             return Ok(());
         }
-        Err(BackendError::Refused { tool: TOOL, message: String::from_utf8_lossy(&out.stderr).trim().to_owned() })
+        Err(BackendError::Refused {
+            tool: TOOL,
+            message: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        })
     }
 
     /// The names of the sets in the kernel.

@@ -51,7 +51,12 @@ impl Changes {
     }
 }
 
-fn count<K: Ord + Clone>(counts: &mut BTreeMap<K, usize>, touched: &mut BTreeMap<K, bool>, key: &K, up: bool) {
+fn count<K: Ord + Clone>(
+    counts: &mut BTreeMap<K, usize>,
+    touched: &mut BTreeMap<K, bool>,
+    key: &K,
+    up: bool,
+) {
     let before = counts.get(key).copied().unwrap_or(0);
     touched.entry(key.clone()).or_insert(before > 0);
     let after = if up { before + 1 } else { before.saturating_sub(1) };
@@ -103,7 +108,9 @@ impl Table {
         let mut out = Changes::default();
         for (key, existed) in delta.services {
             match self.service(&key) {
-                Some((service, destinations)) => out.upsert.push((existed, service.clone(), destinations.clone())),
+                Some((service, destinations)) => {
+                    out.upsert.push((existed, service.clone(), destinations.clone()))
+                }
                 None if existed => out.remove.push(key),
                 None => {}
             }
@@ -159,8 +166,8 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::ipvs::desired::{piece, Context};
     use crate::backend::fixtures;
+    use crate::backend::ipvs::desired::{piece, Context};
 
     #[test]
     fn a_change_touches_only_what_differs_and_shared_things_stay() {
@@ -172,7 +179,11 @@ mod tests {
         let first = table.resolve(delta);
         assert_eq!(first.upsert.len(), 2);
         assert_eq!(first.bind.len(), 2);
-        assert_eq!(first.add_members.values().map(BTreeSet::len).sum::<usize>(), 3, "two ClusterIPs, one shared hairpin member");
+        assert_eq!(
+            first.add_members.values().map(BTreeSet::len).sum::<usize>(),
+            3,
+            "two ClusterIPs, one shared hairpin member"
+        );
 
         let mut delta = Delta::default();
         table.set("a", Some(piece(&fixtures::service("a", "10.96.0.1", &["10.244.0.2"]), &ctx)), &mut delta);
