@@ -405,6 +405,10 @@ pub fn masquerade(backend: ProxyBackend) {
     )];
     let cidr = format!("--cluster-cidr={CLUSTER_CIDR}");
     let mut s = Scene::start(backend, 2, &manifests, &[&cidr], &[]);
+    // The cluster CIDR comes with the node's config, which may arrive after the Services.
+    s.dp.wait_event("the node's config (with the cluster CIDR) applied", DEADLINE, |e| {
+        e["message"] == "delta applied" && e["type_url"].as_str().is_some_and(|t| t.ends_with("NodeConfig"))
+    });
     let vip = sock("10.96.1.8", 80);
     let node_side = ip(&Topology::node_ip_towards_pod(0));
     wait_answered_by(&s.t.client, vip, &["pod0"]);

@@ -420,7 +420,8 @@ impl Backend for IpvsBackend {
         Ok(())
     }
 
-    /// The IPVS table like `ipvsadm -Ln`, then kpx's sets like `ipset save`.
+    /// The IPVS table like `ipvsadm -Ln`, then kpx's sets like `ipset save`, then its
+    /// chains like `iptables-save`.
     fn dump(&mut self) -> Result<String, BackendError> {
         let mut ipvs = IpvsSocket::open().map_err(refused)?;
         let mut out = String::new();
@@ -439,6 +440,14 @@ impl Backend for IpvsBackend {
             }
         }
         out.push_str(&self.ipset.save()?);
+        for family in Family::ALL {
+            for line in self.iptables.save(family)?.lines() {
+                if line.starts_with('*') || line.contains(chains::PREFIX) || line == "COMMIT" {
+                    out.push_str(line);
+                    out.push('\n');
+                }
+            }
+        }
         Ok(out)
     }
 }
