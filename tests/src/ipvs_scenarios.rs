@@ -1,5 +1,5 @@
 //! What only the IPVS backend has, proven in the VM beside the behaviour suite (run by
-//! `src/bin/behaviour_ipvs_vm.rs`): a restart that neither flushes nor cuts traffic and
+//! `src/bin/behaviour_in_vm.rs`): a restart that neither flushes nor cuts traffic and
 //! recognises what an earlier run programmed, destinations drained rather than cut,
 //! schedulers by flag and by annotation, and SCTP traffic (this VM's kernel has SCTP).
 

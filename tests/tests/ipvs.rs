@@ -1,7 +1,7 @@
 //! IPVS on a real IPVS kernel: this machine's kernel has none, so the checks run inside
 //! a VM with a stock Debian kernel (`tests/vm/run-in-vm.sh`, about 35 s of set-up the first
 //! time, then ~10 s a boot): the netlink layer (`src/bin/ipvs_vm_checks.rs`) and the
-//! whole behaviour suite and the IPVS-only scenarios (`src/bin/behaviour_ipvs_vm.rs`), in
+//! whole behaviour suite and the IPVS-only scenarios (`src/bin/behaviour_in_vm.rs`), in
 //! one boot.
 
 use kpx_e2e::process::binary;
@@ -25,7 +25,7 @@ fn ipvs_netlink_programs_a_real_ipvs_kernel() {
 
 #[test]
 fn the_ipvs_backend_passes_the_behaviour_suite_and_its_own_scenarios() {
-    let stdout = in_vm("behaviour_ipvs_vm", &[]);
+    let stdout = in_vm("behaviour_in_vm", &[]);
     for (scenario, _) in scenarios::ALL.iter().chain(ipvs_scenarios::ALL) {
         assert!(stdout.lines().any(|l| l.starts_with(&format!("pass {scenario} "))), "{scenario}: {stdout}");
     }

@@ -6,6 +6,7 @@
 //!   map service-ips-v4          entry : verdict      goto pick-v4-N | goto sa-… | drop
 //!   map endpoints-v4            entry . index : endpoint . port
 //!   map external-local-v4       entry : verdict      (externalTrafficPolicy Local, external sources)
+//!   set external-local-entries-v4  entry             its keys (the node's own traffic to them is masqueraded)
 //!   map local-endpoints-v4      entry . index : endpoint . port
 //!   set no-endpoints-v4         entry                rejected in the filter hooks
 //!   set masquerade-v4           entry                always masqueraded (external, policy Cluster)
@@ -70,6 +71,9 @@ pub enum Collection {
     ServiceIps(Family),
     Endpoints(Family),
     ExternalLocal(Family),
+    /// The keys of `ExternalLocal`, as a set: older kernels refuse a plain lookup in a map
+    /// (Linux 6.1 answers EINVAL), so the rule that only asks "is it there" uses this.
+    ExternalLocalEntries(Family),
     LocalEndpoints(Family),
     NoEndpoints(Family),
     Masquerade(Family),
@@ -86,6 +90,7 @@ impl Collection {
             Collection::ServiceIps(f)
             | Collection::Endpoints(f)
             | Collection::ExternalLocal(f)
+            | Collection::ExternalLocalEntries(f)
             | Collection::LocalEndpoints(f)
             | Collection::NoEndpoints(f)
             | Collection::Masquerade(f)
@@ -102,6 +107,7 @@ impl Collection {
             Collection::ServiceIps(_) => "service-ips",
             Collection::Endpoints(_) => "endpoints",
             Collection::ExternalLocal(_) => "external-local",
+            Collection::ExternalLocalEntries(_) => "external-local-entries",
             Collection::LocalEndpoints(_) => "local-endpoints",
             Collection::NoEndpoints(_) => "no-endpoints",
             Collection::Masquerade(_) => "masquerade",

@@ -76,6 +76,9 @@ fn render_port(pf: &PortFamily, ctx: &ServiceContext, rules: &mut ServiceRules) 
             (Action::Reject, _) => add(Element::set(Collection::NoEndpoints(f), &key)),
             _ => add(Element::map(Collection::ServiceIps(f), &key, "drop")),
         }
+        if pf.local_action(entry.kind).is_some() {
+            add(Element::set(Collection::ExternalLocalEntries(f), &key));
+        }
         match (pf.local_action(entry.kind), &local_target) {
             (Some(Action::Pick), Some(target)) => {
                 endpoint_elements(&mut add, EndpointSet::Local, f, &key, target, &pf.local)
@@ -228,6 +231,7 @@ mod tests {
         };
         let t = text(&service_rules(&v, &ctx));
         assert!(t.contains("external-local-v4 { 10.0.0.1 . tcp . 30080 : goto pick-local-v4-1 }"), "{t}");
+        assert!(t.contains("external-local-entries-v4 { 10.0.0.1 . tcp . 30080 }"), "{t}");
         assert!(t.contains("local-endpoints-v4 { 10.0.0.1 . tcp . 30080 . 0 : 10.244.0.2 . 8080 }"), "{t}");
         assert!(!t.contains("masquerade-v4"), "policy Local keeps the client address: {t}");
         v.ports[0].local_endpoints.clear();

@@ -118,7 +118,7 @@ pub fn skeleton(options: &TableOptions) -> String {
         let _ = writeln!(
             s,
             "add rule {t} services fib saddr type local {entry} @{} {mark}",
-            name(Collection::ExternalLocal(f))
+            name(Collection::ExternalLocalEntries(f))
         );
         // Pods reaching a policy-Local external address are short-circuited to the cluster set.
         let from_pods = if detector {
@@ -203,6 +203,7 @@ fn declare_collections(s: &mut String, f: Family) {
         Collection::Masquerade(f),
         Collection::ClusterEntries(f),
         Collection::LbFiltered(f),
+        Collection::ExternalLocalEntries(f),
     ] {
         let _ = writeln!(s, "add set {t} {} {{ type {entry} ; }}", set.name());
     }
