@@ -1,6 +1,7 @@
 //! Full sync and one-endpoint-change times of the node agent's backends, side by side.
 //!
-//! `sudo ./tests/bench-backends.sh [SERVICES…]` (default 1000 10000): for each backend
+//! `sudo ./tests/bench-backends.sh [SERVICES…] [BACKEND…]` (default 1000 10000, every
+//! backend; name backends by the start of their label, e.g. `ipvs nftables`): for each backend
 //! (nftables, iptables-legacy, iptables-nft, and IPVS where the kernel has it: run
 //! `sudo tests/vm/run-in-vm.sh target/release/bench_backends` for a kernel with IPVS) and each size, Services of one port with
 //! 10 endpoints each are programmed from scratch into a scratch network namespace
@@ -68,7 +69,16 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
+/// The backends named on the command line (by the start of their label), or all.
+fn wanted(label: &str) -> bool {
+    let names: Vec<String> = std::env::args().skip(1).filter(|a| a.parse::<usize>().is_err()).collect();
+    names.is_empty() || names.iter().any(|n| label.starts_with(n.as_str()))
+}
+
 fn measure(label: &str, backend: &mut dyn Backend, services: usize) {
+    if !wanted(label) {
+        return;
+    }
     let mut desired = state(services);
     let started = Instant::now();
     if let Err(e) = backend.full_sync(&desired) {
