@@ -39,7 +39,9 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 2] = [Kind::Service, Kind::Node];
+    /// The order of subscription: the node's config first, so that it usually arrives
+    /// before the Services that depend on it.
+    pub const ALL: [Kind; 2] = [Kind::Node, Kind::Service];
 
     pub fn type_url(self) -> &'static str {
         match self {

@@ -36,12 +36,14 @@ use crate::xds::wire::{HasEntry, ResourceEntry};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ResourceType {
-    ServiceView,
+    /// First: a stream serves its types in this order, and a node programs its Services
+    /// with its config (pod CIDRs for masquerading, addresses for NodePorts).
     NodeConfig,
+    ServiceView,
 }
 
 impl ResourceType {
-    pub const ALL: [ResourceType; 2] = [ResourceType::ServiceView, ResourceType::NodeConfig];
+    pub const ALL: [ResourceType; 2] = [ResourceType::NodeConfig, ResourceType::ServiceView];
 
     pub fn type_url(self) -> &'static str {
         match self {
