@@ -93,6 +93,35 @@ pub fn stale_flows(old: Option<&ServiceView>, new: Option<&ServiceView>) -> Vec<
     out.into_iter().collect()
 }
 
+/// Deletes every flow of `protocol` to `address:port`: for an entry point that did not
+/// exist, whose only flows are those made before it did (a SYN routed elsewhere, whose
+/// retransmission would then skip the NAT rules the entry point now has).
+pub fn delete_all_to(address: IpAddr, protocol: Protocol, port: u16) {
+    let family = if address.is_ipv4() { "ipv4" } else { "ipv6" };
+    let port = port.to_string();
+    let args = [
+        "-D",
+        "-p",
+        protocol.as_str(),
+        "-f",
+        family,
+        "--orig-dst",
+        &address.to_string(),
+        "--orig-port-dst",
+        &port,
+    ]
+    .map(str::to_owned);
+    match Command::new("conntrack").args(&args).output() {
+        // conntrack exits 1 when no entry matched: nothing to delete.
+        Ok(out) => {
+            tracing::debug!(%address, port, result = %String::from_utf8_lossy(&out.stderr).trim(), "deleted flows made before the entry point existed")
+        }
+        Err(e) => {
+            tracing::warn!(%address, port, error = %e, "cannot run conntrack; flows made before the entry point existed stay until they time out")
+        }
+    }
+}
+
 /// Deletes the flows with the `conntrack` tool (netlink underneath). Failures are
 /// logged: a stale flow is a nuisance, not a reason to refuse the update.
 pub fn delete(flows: &[StaleFlows]) {

@@ -26,6 +26,7 @@ use super::table::{Changes, Delta, Table};
 use crate::backend::iptables::{ruleset, IptablesMode, IptablesProcess, RestoreRunner};
 use crate::backend::{Backend, BackendError, Family, ProxyOptions};
 use crate::state::{ChangeSet, NodeState};
+use kpx_proto::types::Protocol;
 
 /// The dummy interface that carries Service addresses.
 pub const INTERFACE: &str = "kpx-ipvs0";
@@ -215,6 +216,18 @@ impl IpvsBackend {
         let (adds, _) = ipset::diff_scripts(&Default::default(), &changes.add_members);
         self.ipset.restore(&adds)?;
         rebind(&changes.bind, &BTreeSet::new())?;
+        // A new entry point may have flows from before it existed (a SYN the node routed
+        // elsewhere): its retransmission would reach IPVS past the masquerade rules. Gone
+        // before IPVS takes the address, such a SYN is refused and the client retries.
+        for (_, service, _) in changes.upsert.iter().filter(|(existed, _, _)| !existed) {
+            let key = service.key;
+            let protocol = match key.protocol {
+                super::netlink::PROTO_UDP => Protocol::Udp,
+                super::netlink::PROTO_SCTP => Protocol::Sctp,
+                _ => Protocol::Tcp,
+            };
+            crate::conntrack::delete_all_to(key.address, protocol, key.port);
+        }
         for (existed, service, destinations) in &changes.upsert {
             let ipvs = self.socket()?;
             if *existed {
