@@ -12,6 +12,7 @@ pub mod iptables;
 pub mod ipvs;
 pub mod nftables;
 pub mod owners;
+pub mod tool;
 
 pub use kpx_proto::family::Family;
 

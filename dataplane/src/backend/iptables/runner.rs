@@ -2,10 +2,9 @@
 //! flavour. Every restore is `--noflush -w`: each table block is one atomic
 //! commit, and nothing kpx did not write is flushed.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use crate::backend::BackendError;
+use crate::backend::{tool, BackendError};
 
 use crate::backend::Family;
 
@@ -64,43 +63,13 @@ pub struct IptablesProcess {
     pub mode: IptablesMode,
 }
 
-const TOOL: &str = "iptables-restore";
-
 impl RestoreRunner for IptablesProcess {
     fn restore(&mut self, family: Family, script: &str) -> Result<(), BackendError> {
-        let tool = self.mode.tool(family, "restore");
-        let mut child = Command::new(&tool)
-            .args(["--noflush", "-w"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| BackendError::Spawn { tool: TOOL, source })?;
-        if let Some(mut pipe) = child.stdin.take() {
-            pipe.write_all(script.as_bytes()).map_err(|source| BackendError::Spawn { tool: TOOL, source })?;
-        }
-        let out = child.wait_with_output().map_err(|source| BackendError::Spawn { tool: TOOL, source })?;
-        if out.status.success() {
-            return Ok(());
-        }
-        Err(BackendError::Refused {
-            tool: TOOL,
-            message: format!("{tool}: {}", String::from_utf8_lossy(&out.stderr).trim()),
-        })
+        let program = self.mode.tool(family, "restore");
+        tool::run("iptables-restore", &program, &["--noflush", "-w"], Some(script)).map(drop)
     }
 
     fn save(&mut self, family: Family) -> Result<String, BackendError> {
-        let tool = self.mode.tool(family, "save");
-        let out = Command::new(&tool)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|source| BackendError::Spawn { tool: "iptables-save", source })?;
-        if !out.status.success() {
-            return Err(BackendError::Refused {
-                tool: "iptables-save",
-                message: format!("{tool}: {}", String::from_utf8_lossy(&out.stderr).trim()),
-            });
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        tool::run("iptables-save", &self.mode.tool(family, "save"), &[], None)
     }
 }

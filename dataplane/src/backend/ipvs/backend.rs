@@ -15,7 +15,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::chains::{self, ChainInputs};
@@ -61,24 +60,7 @@ fn refused(e: IpvsError) -> BackendError {
 
 /// Runs `ip ARGS`, feeding `input` (for `-batch -`).
 fn ip(args: &[&str], input: Option<&str>) -> Result<String, BackendError> {
-    use std::io::Write;
-    let mut command = Command::new("ip");
-    command.args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
-    if input.is_some() {
-        command.stdin(std::process::Stdio::piped());
-    }
-    let mut child = command.spawn().map_err(|source| BackendError::Spawn { tool: "ip", source })?;
-    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
-        stdin.write_all(text.as_bytes()).map_err(|source| BackendError::Spawn { tool: "ip", source })?;
-    }
-    let out = child.wait_with_output().map_err(|source| BackendError::Spawn { tool: "ip", source })?;
-    if !out.status.success() {
-        return Err(BackendError::Refused {
-            tool: "ip",
-            message: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    crate::backend::tool::run("ip", "ip", args, input)
 }
 
 /// The addresses `kpx-ipvs0` has (none when it does not exist).

@@ -6,14 +6,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write as _};
-use std::io::Write as _;
 use std::net::IpAddr;
-use std::process::{Command, Stdio};
 
 use ipnet::IpNet;
 use kpx_proto::types::Protocol;
 
-use crate::backend::{BackendError, Family};
+use crate::backend::{tool, BackendError, Family};
 
 /// What a set's members are for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -182,51 +180,17 @@ impl IpsetProcess {
         if script.is_empty() {
             return Ok(());
         }
-        let mut child = Command::new(TOOL)
-            .args(["-exist", "restore"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| BackendError::Spawn { tool: TOOL, source })?;
-        if let Some(mut pipe) = child.stdin.take() {
-            pipe.write_all(script.as_bytes()).map_err(|source| BackendError::Spawn { tool: TOOL, source })?;
-        }
-        let out = child.wait_with_output().map_err(|source| BackendError::Spawn { tool: TOOL, source })?;
-        if out.status.success() {
-            return Ok(());
-        }
-        Err(BackendError::Refused {
-            tool: TOOL,
-            message: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        })
+        tool::run(TOOL, TOOL, &["-exist", "restore"], Some(script)).map(drop)
     }
 
     /// The names of the sets in the kernel.
     pub fn names(&self) -> Result<Vec<String>, BackendError> {
-        let out = Command::new(TOOL)
-            .args(["list", "-n"])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|source| BackendError::Spawn { tool: TOOL, source })?;
-        if !out.status.success() {
-            return Err(BackendError::Refused {
-                tool: TOOL,
-                message: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-            });
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect())
+        Ok(tool::run(TOOL, TOOL, &["list", "-n"], None)?.lines().map(str::to_owned).collect())
     }
 
     /// `ipset save` of kpx's sets (for `kpxctl rules`).
     pub fn save(&self) -> Result<String, BackendError> {
-        let out = Command::new(TOOL)
-            .arg("save")
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|source| BackendError::Spawn { tool: TOOL, source })?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        Ok(text
+        Ok(tool::run(TOOL, TOOL, &["save"], None)?
             .lines()
             .filter(|line| line.split_whitespace().nth(1).is_some_and(|set| set.starts_with(PREFIX)))
             .map(|line| format!("{line}\n"))
