@@ -9,11 +9,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
-        .file_descriptor_set_path(out_dir.join("kpx_descriptor.bin"))
-        .compile_protos(&["kpx/v1/kpx.proto", "kpx/admin/v1/admin.proto"], &["."])?;
-    println!("cargo:rerun-if-changed=kpx/v1/kpx.proto");
-    println!("cargo:rerun-if-changed=kpx/admin/v1/admin.proto");
+        .compile_protos(&["kpx/v1/kpx.proto", ADMIN_CONTROL_PLANE, ADMIN_NODE], &["."])?;
+    for file in ["kpx/v1/kpx.proto", ADMIN_CONTROL_PLANE, ADMIN_NODE, "kpx/admin/v1/trace.proto"] {
+        println!("cargo:rerun-if-changed={file}");
+    }
+    // One descriptor set per server, so each one's reflection describes only what it serves.
+    own_descriptor_set(&protoc, ADMIN_CONTROL_PLANE, &out_dir.join("control_plane_descriptor.bin"))?;
+    own_descriptor_set(&protoc, ADMIN_NODE, &out_dir.join("node_descriptor.bin"))?;
     xds_descriptor_set(&protoc, &out_dir.join("xds_descriptor.bin"))?;
+    Ok(())
+}
+
+const ADMIN_CONTROL_PLANE: &str = "kpx/admin/v1/controlplane.proto";
+const ADMIN_NODE: &str = "kpx/admin/v1/node.proto";
+
+/// The descriptor set of `file` and everything it imports.
+fn own_descriptor_set(protoc: &Path, file: &str, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let status = std::process::Command::new(protoc)
+        .arg("--include_imports")
+        .arg(format!("--descriptor_set_out={}", out.display()))
+        .arg("-I")
+        .arg(".")
+        .arg(file)
+        .status()?;
+    if !status.success() {
+        return Err(format!("protoc could not compile {file}").into());
+    }
     Ok(())
 }
 

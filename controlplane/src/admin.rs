@@ -12,7 +12,8 @@ use kpx_proto::admin::{
     ListServicesRequest, ListServicesResponse, ListSourcesRequest, ListSourcesResponse, NodeResource,
     NodeStatus, NodeTraceRequest, ServiceSummary, SourceStatus, TraceResponse, TypeStatus, ViewVariant,
 };
-use kpx_proto::trace::{self, Packet, TraceOptions};
+use kpx_proto::node_context::{NodeContext, ProxySettings};
+use kpx_proto::trace::{self, Packet};
 use kpx_proto::types::{NodeConfig, ServiceView};
 use tonic::{Request, Response, Status};
 
@@ -270,7 +271,8 @@ impl ControlPlaneAdmin for ControlPlaneAdminService {
             .map(|r| decode_view(r.body()))
             .collect::<Result<Vec<_>, Status>>()?;
         let config = snapshot.node_config(&node).and_then(|r| NodeConfig::decode(r.body()).ok());
-        let mut t = trace::trace(&views, config.as_ref(), &TraceOptions::default(), packet);
+        let context = NodeContext::derive(&ProxySettings::default(), config.as_ref());
+        let mut t = trace::trace(&views, &context, packet);
         if config.is_none() {
             t.steps.insert(
                 0,

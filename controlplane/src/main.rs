@@ -15,6 +15,7 @@ use kpx_controlplane::xds::nodes::NodeRegistry;
 use kpx_controlplane::xds::snapshot::BuildOptions;
 use kpx_controlplane::{publisher, xds};
 use kpx_proto::admin::control_plane_admin_server::ControlPlaneAdminServer;
+use kpx_proto::cli::LogFormat;
 use std::sync::Arc;
 use tokio::sync::watch;
 
@@ -37,7 +38,7 @@ struct Args {
     cluster_cidrs: Vec<IpNet>,
     /// How long a cluster may be unreachable (API server or folder) before its endpoints
     /// are withdrawn from the other clusters' global Services (e.g. 90s, 5m).
-    #[arg(long, default_value = "5m", value_parser = duration)]
+    #[arg(long, default_value = "5m", value_parser = kpx_proto::cli::parse_duration)]
     cluster_grace_period: std::time::Duration,
     /// gRPC address: delta ADS, the admin API, health and reflection.
     #[arg(long, default_value = "0.0.0.0:18000")]
@@ -45,8 +46,8 @@ struct Args {
     /// Prometheus /metrics.
     #[arg(long, default_value = "127.0.0.1:18002")]
     metrics_listen: SocketAddr,
-    /// Log format.
-    #[arg(long, value_enum, default_value = "human")]
+    /// Log format: human or json.
+    #[arg(long, default_value = "human", value_parser = str::parse::<LogFormat>)]
     log_format: LogFormat,
 }
 
@@ -55,38 +56,6 @@ fn cidr(text: &str) -> Result<IpNet, String> {
     text.parse::<IpNet>()
         .map(|net| net.trunc())
         .map_err(|_| format!("{text:?} is not a CIDR (e.g. 10.244.0.0/16)"))
-}
-
-/// A duration as `90s`, `5m`, `1h30m`, `500ms`.
-fn duration(text: &str) -> Result<std::time::Duration, String> {
-    let bad = || format!("{text:?} is not a duration (e.g. 90s, 5m, 1h30m)");
-    let mut total = std::time::Duration::ZERO;
-    let mut rest = text;
-    if rest.is_empty() {
-        return Err(bad());
-    }
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
-        let number: u64 = rest[..digits].parse().map_err(|_| bad())?;
-        rest = &rest[digits..];
-        let unit = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
-        let scale = match &rest[..unit] {
-            "ms" => std::time::Duration::from_millis(1),
-            "s" => std::time::Duration::from_secs(1),
-            "m" => std::time::Duration::from_secs(60),
-            "h" => std::time::Duration::from_secs(3600),
-            _ => return Err(bad()),
-        };
-        rest = &rest[unit..];
-        total += scale * u32::try_from(number).map_err(|_| bad())?;
-    }
-    Ok(total)
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug)]
-enum LogFormat {
-    Human,
-    Json,
 }
 
 fn main() -> ExitCode {
@@ -102,7 +71,7 @@ fn main() -> ExitCode {
         eprintln!("kpx-controlplane: --source: cluster name {:?} given twice", dup.cluster);
         return ExitCode::from(2);
     }
-    init_logs(args.log_format);
+    kpx_proto::cli::init_logs(args.log_format);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -126,18 +95,6 @@ fn main() -> ExitCode {
             tracing::error!("{e:#}");
             ExitCode::from(1)
         }
-    }
-}
-
-fn init_logs(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
-    match format {
-        LogFormat::Human => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
     }
 }
 
@@ -182,7 +139,8 @@ async fn run(args: Args, prepared: Vec<source::Prepared>) -> anyhow::Result<()> 
         source_list,
     ));
     let ads = xds::transport::AdsService::new(xds::server::AdsServer::new(snapshot_rx, nodes, metrics));
-    let reflection = kpx_proto::grpc::reflection_routes(true).context("reflection descriptors")?;
+    let reflection = kpx_proto::grpc::reflection_routes(kpx_proto::grpc::Server::ControlPlane)
+        .context("reflection descriptors")?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -211,30 +169,13 @@ fn metrics_router(metrics: Arc<ControlPlaneMetrics>) -> axum::Router {
 }
 
 async fn shutdown() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        _ = term.recv() => {},
-    }
+    kpx_proto::cli::shutdown_signal().await;
     tracing::info!("shutting down");
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(duration("90s"), Ok(std::time::Duration::from_secs(90)));
-        assert_eq!(duration("1h30m"), Ok(std::time::Duration::from_secs(5400)));
-        assert_eq!(duration("250ms"), Ok(std::time::Duration::from_millis(250)));
-        assert!(duration("").is_err());
-        assert!(duration("5").is_err());
-        assert!(duration("5d").is_err());
-    }
 
     #[test]
     fn cluster_cidrs_are_repeatable_and_a_bad_one_names_the_flag() {

@@ -6,7 +6,8 @@ use kpx_proto::admin::{
     AppliedService, GetRulesRequest, GetRulesResponse, GetStateRequest, GetStateResponse, GetStatusRequest,
     GetStatusResponse, TraceRequest, TraceResponse, TraceStep,
 };
-use kpx_proto::trace::{self, Packet, TraceOptions};
+use kpx_proto::node_context::{NodeContext, ProxySettings};
+use kpx_proto::trace::{self, Packet};
 use tonic::{Request, Response, Status};
 
 use crate::agent::SharedAgent;
@@ -89,7 +90,7 @@ impl NodeAdmin for NodeAdminService {
 
     async fn trace(&self, request: Request<TraceRequest>) -> Result<Response<TraceResponse>, Status> {
         let packet = Packet::from_request(request.get_ref()).map_err(Status::invalid_argument)?;
-        let options = TraceOptions {
+        let settings = ProxySettings {
             masquerade_all: self.options.masquerade_all,
             nodeport_cidrs: self.options.nodeport_cidrs.clone(),
             cluster_cidrs: self.options.cluster_cidrs.clone(),
@@ -97,12 +98,8 @@ impl NodeAdmin for NodeAdminService {
         let response = self
             .with_agent(move |agent| {
                 let state = agent.state();
-                let t = trace::trace(
-                    state.services.values().map(|s| &s.value),
-                    state.node.as_ref().map(|n| &n.value),
-                    &options,
-                    packet,
-                );
+                let context = NodeContext::derive(&settings, state.node.as_ref().map(|n| &n.value));
+                let t = trace::trace(state.services.values().map(|s| &s.value), &context, packet);
                 let backend = agent.backend_name();
                 let rules = agent
                     .rules()

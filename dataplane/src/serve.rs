@@ -34,7 +34,8 @@ pub async fn start(agent: &SharedAgent, options: ProxyOptions, listen: Listen) -
     tokio::spawn(http::serve(metrics, http::metrics_router(agent.clone())));
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<NodeAdminServer<NodeAdminService>>().await;
-    let routes = kpx_proto::grpc::reflection_routes(false).context("reflection descriptors")?;
+    let routes = kpx_proto::grpc::reflection_routes(kpx_proto::grpc::Server::NodeAgent)
+        .context("reflection descriptors")?;
     let service = NodeAdminServer::new(NodeAdminService::new(agent.clone(), options));
     tokio::spawn(async move {
         let served = tonic::transport::Server::builder()

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use kpx_proto::types::{NodeConfig, ServiceView};
-use kpx_proto::{InvalidResource, NODE_CONFIG_TYPE_URL, SERVICE_VIEW_TYPE_URL};
+use kpx_proto::{InvalidResource, ResourceType};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Versioned<T> {
@@ -23,35 +23,15 @@ pub struct NodeState {
 
 impl NodeState {
     /// name → version of every resource of a type, for `initial_resource_versions`.
-    pub fn versions(&self, kind: Kind) -> BTreeMap<String, String> {
-        match kind {
-            Kind::Service => self.services.iter().map(|(n, s)| (n.clone(), s.version.clone())).collect(),
-            Kind::Node => self.node.iter().map(|n| (n.value.name.clone(), n.version.clone())).collect(),
+    pub fn versions(&self, ty: ResourceType) -> BTreeMap<String, String> {
+        match ty {
+            ResourceType::ServiceView => {
+                self.services.iter().map(|(n, s)| (n.clone(), s.version.clone())).collect()
+            }
+            ResourceType::NodeConfig => {
+                self.node.iter().map(|n| (n.value.name.clone(), n.version.clone())).collect()
+            }
         }
-    }
-}
-
-/// The resource types a node agent understands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
-    Service,
-    Node,
-}
-
-impl Kind {
-    /// The order of subscription: the node's config first, so that it usually arrives
-    /// before the Services that depend on it.
-    pub const ALL: [Kind; 2] = [Kind::Node, Kind::Service];
-
-    pub fn type_url(self) -> &'static str {
-        match self {
-            Kind::Service => SERVICE_VIEW_TYPE_URL,
-            Kind::Node => NODE_CONFIG_TYPE_URL,
-        }
-    }
-
-    pub fn from_type_url(url: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.type_url() == url)
     }
 }
 
@@ -97,8 +77,8 @@ impl Delta {
         resources: Vec<RawResource>,
         removed: Vec<String>,
     ) -> Result<Delta, InvalidDelta> {
-        let kind =
-            Kind::from_type_url(type_url).ok_or_else(|| InvalidDelta::UnknownType(type_url.to_owned()))?;
+        let ty = ResourceType::from_type_url(type_url)
+            .ok_or_else(|| InvalidDelta::UnknownType(type_url.to_owned()))?;
         let mut delta = Delta::default();
         for raw in resources {
             if raw.type_url != type_url {
@@ -111,8 +91,8 @@ impl Delta {
             if raw.version.is_empty() {
                 return Err(InvalidDelta::NoVersion(raw.name));
             }
-            match kind {
-                Kind::Service => {
+            match ty {
+                ResourceType::ServiceView => {
                     let value = ServiceView::decode(&raw.body)
                         .map_err(|source| InvalidDelta::Invalid { name: raw.name.clone(), source })?;
                     let actual = value.resource_name();
@@ -121,7 +101,7 @@ impl Delta {
                     }
                     delta.services.push(Versioned { version: raw.version, value });
                 }
-                Kind::Node => {
+                ResourceType::NodeConfig => {
                     let value = NodeConfig::decode(&raw.body)
                         .map_err(|source| InvalidDelta::Invalid { name: raw.name.clone(), source })?;
                     if raw.name != node_name || value.name != node_name {
@@ -131,9 +111,9 @@ impl Delta {
                 }
             }
         }
-        match kind {
-            Kind::Service => delta.removed_services = removed,
-            Kind::Node => delta.node_removed = removed.iter().any(|n| n == node_name),
+        match ty {
+            ResourceType::ServiceView => delta.removed_services = removed,
+            ResourceType::NodeConfig => delta.node_removed = removed.iter().any(|n| n == node_name),
         }
         Ok(delta)
     }

@@ -13,7 +13,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::agent::{Agent, SharedAgent};
-use crate::state::{Kind, RawResource};
+use crate::state::RawResource;
+use kpx_proto::ResourceType;
 
 const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
@@ -60,11 +61,11 @@ struct StreamEnd {
     established: bool,
 }
 
-fn subscription(agent: &Agent, kind: Kind) -> DeltaDiscoveryRequest {
+fn subscription(agent: &Agent, ty: ResourceType) -> DeltaDiscoveryRequest {
     DeltaDiscoveryRequest {
         node: Some(Node { id: agent.node_name().to_owned(), ..Default::default() }),
-        type_url: kind.type_url().to_owned(),
-        initial_resource_versions: agent.state().versions(kind).into_iter().collect(),
+        type_url: ty.type_url().to_owned(),
+        initial_resource_versions: agent.state().versions(ty).into_iter().collect(),
         ..Default::default()
     }
 }
@@ -80,8 +81,8 @@ async fn stream_once(control_plane: &str, agent: &SharedAgent, sync: SyncPeriods
         .map_err(|e| fail(false)(anyhow::anyhow!("connect: {e}")))?
         .max_decoding_message_size(256 << 20);
     let (tx, rx) = mpsc::channel(16);
-    for kind in Kind::ALL {
-        let request = subscription(&agent.lock(), kind);
+    for ty in ResourceType::ALL {
+        let request = subscription(&agent.lock(), ty);
         tx.send(request).await.map_err(|_| fail(false)(anyhow::anyhow!("request channel closed")))?;
     }
     let mut inbound = client

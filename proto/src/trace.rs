@@ -1,23 +1,14 @@
 //! The packet tracer: how a node will treat a packet to `address:port`, and
 //! why, from the views it holds. It reads the same decisions the backends
-//! render ([`crate::categorize`]), so what it says is what the rules do.
+//! render ([`crate::policy`]), so what it says is what the rules do.
 
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 
-use crate::categorize::{self, Action, EntryKind, PortFamily};
-use crate::family::Family;
-use crate::types::{NodeConfig, Protocol, ServiceView};
-
-/// What the tracer needs to know about the node agent's settings.
-#[derive(Debug, Clone, Default)]
-pub struct TraceOptions {
-    pub masquerade_all: bool,
-    pub nodeport_cidrs: Vec<IpNet>,
-    /// Overrides the node config's local-traffic CIDRs when not empty.
-    pub cluster_cidrs: Vec<IpNet>,
-}
+use crate::node_context::NodeContext;
+use crate::policy::{self, Action, EntryKind, PortFamily};
+use crate::types::{Protocol, ServiceView};
 
 /// A packet to trace.
 #[derive(Debug, Clone, Copy)]
@@ -85,23 +76,14 @@ fn list(nets: &[IpNet]) -> String {
     nets.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
 }
 
-/// Traces `packet` through the Services `views` on a node with `node` config.
+/// Traces `packet` through the Services `views` on a node in `context`.
 pub fn trace<'a>(
     views: impl IntoIterator<Item = &'a ServiceView>,
-    node: Option<&NodeConfig>,
-    options: &TraceOptions,
+    context: &NodeContext,
     packet: Packet,
 ) -> Trace {
-    let node_addresses: Vec<IpAddr> = node.map(|n| n.addresses.clone()).unwrap_or_default();
-    let nodeport_addresses: Vec<IpAddr> = node_addresses
-        .iter()
-        .filter(|a| {
-            options.nodeport_cidrs.is_empty() || options.nodeport_cidrs.iter().any(|c| c.contains(*a))
-        })
-        .copied()
-        .collect();
     for view in views {
-        for pf in categorize::port_families(view, &nodeport_addresses) {
+        for pf in policy::port_families(view, &context.nodeport_addresses) {
             if pf.port.protocol != packet.protocol {
                 continue;
             }
@@ -110,7 +92,7 @@ pub fn trace<'a>(
                 .iter()
                 .find(|e| e.address == packet.destination.ip() && e.port == packet.destination.port());
             if let Some(entry) = hit {
-                return trace_entry(&pf, entry.kind, node, &node_addresses, options, packet);
+                return trace_entry(&pf, entry.kind, context, packet);
             }
         }
     }
@@ -128,14 +110,7 @@ pub fn trace<'a>(
     t
 }
 
-fn trace_entry(
-    pf: &PortFamily,
-    kind: EntryKind,
-    node: Option<&NodeConfig>,
-    node_addresses: &[IpAddr],
-    options: &TraceOptions,
-    packet: Packet,
-) -> Trace {
+fn trace_entry(pf: &PortFamily, kind: EntryKind, context: &NodeContext, packet: Packet) -> Trace {
     let view = pf.view;
     let port_name = if pf.port.name.is_empty() { pf.port.port.to_string() } else { pf.port.name.clone() };
     let mut t = Trace {
@@ -149,12 +124,8 @@ fn trace_entry(
         format!("{} {}/{} of {}", kind_name(kind), packet.destination, packet.protocol, t.service),
         "the destination is one of the Service's entry points",
     );
-    let all_local: Vec<IpNet> = if options.cluster_cidrs.is_empty() {
-        node.map(|n| n.local_traffic_cidrs().to_vec()).unwrap_or_default()
-    } else {
-        options.cluster_cidrs.clone()
-    };
-    let local_cidrs: Vec<IpNet> = all_local.into_iter().filter(|c| Family::of_net(c) == pf.family).collect();
+    let node_addresses = &context.node_addresses;
+    let local_cidrs: Vec<IpNet> = context.local.of_family(pf.family);
     let from_pod = packet.source.is_some_and(|s| local_cidrs.iter().any(|c| c.contains(&s)));
     let from_node = packet.source.is_some_and(|s| node_addresses.contains(&s));
     let entry = pf.entries.iter().find(|e| e.kind == kind && e.address == packet.destination.ip());
@@ -175,7 +146,7 @@ fn trace_entry(
             ),
         }
     }
-    if options.masquerade_all {
+    if context.masquerade_all {
         t.masquerade = true;
         t.step("masquerade", "masqueradeAll is on");
     }
@@ -313,7 +284,8 @@ impl Trace {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{Endpoint, ServicePort};
+    use crate::node_context::ProxySettings;
+    use crate::types::{Endpoint, NodeConfig, ServicePort};
 
     fn ep(a: &str, node: &str) -> Endpoint {
         Endpoint {
@@ -325,13 +297,14 @@ mod tests {
         }
     }
 
-    fn node() -> NodeConfig {
-        NodeConfig {
+    fn node() -> NodeContext {
+        let config = NodeConfig {
             name: "n1".into(),
             addresses: vec!["10.0.0.1".parse().expect("ip")],
             cluster_cidrs: vec!["10.244.0.0/16".parse().expect("cidr")],
             ..Default::default()
-        }
+        };
+        NodeContext::derive(&ProxySettings::default(), Some(&config))
     }
 
     fn packet(dst: &str, source: Option<&str>) -> Packet {
@@ -351,24 +324,23 @@ mod tests {
         let mut view =
             ServiceView::new("c", "ns", "web", vec!["10.96.0.10".parse().expect("ip")], vec![port]);
         view.external_traffic_local = true;
-        let opts = TraceOptions::default();
 
-        let t = trace([&view], Some(&node()), &opts, packet("10.96.0.10:80", None));
+        let t = trace([&view], &node(), packet("10.96.0.10:80", None));
         assert_eq!(t.service, "c/ns/web:http");
         assert_eq!(t.verdict, Verdict::Dnat);
         assert!(t.masquerade, "from outside the cluster CIDR: {t:?}");
         assert_eq!(t.candidates.len(), 2);
         assert!((t.candidates[0].probability - 0.5).abs() < 1e-9);
 
-        let t = trace([&view], Some(&node()), &opts, packet("10.0.0.1:30080", Some("192.0.2.1")));
+        let t = trace([&view], &node(), packet("10.0.0.1:30080", Some("192.0.2.1")));
         assert!(!t.masquerade && t.candidates.len() == 1, "{t:?}");
         assert!(t.steps.iter().any(|(w, _)| w == "this node's endpoints only"), "{t:?}");
 
         view.ports[0].local_endpoints.clear();
-        let t = trace([&view], Some(&node()), &opts, packet("10.0.0.1:30080", Some("192.0.2.1")));
+        let t = trace([&view], &node(), packet("10.0.0.1:30080", Some("192.0.2.1")));
         assert_eq!(t.verdict, Verdict::Drop);
 
-        let t = trace([&view], Some(&node()), &opts, packet("10.96.0.99:80", None));
+        let t = trace([&view], &node(), packet("10.96.0.99:80", None));
         assert_eq!(t.verdict, Verdict::NotAService);
     }
 }

@@ -241,7 +241,7 @@ fn reflection_v1alpha_with_python_and_v1_with_tonic_on_both_servers() {
             use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
             use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
             use tonic_reflection::pb::v1::ServerReflectionRequest;
-            let mut names = Vec::new();
+            let mut lists = Vec::new();
             for target in ["http://127.0.0.1:18000", "http://127.0.0.1:18001"] {
                 let channel =
                     tonic::transport::Endpoint::from_static(target).connect().await.expect("connect");
@@ -256,13 +256,34 @@ fn reflection_v1alpha_with_python_and_v1_with_tonic_on_both_servers() {
                     .expect("v1 reflection")
                     .into_inner();
                 let response = stream.message().await.expect("answer").expect("one answer");
+                let mut names = Vec::new();
                 if let Some(MessageResponse::ListServicesResponse(list)) = response.message_response {
                     names.extend(list.service.into_iter().map(|s| s.name));
                 }
+                names.sort();
+                lists.push(names);
             }
-            names
+            lists
         })
     });
-    assert!(listed.contains(&"kpx.admin.v1.ControlPlaneAdmin".to_owned()), "{listed:?}");
-    assert!(listed.contains(&"kpx.admin.v1.NodeAdmin".to_owned()), "{listed:?}");
+    // Each server lists exactly what it serves: not the other binary's admin service.
+    let common = [
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    ];
+    let mut cp_wanted: Vec<&str> =
+        ["envoy.service.discovery.v3.AggregatedDiscoveryService", "kpx.admin.v1.ControlPlaneAdmin"].into();
+    let mut agent_wanted: Vec<&str> = ["kpx.admin.v1.NodeAdmin"].into();
+    cp_wanted.extend(common);
+    agent_wanted.extend(common);
+    cp_wanted.sort();
+    agent_wanted.sort();
+    assert_eq!(listed[0], cp_wanted, "control plane");
+    assert_eq!(listed[1], agent_wanted, "node agent");
+    assert!(
+        !cp.contains("service kpx.admin.v1.NodeAdmin"),
+        "v1alpha lists the agent's service on the control plane:\n{cp}"
+    );
+    assert!(!agent.contains("service kpx.admin.v1.ControlPlaneAdmin"), "{agent}");
 }

@@ -5,7 +5,6 @@
 //! After a failure it must not trust its idea of the kernel: the next apply is
 //! a full sync.
 
-pub use kpx_proto::categorize;
 #[cfg(test)]
 pub mod fixtures;
 pub mod iptables;

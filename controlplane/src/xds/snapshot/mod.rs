@@ -28,34 +28,11 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 use kpx_proto::version::content_version;
-use kpx_proto::{NODE_CONFIG_TYPE_URL, SERVICE_VIEW_TYPE_URL};
+pub use kpx_proto::ResourceType;
 
 use crate::model::{ClusterState, EndpointSlice, ObjectKey};
 use crate::view::{self, Locality, ViewBuilder};
 use crate::xds::wire::{HasEntry, ResourceEntry};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ResourceType {
-    /// First: a stream serves its types in this order, and a node programs its Services
-    /// with its config (pod CIDRs for masquerading, addresses for NodePorts).
-    NodeConfig,
-    ServiceView,
-}
-
-impl ResourceType {
-    pub const ALL: [ResourceType; 2] = [ResourceType::NodeConfig, ResourceType::ServiceView];
-
-    pub fn type_url(self) -> &'static str {
-        match self {
-            ResourceType::ServiceView => SERVICE_VIEW_TYPE_URL,
-            ResourceType::NodeConfig => NODE_CONFIG_TYPE_URL,
-        }
-    }
-
-    pub fn from_type_url(url: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|t| t.type_url() == url)
-    }
-}
 
 /// One encoded resource, with its encoding as it goes on the wire (shared by every stream).
 #[derive(Debug, PartialEq, Eq)]

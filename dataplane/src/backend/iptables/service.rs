@@ -19,8 +19,8 @@ use ipnet::IpNet;
 use kpx_proto::types::{Endpoint, ServiceView};
 
 use super::names::{self, ChainKind};
-use crate::backend::categorize::{self, Action, Entry, EntryKind, PortFamily};
 use crate::backend::Family;
+use kpx_proto::policy::{self, Action, Entry, EntryKind, PortFamily};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Table {
@@ -92,7 +92,7 @@ fn full_mask(family: Family) -> &'static str {
 
 pub fn service_rules(view: &ServiceView, ctx: &ServiceContext) -> ServiceRules {
     let mut rules = ServiceRules::default();
-    for pf in categorize::port_families(view, &ctx.nodeport_addresses) {
+    for pf in policy::port_families(view, &ctx.nodeport_addresses) {
         PortRenderer { pf: &pf, ctx, rules: &mut rules }.render();
     }
     rules

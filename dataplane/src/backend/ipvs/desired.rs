@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use kpx_proto::categorize::{self, Action, EntryKind, PortFamily};
+use kpx_proto::policy::{self, Action, EntryKind, PortFamily};
 use kpx_proto::types::{Endpoint, Protocol, ServiceView};
 
 use super::ipset::{self, SetName, SetRole};
@@ -90,7 +90,7 @@ pub fn piece(view: &ServiceView, ctx: &Context) -> Piece {
         None => (0, 0),
     };
     let mut out = Piece::default();
-    for pf in categorize::port_families(view, &ctx.nodeport_addresses) {
+    for pf in policy::port_families(view, &ctx.nodeport_addresses) {
         let proto = pf.port.protocol;
         let set = |role| SetName::new(role, pf.family);
         for ep in pf.all_endpoints() {

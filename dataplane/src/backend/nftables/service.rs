@@ -10,7 +10,7 @@ use kpx_proto::types::{Endpoint, ServiceView};
 use super::affinity::{self, NftObject};
 use super::render::{Collection, Element, Family};
 use super::skeleton::{pick_chain_name, EndpointSet};
-use crate::backend::categorize::{self, Action, EntryKind, PortFamily};
+use kpx_proto::policy::{self, Action, EntryKind, PortFamily};
 
 /// What the rendering of a Service depends on besides the Service.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -41,7 +41,7 @@ pub struct ServiceRules {
 /// The elements and objects a Service needs.
 pub fn service_rules(view: &ServiceView, ctx: &ServiceContext) -> ServiceRules {
     let mut rules = ServiceRules::default();
-    for pf in categorize::port_families(view, &ctx.nodeport_addresses) {
+    for pf in policy::port_families(view, &ctx.nodeport_addresses) {
         render_port(&pf, ctx, &mut rules);
     }
     rules

@@ -5,10 +5,10 @@
 
 use std::net::IpAddr;
 
-use crate::types::{Endpoint, ServicePort, ServiceView};
 use ipnet::IpNet;
 
 use crate::family::Family;
+use crate::types::{Endpoint, ServicePort, ServiceView};
 
 /// How an entry point is reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
