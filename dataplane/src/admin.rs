@@ -6,22 +6,19 @@ use kpx_proto::admin::{
     AppliedService, GetRulesRequest, GetRulesResponse, GetStateRequest, GetStateResponse, GetStatusRequest,
     GetStatusResponse, TraceRequest, TraceResponse, TraceStep,
 };
-use kpx_proto::node_context::{NodeContext, ProxySettings};
 use kpx_proto::trace::{self, Packet};
 use tonic::{Request, Response, Status};
 
 use crate::agent::SharedAgent;
-use crate::backend::ProxyOptions;
 use crate::status::unix_ms;
 
 pub struct NodeAdminService {
     agent: SharedAgent,
-    options: ProxyOptions,
 }
 
 impl NodeAdminService {
-    pub fn new(agent: SharedAgent, options: ProxyOptions) -> Self {
-        NodeAdminService { agent, options }
+    pub fn new(agent: SharedAgent) -> Self {
+        NodeAdminService { agent }
     }
 
     /// Runs `f` on the agent without blocking the runtime while another task holds it.
@@ -90,20 +87,14 @@ impl NodeAdmin for NodeAdminService {
 
     async fn trace(&self, request: Request<TraceRequest>) -> Result<Response<TraceResponse>, Status> {
         let packet = Packet::from_request(request.get_ref()).map_err(Status::invalid_argument)?;
-        let settings = ProxySettings {
-            masquerade_all: self.options.masquerade_all,
-            nodeport_cidrs: self.options.nodeport_cidrs.clone(),
-            cluster_cidrs: self.options.cluster_cidrs.clone(),
-        };
         let response = self
             .with_agent(move |agent| {
                 let state = agent.state();
-                let context = NodeContext::derive(&settings, state.node.as_ref().map(|n| &n.value));
-                let t = trace::trace(state.services.values().map(|s| &s.value), &context, packet);
+                let t = trace::trace(state.services.values().map(|s| &s.value), agent.context(), packet);
                 let backend = agent.backend_name();
                 let rules = agent
                     .rules()
-                    .map(|dump| crate::backend::matching_rules(&dump, &packet))
+                    .map(|dump| crate::backend::rules_text::matching_rules(&dump, &packet))
                     .unwrap_or_default();
                 let mut response = t.into_response();
                 if !rules.is_empty() {

@@ -5,13 +5,15 @@
 //! When that endpoint goes away, kpx deletes the entries that were NATed to it
 //! through the Service's addresses and NodePorts, so the next datagram is NATed
 //! afresh. When a UDP port gains its first endpoint, entries towards its
-//! addresses (made while nothing could answer) are deleted too.
+//! addresses (made while nothing could answer) are deleted too. Pure: the
+//! deletions go to [`crate::exec::conntrack`].
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::process::Command;
 
 use kpx_proto::types::{Protocol, ServicePort, ServiceView};
+
+use crate::exec::conntrack::{Conntrack, FlowFilter};
 
 /// One `conntrack -D` filter.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -25,27 +27,15 @@ pub enum StaleFlows {
 }
 
 impl StaleFlows {
-    /// The filter as (original destination, original port, NATed-to endpoint).
-    fn filter(&self) -> (Option<IpAddr>, u16, Option<IpAddr>) {
-        match *self {
+    /// The conntrack filter that deletes these flows.
+    pub fn filter(&self) -> FlowFilter {
+        let (destination, port, nat_to) = match *self {
             StaleFlows::ToAddress { address, port, endpoint } => (Some(address), port, Some(endpoint)),
             StaleFlows::ToNodePort { port, endpoint } => (None, port, Some(endpoint)),
             StaleFlows::AllToAddress { address, port } => (Some(address), port, None),
-        }
-    }
-
-    fn args(&self) -> Vec<String> {
-        let (address, port, endpoint) = self.filter();
-        let family = address.or(endpoint).map_or("ipv4", |a| if a.is_ipv4() { "ipv4" } else { "ipv6" });
-        let mut args: Vec<String> = ["-D", "-p", "udp", "-f", family].map(String::from).to_vec();
-        if let Some(address) = address {
-            args.extend(["--orig-dst".into(), address.to_string()]);
-        }
-        args.extend(["--orig-port-dst".into(), port.to_string()]);
-        if let Some(endpoint) = endpoint {
-            args.extend(["--dst-nat".into(), endpoint.to_string()]);
-        }
-        args
+        };
+        let ipv6 = destination.or(nat_to).is_some_and(|a| a.is_ipv6());
+        FlowFilter { protocol: Protocol::Udp, ipv6, destination, port, nat_to }
     }
 }
 
@@ -93,49 +83,13 @@ pub fn stale_flows(old: Option<&ServiceView>, new: Option<&ServiceView>) -> Vec<
     out.into_iter().collect()
 }
 
-/// Deletes every flow of `protocol` to `address:port`: for an entry point that did not
-/// exist, whose only flows are those made before it did (a SYN routed elsewhere, whose
-/// retransmission would then skip the NAT rules the entry point now has).
-pub fn delete_all_to(address: IpAddr, protocol: Protocol, port: u16) {
-    let family = if address.is_ipv4() { "ipv4" } else { "ipv6" };
-    let port = port.to_string();
-    let args = [
-        "-D",
-        "-p",
-        protocol.as_str(),
-        "-f",
-        family,
-        "--orig-dst",
-        &address.to_string(),
-        "--orig-port-dst",
-        &port,
-    ]
-    .map(str::to_owned);
-    match Command::new("conntrack").args(&args).output() {
-        // conntrack exits 1 when no entry matched: nothing to delete.
-        Ok(out) => {
-            tracing::debug!(%address, port, result = %String::from_utf8_lossy(&out.stderr).trim(), "deleted flows made before the entry point existed")
-        }
-        Err(e) => {
-            tracing::warn!(%address, port, error = %e, "cannot run conntrack; flows made before the entry point existed stay until they time out")
-        }
-    }
-}
-
-/// Deletes the flows with the `conntrack` tool (netlink underneath). Failures are
-/// logged: a stale flow is a nuisance, not a reason to refuse the update.
-pub fn delete(flows: &[StaleFlows]) {
+/// Deletes the flows. Failures are logged: a stale flow is a nuisance, not a reason to
+/// refuse the update.
+pub fn delete(conntrack: &dyn Conntrack, flows: &[StaleFlows]) {
     for flow in flows {
-        match Command::new("conntrack").args(flow.args()).output() {
-            // conntrack exits 1 when no entry matched: nothing to delete.
-            Ok(out) => {
-                let message = String::from_utf8_lossy(&out.stderr);
-                tracing::debug!(?flow, result = %message.trim(), "deleted stale UDP flows");
-            }
-            Err(e) => {
-                tracing::warn!(?flow, error = %e, "cannot run conntrack; stale UDP flows stay until they time out");
-                return;
-            }
+        if let Err(e) = conntrack.delete(&flow.filter()) {
+            tracing::warn!(?flow, error = %e, "cannot delete stale UDP flows; they stay until they time out");
+            return;
         }
     }
 }
@@ -178,11 +132,14 @@ mod tests {
         assert!(stale_flows(Some(&view(&["10.0.0.1"])), Some(&view(&["10.0.0.1", "10.0.0.2"]))).is_empty());
         let flow = StaleFlows::ToAddress { address: ip("10.96.0.53"), port: 53, endpoint: ip("10.0.0.1") };
         assert_eq!(
-            flow.args().join(" "),
+            flow.filter().args().join(" "),
             "-D -p udp -f ipv4 --orig-dst 10.96.0.53 --orig-port-dst 53 --dst-nat 10.0.0.1"
         );
         let node_port = StaleFlows::ToNodePort { port: 30053, endpoint: ip("fd00::1") };
-        assert_eq!(node_port.args().join(" "), "-D -p udp -f ipv6 --orig-port-dst 30053 --dst-nat fd00::1");
+        assert_eq!(
+            node_port.filter().args().join(" "),
+            "-D -p udp -f ipv6 --orig-port-dst 30053 --dst-nat fd00::1"
+        );
         assert_eq!(stale_flows(Some(&view(&["10.0.0.1"])), None).len(), 2);
     }
 }

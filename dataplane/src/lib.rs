@@ -1,12 +1,15 @@
-//! kpx node agent: delta xDS client → validated state → sled → kernel backend.
+//! kpx node agent: delta xDS client → validated state → kernel backend → sled → ACK.
 //!
-//! Knows nothing about Kubernetes: it only ever sees kpx's own resources.
+//! Knows nothing about Kubernetes: it only ever sees kpx's own resources. [`config`]
+//! turns flags and the `--config` file into typed values once; [`exec`] is the only code
+//! that touches the kernel, behind traits with in-memory fakes for tests.
 
 pub mod admin;
 pub mod agent;
 pub mod backend;
 pub mod config;
 pub mod conntrack;
+pub mod exec;
 pub mod healthcheck;
 pub mod http;
 pub mod metrics;

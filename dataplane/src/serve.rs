@@ -9,7 +9,6 @@ use kpx_proto::admin::node_admin_server::NodeAdminServer;
 
 use crate::admin::NodeAdminService;
 use crate::agent::SharedAgent;
-use crate::backend::ProxyOptions;
 use crate::{healthcheck, http};
 
 /// Where the servers listen.
@@ -25,7 +24,7 @@ async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<tokio::net::TcpLis
 }
 
 /// Binds every listener (so a taken port is an error at start) and serves in the background.
-pub async fn start(agent: &SharedAgent, options: ProxyOptions, listen: Listen) -> anyhow::Result<()> {
+pub async fn start(agent: &SharedAgent, listen: Listen) -> anyhow::Result<()> {
     let admin = bind(listen.admin, "--admin-listen").await?;
     let healthz = bind(listen.healthz, "--healthz-listen").await?;
     let metrics = bind(listen.metrics, "--metrics-listen").await?;
@@ -36,7 +35,7 @@ pub async fn start(agent: &SharedAgent, options: ProxyOptions, listen: Listen) -
     health_reporter.set_serving::<NodeAdminServer<NodeAdminService>>().await;
     let routes = kpx_proto::grpc::reflection_routes(kpx_proto::grpc::Server::NodeAgent)
         .context("reflection descriptors")?;
-    let service = NodeAdminServer::new(NodeAdminService::new(agent.clone(), options));
+    let service = NodeAdminServer::new(NodeAdminService::new(agent.clone()));
     tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
             .add_routes(routes)

@@ -189,3 +189,76 @@ impl NodeState {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::fixtures::{node_config, service};
+
+    fn versioned<T>(version: &str, value: T) -> Versioned<T> {
+        Versioned { version: version.into(), value }
+    }
+
+    fn state() -> NodeState {
+        let mut s = NodeState { node: Some(versioned("n-1", node_config())), ..Default::default() };
+        for name in ["a", "b"] {
+            let view = service(name, "10.96.0.1", &["10.244.0.1"]);
+            s.services.insert(view.resource_name(), versioned("1", view));
+        }
+        s
+    }
+
+    #[test]
+    fn a_delta_applied_in_place_is_undone_exactly() {
+        let before = state();
+        let mut now = before.clone();
+        let delta = Delta {
+            services: vec![
+                versioned("2", service("a", "10.96.0.1", &["10.244.0.2"])),
+                versioned("1", service("c", "10.96.0.3", &[])),
+                versioned("1", service("b", "10.96.0.1", &["10.244.0.1"])),
+            ],
+            node: Some(versioned("n-2", NodeConfig { zone: "z".into(), ..node_config() })),
+            removed_services: vec!["c/ns/b".into(), "c/ns/unknown".into()],
+            node_removed: false,
+        };
+        let (changes, undo) = now.apply(delta);
+        let names: Vec<&str> = changes.services.iter().map(String::as_str).collect();
+        assert_eq!(names, ["c/ns/a", "c/ns/b", "c/ns/c"], "b's same version is no change, its removal is");
+        assert!(changes.node);
+        assert!(!now.services.contains_key("c/ns/b") && now.services["c/ns/a"].version == "2");
+        now.undo(undo);
+        assert_eq!(now, before);
+        let (changes, undo) = now.apply(Delta { node_removed: true, ..Delta::default() });
+        assert!(changes.node && now.node.is_none());
+        now.undo(undo);
+        assert_eq!(now, before);
+    }
+
+    #[test]
+    fn validation_refuses_the_whole_response_and_names_the_resource() {
+        let view = service("a", "10.96.0.1", &[]);
+        let good = RawResource {
+            name: view.resource_name(),
+            version: "1".into(),
+            type_url: ResourceType::ServiceView.type_url().into(),
+            body: view.encode(),
+        };
+        let url = ResourceType::ServiceView.type_url();
+        let misnamed = RawResource { name: "c/ns/other".into(), ..good.clone() };
+        let err = Delta::validate("n1", url, vec![good.clone(), misnamed], vec![]).expect_err("name");
+        assert!(matches!(err, InvalidDelta::NameMismatch { .. }), "{err}");
+        let unversioned = RawResource { version: String::new(), ..good.clone() };
+        assert!(matches!(
+            Delta::validate("n1", url, vec![unversioned], vec![]),
+            Err(InvalidDelta::NoVersion(_))
+        ));
+        let mixed = RawResource { type_url: ResourceType::NodeConfig.type_url().into(), ..good.clone() };
+        assert!(matches!(
+            Delta::validate("n1", url, vec![mixed], vec![]),
+            Err(InvalidDelta::MixedTypes { .. })
+        ));
+        let delta = Delta::validate("n1", url, vec![good], vec!["c/ns/gone".into()]).expect("valid");
+        assert_eq!((delta.resource_count(), delta.removed_services.len()), (1, 1));
+    }
+}

@@ -125,6 +125,15 @@ impl Store {
     }
 }
 
+#[cfg(test)]
+impl Store {
+    /// Writes raw bytes under `key` (a test's way to damage a record).
+    pub(crate) fn insert_raw(&self, key: &[u8], value: &[u8]) {
+        self.tree.insert(key, value).expect("insert");
+        self.db.flush().expect("flush");
+    }
+}
+
 /// `<version length: u16 BE><version><body>`.
 fn record(version: &str, body: &[u8]) -> Vec<u8> {
     let len = u16::try_from(version.len()).unwrap_or(u16::MAX);

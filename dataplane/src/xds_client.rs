@@ -162,3 +162,67 @@ fn handle(agent: &mut Agent, response: DeltaDiscoveryResponse) -> DeltaDiscovery
     }
     reply
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::fixtures::service;
+    use crate::backend::nftables::NftablesBackend;
+    use crate::exec::fake::{FakeConntrack, FakeNft};
+    use crate::store::Store;
+    use envoy_types::pb::envoy::service::discovery::v3::Resource;
+    use envoy_types::pb::google::protobuf::Any;
+
+    fn agent(dir: &std::path::Path) -> Agent {
+        let backend = Box::new(NftablesBackend::new(Box::new(FakeNft::new())));
+        let store = Store::open(dir).expect("store");
+        Agent::start(
+            "n1".into(),
+            Default::default(),
+            backend,
+            store,
+            std::sync::Arc::new(FakeConntrack::new()),
+            "cp".into(),
+        )
+        .expect("start")
+    }
+
+    fn response(nonce: &str, body: Vec<u8>, name: &str) -> DeltaDiscoveryResponse {
+        let type_url = ResourceType::ServiceView.type_url().to_owned();
+        DeltaDiscoveryResponse {
+            type_url: type_url.clone(),
+            nonce: nonce.into(),
+            resources: vec![Resource {
+                name: name.into(),
+                version: "v1".into(),
+                resource: Some(Any { type_url, value: body }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_response_is_acked_with_its_nonce_or_nacked_with_the_reason() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut agent = agent(dir.path());
+        let view = service("web", "10.96.0.10", &["10.244.0.1"]);
+        let ack = handle(&mut agent, response("n-1", view.encode(), &view.resource_name()));
+        assert_eq!(
+            (ack.response_nonce.as_str(), ack.type_url.as_str()),
+            ("n-1", ResourceType::ServiceView.type_url())
+        );
+        assert!(ack.error_detail.is_none(), "{ack:?}");
+        let nack = handle(&mut agent, response("n-2", vec![0xff, 0xff], "c/ns/broken"));
+        assert_eq!(nack.response_nonce, "n-2");
+        let status = nack.error_detail.expect("NACK");
+        assert_eq!(status.code, INVALID_ARGUMENT);
+        assert!(status.message.contains("c/ns/broken"), "{}", status.message);
+        assert_eq!(agent.state().services.len(), 1, "the last good state stays");
+
+        let subscribe = subscription(&agent, ResourceType::ServiceView);
+        assert_eq!(subscribe.node.map(|n| n.id).as_deref(), Some("n1"));
+        assert_eq!(subscribe.initial_resource_versions.get("c/ns/web").map(String::as_str), Some("v1"));
+        assert!(subscription(&agent, ResourceType::NodeConfig).initial_resource_versions.is_empty());
+    }
+}

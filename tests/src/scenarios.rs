@@ -393,7 +393,8 @@ pub fn terminating_endpoints(backend: ProxyBackend) {
 }
 
 /// Masquerade: ClusterIP traffic from outside the cluster CIDR is masqueraded, pod traffic is not,
-/// hairpin is; `--masquerade-all` masquerades everything.
+/// hairpin is; the agent's `--cluster-cidr` wins over the control plane's; `--masquerade-all`
+/// masquerades everything.
 pub fn masquerade(backend: ProxyBackend) {
     let spec = "  clusterIP: 10.96.1.8\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
     let manifests = [(
@@ -419,6 +420,17 @@ pub fn masquerade(backend: ProxyBackend) {
     s.clear_peers();
     assert_eq!(s.t.pods[0].run_in(move || tcp_request(vip)), Answer::From("pod0".into()), "hairpin");
     assert_eq!(s.peers(0), BTreeSet::from([node_side]), "hairpin is masqueraded");
+
+    // The agent's own --cluster-cidr wins over the control plane's, in every backend: pods
+    // outside it are not pods to this node.
+    s.dp.kill();
+    s.dp = s.t.start_dataplane_with(backend, &["--cluster-cidr=10.99.0.0/16"]);
+    s.dp.wait_event("the restarted agent programmed its state", DEADLINE, |e| {
+        e["message"] == "programmed stored state"
+    });
+    s.clear_peers();
+    assert_eq!(s.t.pods[1].run_in(move || tcp_request(vip)), Answer::From("pod0".into()));
+    assert_eq!(s.peers(0), BTreeSet::from([node_side]), "outside the agent's --cluster-cidr: masqueraded");
 
     s.dp.kill();
     s.dp = s.t.start_dataplane_with(backend, &["--masquerade-all"]);

@@ -1,6 +1,7 @@
 //! Node states for the backends' unit tests.
 
-use kpx_proto::types::{Endpoint, Protocol, ServicePort, ServiceView};
+use kpx_proto::node_context::NodeContext;
+use kpx_proto::types::{Endpoint, NodeConfig, Protocol, ServicePort, ServiceView};
 
 use crate::state::{ChangeSet, NodeState, Versioned};
 
@@ -47,9 +48,22 @@ pub fn changed(names: &[&str]) -> ChangeSet {
     ChangeSet { services: names.iter().map(|n| format!("c/ns/{n}")).collect(), node: false }
 }
 
-/// Default proxy options.
-pub const NO: crate::backend::ProxyOptions = crate::backend::ProxyOptions {
-    masquerade_all: false,
-    nodeport_cidrs: Vec::new(),
-    cluster_cidrs: Vec::new(),
-};
+/// A node that nothing is known of (no config yet, default settings).
+pub fn no_context() -> NodeContext {
+    NodeContext::default()
+}
+
+/// Node `n1` at 10.0.0.1 with pod CIDR 10.244.0.0/16, default settings.
+pub fn node_context() -> NodeContext {
+    NodeContext::derive(&Default::default(), Some(&node_config()))
+}
+
+/// The config of node `n1` (see [`node_context`]).
+pub fn node_config() -> NodeConfig {
+    NodeConfig {
+        name: "n1".into(),
+        addresses: vec!["10.0.0.1".parse().expect("ip")],
+        pod_cidrs: vec!["10.244.0.0/16".parse().expect("cidr")],
+        ..Default::default()
+    }
+}

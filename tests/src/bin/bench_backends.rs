@@ -10,10 +10,14 @@
 
 use std::time::{Duration, Instant};
 
-use kpx_dataplane::backend::iptables::{IptablesBackend, IptablesMode, IptablesProcess};
-use kpx_dataplane::backend::ipvs::{netlink::IpvsSocket, IpvsBackend, IpvsOptions};
-use kpx_dataplane::backend::nftables::{NftLibrary, NftProcess, NftablesBackend};
-use kpx_dataplane::backend::{Backend, ProxyOptions};
+use kpx_dataplane::backend::iptables::IptablesBackend;
+use kpx_dataplane::backend::ipvs::{IpvsBackend, IpvsKernel, IpvsOptions};
+use kpx_dataplane::backend::nftables::NftablesBackend;
+use kpx_dataplane::backend::{Backend, NodeContext};
+use kpx_dataplane::exec::conntrack::ConntrackProcess;
+use kpx_dataplane::exec::iptables::{Flavour, IptablesProcess};
+use kpx_dataplane::exec::ipvs::open_socket;
+use kpx_dataplane::exec::nft::{self, NftProcess};
 use kpx_dataplane::state::{ChangeSet, NodeState, Versioned};
 use kpx_e2e::netns::Netns;
 use kpx_proto::types::{Endpoint, NodeConfig, Protocol, ServicePort, ServiceView};
@@ -80,8 +84,9 @@ fn measure(label: &str, backend: &mut dyn Backend, services: usize) {
         return;
     }
     let mut desired = state(services);
+    let context = NodeContext::default();
     let started = Instant::now();
-    if let Err(e) = backend.full_sync(&desired) {
+    if let Err(e) = backend.full_sync(&desired, &context) {
         println!("{label:<18} {services:>6}  full sync failed: {e}");
         return;
     }
@@ -95,7 +100,8 @@ fn measure(label: &str, backend: &mut dyn Backend, services: usize) {
         let name = v.value.resource_name();
         desired.services.insert(name.clone(), v);
         let started = Instant::now();
-        if let Err(e) = backend.apply(&desired, &ChangeSet { services: [name].into(), node: false }) {
+        if let Err(e) = backend.apply(&desired, &context, &ChangeSet { services: [name].into(), node: false })
+        {
             println!("{label:<16} {services:>6}  apply failed: {e}");
             return;
         }
@@ -121,31 +127,20 @@ fn main() {
     ns.run_in(move || {
         println!("backend          services  ({ENDPOINTS} endpoints each; {CHANGES} changes)");
         for services in sizes_in {
-            let options = ProxyOptions::default();
-            match NftLibrary::open() {
-                Ok(library) => {
-                    measure("nftables (lib)", &mut NftablesBackend::new(library, options.clone()), services)
-                }
+            match nft::library() {
+                Ok(library) => measure("nftables (lib)", &mut NftablesBackend::new(library), services),
                 Err(e) => println!("nftables (lib): {e}"),
             }
-            measure("nftables (nft -f)", &mut NftablesBackend::new(NftProcess, options.clone()), services);
-            for (label, mode) in
-                [("iptables-legacy", IptablesMode::Legacy), ("iptables-nft", IptablesMode::Nft)]
-            {
-                measure(
-                    label,
-                    &mut IptablesBackend::new(IptablesProcess { mode }, options.clone()),
-                    services,
-                );
+            measure("nftables (nft -f)", &mut NftablesBackend::new(Box::new(NftProcess)), services);
+            for (label, flavour) in [("iptables-legacy", Flavour::Legacy), ("iptables-nft", Flavour::Nft)] {
+                measure(label, &mut IptablesBackend::new(Box::new(IptablesProcess { flavour })), services);
             }
-            match IpvsSocket::open() {
+            match open_socket() {
                 Ok(_) => {
-                    let ipvs = IpvsOptions {
-                        scheduler: "rr".into(),
-                        drain_grace: Duration::from_secs(900),
-                        iptables_mode: IptablesMode::Auto,
-                    };
-                    measure("ipvs", &mut IpvsBackend::new(options.clone(), ipvs), services)
+                    let options =
+                        IpvsOptions { scheduler: "rr".into(), drain_grace: Duration::from_secs(900) };
+                    let kernel = IpvsKernel::system(Flavour::detect(), std::sync::Arc::new(ConntrackProcess));
+                    measure("ipvs", &mut IpvsBackend::new(options, kernel), services)
                 }
                 Err(e) => println!("ipvs: {e}"),
             }

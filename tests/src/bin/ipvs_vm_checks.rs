@@ -4,13 +4,13 @@
 //!
 //! A node namespace with a dummy interface holding the virtual address, two pod
 //! namespaces with listeners, a client behind the node; virtual services and
-//! destinations are programmed with `IpvsSocket` and proved with real connections.
+//! destinations are programmed with kpx's IPVS netlink layer and proved with real connections.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use kpx_dataplane::backend::ipvs::netlink::{
-    Destination, IpvsSocket, ServiceKey, VirtualService, FLAG_PERSISTENT, PROTO_TCP,
+use kpx_dataplane::exec::ipvs::{
+    open_socket, Destination, Ipvs, ServiceKey, VirtualService, FLAG_PERSISTENT, PROTO_TCP,
 };
 use kpx_e2e::topology::{sock, Topology};
 use kpx_e2e::traffic::{tcp_request, Answer};
@@ -45,7 +45,7 @@ fn main() {
     let rr = VirtualService { key, scheduler: "rr".into(), flags: 0, timeout: 0 };
 
     let programmed = t.node.run_in(move || {
-        let mut ipvs = IpvsSocket::open().expect("IPVS in the node namespace");
+        let mut ipvs = open_socket().expect("IPVS in the node namespace");
         ipvs.add_service(&rr).expect("add service");
         ipvs.add_destination(&key, &dest(0, 1)).expect("add destination 0");
         ipvs.add_destination(&key, &dest(1, 1)).expect("add destination 1");
@@ -72,7 +72,7 @@ fn main() {
 
     // Drain pod1: weight 0 takes no new connections.
     t.node.run_in(move || {
-        let mut ipvs = IpvsSocket::open().expect("ipvs");
+        let mut ipvs = open_socket().expect("ipvs");
         ipvs.edit_destination(&key, &dest(1, 0)).expect("edit destination");
     });
     let seen = answers(&t, 6);
@@ -82,7 +82,7 @@ fn main() {
     // Persistence and another scheduler, edited in place.
     let sticky = VirtualService { key, scheduler: "wrr".into(), flags: FLAG_PERSISTENT, timeout: 300 };
     let edited = t.node.run_in(move || {
-        let mut ipvs = IpvsSocket::open().expect("ipvs");
+        let mut ipvs = open_socket().expect("ipvs");
         ipvs.edit_destination(&key, &dest(1, 1)).expect("undrain");
         ipvs.edit_service(&sticky).expect("edit service");
         ipvs.services().expect("list")
@@ -95,7 +95,7 @@ fn main() {
 
     // Remove a destination, then the service; errors name the operation.
     let (after, error) = t.node.run_in(move || {
-        let mut ipvs = IpvsSocket::open().expect("ipvs");
+        let mut ipvs = open_socket().expect("ipvs");
         ipvs.delete_destination(&key, &dest(0, 1)).expect("delete destination");
         let after = ipvs.destinations(&key).expect("list");
         ipvs.delete_service(&key).expect("delete service");
@@ -104,7 +104,7 @@ fn main() {
     });
     assert_eq!(after.len(), 1);
     assert!(error.contains("delete service"), "{error}");
-    let gone = t.node.run_in(|| IpvsSocket::open().expect("ipvs").services().expect("list"));
+    let gone = t.node.run_in(|| open_socket().expect("ipvs").services().expect("list"));
     assert!(gone.is_empty(), "{gone:?}");
     println!("ok: destination and service deleted ({error})");
 }

@@ -4,56 +4,58 @@
 //! [`names`] names chains and quotes comments, [`skeleton`] holds the fixed
 //! chains and hooks, [`service`] renders one Service (pure, tested as text),
 //! [`ruleset`] keeps what is programmed and diffs it into `iptables-restore
-//! --noflush` input, [`runner`] is the only code that runs the tools.
+//! --noflush` input, which [`crate::exec::iptables`] feeds to the tools.
 
 pub mod names;
 pub mod ruleset;
-pub mod runner;
 pub mod service;
 pub mod skeleton;
 
 use std::collections::BTreeMap;
 
-pub use runner::{IptablesMode, IptablesProcess, RestoreRunner};
-
-use crate::backend::{Backend, BackendError, Family, ProxyOptions};
+use crate::backend::{xtables, Backend, BackendError, Family, NodeContext};
+use crate::exec::iptables::Iptables;
 use crate::state::{ChangeSet, NodeState};
 
 use ruleset::Programmed;
 
-pub struct IptablesBackend<R: RestoreRunner> {
-    runner: R,
-    options: ProxyOptions,
+pub struct IptablesBackend {
+    iptables: Box<dyn Iptables>,
     /// What the kernel holds, as far as we know; `None` after a failure or before the first sync.
     programmed: Option<Programmed>,
 }
 
-impl<R: RestoreRunner> IptablesBackend<R> {
-    pub fn new(runner: R, options: ProxyOptions) -> Self {
-        IptablesBackend { runner, options, programmed: None }
+impl IptablesBackend {
+    pub fn new(iptables: Box<dyn Iptables>) -> Self {
+        IptablesBackend { iptables, programmed: None }
     }
 
     /// Runs the scripts of every family; IPv4 first.
     fn run(&mut self, scripts: &BTreeMap<Family, String>) -> Result<(), BackendError> {
         for (family, script) in scripts {
-            self.runner.restore(*family, script)?;
+            self.iptables.restore(*family, script)?;
         }
         Ok(())
     }
 }
 
-impl<R: RestoreRunner + Send> Backend for IptablesBackend<R> {
+impl Backend for IptablesBackend {
     fn name(&self) -> &'static str {
         "iptables"
     }
 
-    fn apply(&mut self, desired: &NodeState, changes: &ChangeSet) -> Result<(), BackendError> {
+    fn apply(
+        &mut self,
+        desired: &NodeState,
+        context: &NodeContext,
+        changes: &ChangeSet,
+    ) -> Result<(), BackendError> {
         let Some(programmed) = self.programmed.as_ref() else {
-            return self.full_sync(desired);
+            return self.full_sync(desired, context);
         };
-        let mut plan = programmed.plan(desired, changes, &self.options);
+        let mut plan = programmed.plan(desired, context, changes);
         if plan.needs_full_sync {
-            return self.full_sync(desired);
+            return self.full_sync(desired, context);
         }
         if plan.is_empty() {
             return Ok(());
@@ -73,13 +75,13 @@ impl<R: RestoreRunner + Send> Backend for IptablesBackend<R> {
         }
     }
 
-    fn full_sync(&mut self, desired: &NodeState) -> Result<(), BackendError> {
+    fn full_sync(&mut self, desired: &NodeState, context: &NodeContext) -> Result<(), BackendError> {
         self.programmed = None;
         let mut saved = BTreeMap::new();
         for family in Family::ALL {
-            saved.insert(family, self.runner.save(family)?);
+            saved.insert(family, self.iptables.save(family)?);
         }
-        let (programmed, plan) = Programmed::full(desired, &self.options, &saved);
+        let (programmed, plan) = Programmed::full(desired, context, &saved);
         self.run(&plan.scripts)?;
         self.programmed = Some(programmed);
         Ok(())
@@ -88,10 +90,10 @@ impl<R: RestoreRunner + Send> Backend for IptablesBackend<R> {
     fn cleanup(&mut self) -> Result<(), BackendError> {
         self.programmed = None;
         for family in Family::ALL {
-            let saved = self.runner.save(family)?;
-            let script = ruleset::cleanup_script(&saved, names::PREFIX);
+            let saved = self.iptables.save(family)?;
+            let script = xtables::cleanup_script(&saved, names::PREFIX);
             if !script.is_empty() {
-                self.runner.restore(family, &script)?;
+                self.iptables.restore(family, &script)?;
             }
         }
         Ok(())
@@ -100,13 +102,7 @@ impl<R: RestoreRunner + Send> Backend for IptablesBackend<R> {
     fn dump(&mut self) -> Result<String, BackendError> {
         let mut out = String::new();
         for family in Family::ALL {
-            let saved = self.runner.save(family)?;
-            for line in saved.lines() {
-                if line.starts_with('*') || line.contains(names::PREFIX) || line == "COMMIT" {
-                    out.push_str(line);
-                    out.push('\n');
-                }
-            }
+            out.push_str(&xtables::owned_lines(&self.iptables.save(family)?, names::PREFIX));
         }
         Ok(out)
     }

@@ -27,7 +27,7 @@ pub const FILTER: &str = "KPX-FILTER";
 pub const REJECT: &str = "KPX-REJECT";
 
 /// The mark bit that asks KPX-POSTROUTING to masquerade.
-pub const MASQ_MARK: &str = "0x2000";
+pub use crate::backend::xtables::MASQ_MARK;
 /// The mark bit that asks KPX-FILTER to drop (the nat table cannot drop).
 pub const DROP_MARK: &str = "0x1000";
 

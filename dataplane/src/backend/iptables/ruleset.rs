@@ -7,39 +7,20 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 
-use kpx_proto::types::NodeConfig;
-
 use super::names::PREFIX;
-use super::service::{self, ChainKey, ServiceContext, ServiceRules, SharedRule, Table};
+use super::service::{self, ChainKey, ServiceRules, SharedRule};
 use super::skeleton::{self, HOOKS};
 use crate::backend::owners::Owners;
-use crate::backend::{Family, ProxyOptions};
+use crate::backend::xtables::{self, Table};
+use crate::backend::{Family, NodeContext};
 use crate::state::{ChangeSet, NodeState};
-
-pub fn context(options: &ProxyOptions, node: Option<&NodeConfig>) -> ServiceContext {
-    let node_addresses = node.map(|n| n.addresses.clone()).unwrap_or_default();
-    let nodeport_addresses = node_addresses
-        .iter()
-        .filter(|a| {
-            options.nodeport_cidrs.is_empty() || options.nodeport_cidrs.iter().any(|c| c.contains(*a))
-        })
-        .copied()
-        .collect();
-    ServiceContext {
-        nodeport_addresses,
-        node_addresses,
-        masquerade_all: options.masquerade_all,
-        local_cidrs: node
-            .map(|n| n.local_traffic_cidrs().iter().map(|c| c.trunc()).collect())
-            .unwrap_or_default(),
-    }
-}
 
 #[derive(Debug, Default)]
 pub struct Programmed {
     services: HashMap<String, ServiceRules>,
     owners: Owners,
-    ctx: ServiceContext,
+    /// The node context everything was rendered in.
+    context: NodeContext,
 }
 
 /// The restore input per family, and the bookkeeping to record once the kernel took it.
@@ -47,7 +28,7 @@ pub struct Programmed {
 pub struct Plan {
     pub scripts: BTreeMap<Family, String>,
     services: Vec<(String, Option<ServiceRules>)>,
-    /// The node's addresses or pod CIDRs changed: only a full sync can rewrite the fixed chains.
+    /// The node context changed: only a full sync can rewrite the fixed chains.
     pub needs_full_sync: bool,
 }
 
@@ -121,18 +102,15 @@ impl Programmed {
     /// `iptables-save` shows now (per family): stale kpx chains are removed, missing hooks added.
     pub fn full(
         desired: &NodeState,
-        options: &ProxyOptions,
+        context: &NodeContext,
         saved: &BTreeMap<Family, String>,
     ) -> (Programmed, Plan) {
-        let ctx = context(options, desired.node.as_ref().map(|n| &n.value));
-        let empty = Programmed { ctx: ctx.clone(), ..Default::default() };
+        let empty = Programmed { context: context.clone(), ..Default::default() };
         let all = ChangeSet { services: desired.services.keys().cloned().collect(), node: false };
         let (mut plan, mut script) = empty.plan_script(desired, &all);
         let mut wanted: BTreeSet<(Family, Table, String)> = BTreeSet::new();
         for family in Family::ALL {
-            let cidrs: Vec<_> =
-                ctx.local_cidrs.iter().filter(|c| Family::of_net(c) == family).copied().collect();
-            for chain in skeleton::fixed_chains(family, &cidrs) {
+            for chain in skeleton::fixed_chains(&context.local.of_family(family)) {
                 let key = (family, chain.table, chain.name.to_owned());
                 script.write_chain(&key, &chain.rules);
                 wanted.insert(key);
@@ -145,21 +123,15 @@ impl Programmed {
         }
         for family in &Family::ALL {
             let text = saved.get(family).map_or("", String::as_str);
-            let existing = saved_chains(text);
-            for key in &existing {
+            for key in &xtables::saved_chains(text) {
                 let full_key = (*family, key.0, key.1.clone());
                 if key.1.starts_with(PREFIX) && !wanted.contains(&full_key) {
                     script.remove_chain(&full_key);
                 }
             }
-            for hook in &HOOKS {
-                let line = format!("-A {} {}", hook.builtin, hook.spec);
-                if !saved_rules(text, hook.table).iter().any(|l| *l == line) {
-                    script
-                        .block(*family, hook.table)
-                        .add_rules
-                        .push(format!("-I {} 1 {}", hook.builtin, hook.spec));
-                }
+            for table in Table::ALL {
+                let hooks = xtables::missing_hooks(Some(text), &HOOKS, table);
+                script.block(*family, table).add_rules.extend(hooks);
             }
         }
         plan.scripts = script.finish();
@@ -169,8 +141,8 @@ impl Programmed {
     }
 
     /// The restore input for the Services in `changes`.
-    pub fn plan(&self, desired: &NodeState, changes: &ChangeSet, options: &ProxyOptions) -> Plan {
-        if changes.node && context(options, desired.node.as_ref().map(|n| &n.value)) != self.ctx {
+    pub fn plan(&self, desired: &NodeState, context: &NodeContext, changes: &ChangeSet) -> Plan {
+        if *context != self.context {
             return Plan { needs_full_sync: true, ..Default::default() };
         }
         let (mut plan, script) = self.plan_script(desired, changes);
@@ -192,7 +164,7 @@ impl Programmed {
         for name in &changes.services {
             let old = self.services.get(name);
             let new = desired.services.get(name).map(|s| {
-                let mut rules = service::service_rules(&s.value, &self.ctx);
+                let mut rules = service::service_rules(&s.value, &self.context);
                 let taken = claims.claim(name, &rules.entries);
                 rules.shared.retain(|(entry, r)| taken.iter().any(|t| &t.1 == entry && t.0 == r.family));
                 rules.entries = taken;
@@ -249,87 +221,23 @@ impl Programmed {
     }
 }
 
-/// `(table, chain)` of every user chain in `iptables-save` output.
-pub fn saved_chains(text: &str) -> Vec<(Table, String)> {
-    let mut table = None;
-    let mut out = Vec::new();
-    for line in text.lines() {
-        if let Some(name) = line.strip_prefix('*') {
-            table = Table::ALL.into_iter().find(|t| t.name() == name);
-        } else if let (Some(t), Some(rest)) = (table, line.strip_prefix(':')) {
-            if let Some(chain) = rest.split_whitespace().next() {
-                out.push((t, chain.to_owned()));
-            }
-        }
-    }
-    out
-}
-
-/// The `-A …` lines of one table in `iptables-save` output.
-pub fn saved_rules(text: &str, wanted: Table) -> Vec<&str> {
-    let mut table = None;
-    text.lines()
-        .filter(|line| {
-            if let Some(name) = line.strip_prefix('*') {
-                table = Table::ALL.into_iter().find(|t| t.name() == name);
-            }
-            table == Some(wanted) && line.starts_with("-A ")
-        })
-        .collect()
-}
-
-/// Restore input that removes every chain named `prefix…` and the hooks into them (hooks
-/// first), given `iptables-save` output.
-pub fn cleanup_script(saved: &str, prefix: &str) -> String {
-    let mut s = String::new();
-    for table in Table::ALL {
-        let ours: Vec<String> = saved_chains(saved)
-            .into_iter()
-            .filter(|(t, c)| *t == table && c.starts_with(prefix))
-            .map(|(_, c)| c)
-            .collect();
-        let hooks: Vec<&str> = saved_rules(saved, table)
-            .into_iter()
-            .filter(|l| {
-                let chain = l.split_whitespace().nth(1).unwrap_or_default();
-                !chain.starts_with(prefix) && l.contains(&format!("-j {prefix}"))
-            })
-            .collect();
-        if ours.is_empty() && hooks.is_empty() {
-            continue;
-        }
-        let _ = writeln!(s, "*{}", table.name());
-        for chain in &ours {
-            let _ = writeln!(s, ":{chain} - [0:0]");
-        }
-        for hook in hooks {
-            let _ = writeln!(s, "-D {}", hook.trim_start_matches("-A "));
-        }
-        for chain in &ours {
-            let _ = writeln!(s, "-X {chain}");
-        }
-        let _ = writeln!(s, "COMMIT");
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::fixtures::{changed, state, NO};
+    use crate::backend::fixtures::{changed, no_context, state};
 
     #[test]
     fn one_endpoint_change_rewrites_only_that_services_chains() {
         let before =
             state(&[("a", "10.96.0.1", &["10.0.0.1", "10.0.0.2"]), ("b", "10.96.0.2", &["10.0.0.9"])]);
-        let (mut programmed, full) = Programmed::full(&before, &NO, &BTreeMap::new());
+        let (mut programmed, full) = Programmed::full(&before, &no_context(), &BTreeMap::new());
         let full_v4 = &full.scripts[&Family::V4];
         assert!(
             full_v4.contains("-I PREROUTING 1 -m comment --comment \"kpx service portals\" -j KPX-PORTALS")
         );
         let after =
             state(&[("a", "10.96.0.1", &["10.0.0.1", "10.0.0.3"]), ("b", "10.96.0.2", &["10.0.0.9"])]);
-        let mut plan = programmed.plan(&after, &changed(&["a"]), &NO);
+        let mut plan = programmed.plan(&after, &no_context(), &changed(&["a"]));
         let script = &plan.scripts[&Family::V4];
         assert!(!plan.scripts.contains_key(&Family::V6));
         // a's pick chain and its two changed endpoint chains; nothing of b; no shared rule touched.
@@ -341,24 +249,16 @@ mod tests {
         );
         assert!(!script.contains("-A KPX-SERVICES") && !script.contains("-D KPX-SERVICES"), "{script}");
         programmed.commit(Programmed::take_services(&mut plan));
-        assert!(programmed.plan(&after, &changed(&["a"]), &NO).is_empty());
+        assert!(programmed.plan(&after, &no_context(), &changed(&["a"])).is_empty());
     }
 
     #[test]
-    fn a_removed_service_loses_its_rules_and_chains_and_cleanup_keeps_foreign_ones() {
+    fn a_removed_service_loses_its_rules_and_chains() {
         let before = state(&[("a", "10.96.0.1", &["10.0.0.1"])]);
-        let (programmed, _) = Programmed::full(&before, &NO, &BTreeMap::new());
-        let plan = programmed.plan(&NodeState::default(), &changed(&["a"]), &NO);
+        let (programmed, _) = Programmed::full(&before, &no_context(), &BTreeMap::new());
+        let plan = programmed.plan(&NodeState::default(), &no_context(), &changed(&["a"]));
         let script = &plan.scripts[&Family::V4];
         assert!(script.contains("-D KPX-SERVICES -d 10.96.0.1/32"), "{script}");
         assert_eq!(script.matches("-X KPX-").count(), 2, "{script}");
-        let saved = "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KPX-PORTALS - [0:0]\n\
-                     -A PREROUTING -m comment --comment \"kpx service portals\" -j KPX-PORTALS\n\
-                     -A PREROUTING -j KUBE-SERVICES\nCOMMIT\n";
-        let cleanup = cleanup_script(saved, PREFIX);
-        assert_eq!(
-            cleanup,
-            "*nat\n:KPX-PORTALS - [0:0]\n-D PREROUTING -m comment --comment \"kpx service portals\" -j KPX-PORTALS\n-X KPX-PORTALS\nCOMMIT\n"
-        );
     }
 }

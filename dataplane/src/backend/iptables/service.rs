@@ -16,28 +16,13 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use kpx_proto::node_context::NodeContext;
+use kpx_proto::policy::{self, Action, Entry, EntryKind, PortFamily};
 use kpx_proto::types::{Endpoint, ServiceView};
 
 use super::names::{self, ChainKind};
+use crate::backend::xtables::Table;
 use crate::backend::Family;
-use kpx_proto::policy::{self, Action, Entry, EntryKind, PortFamily};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Table {
-    Nat,
-    Filter,
-}
-
-impl Table {
-    pub const ALL: [Table; 2] = [Table::Nat, Table::Filter];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Table::Nat => "nat",
-            Table::Filter => "filter",
-        }
-    }
-}
 
 /// A rule in a chain that all Services share (`KPX-SERVICES`, `KPX-NODEPORTS`, `KPX-REJECT`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -62,16 +47,6 @@ pub struct ServiceRules {
     pub chains: BTreeMap<ChainKey, Vec<String>>,
 }
 
-/// What rendering depends on besides the Service.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ServiceContext {
-    pub nodeport_addresses: Vec<IpAddr>,
-    pub node_addresses: Vec<IpAddr>,
-    pub masquerade_all: bool,
-    /// The local-traffic detector: pod CIDRs.
-    pub local_cidrs: Vec<IpNet>,
-}
-
 pub fn host(address: &IpAddr) -> String {
     format!("{}", IpNet::from(*address))
 }
@@ -90,7 +65,8 @@ fn full_mask(family: Family) -> &'static str {
     }
 }
 
-pub fn service_rules(view: &ServiceView, ctx: &ServiceContext) -> ServiceRules {
+/// Everything `view` needs on a node in `ctx`.
+pub fn service_rules(view: &ServiceView, ctx: &NodeContext) -> ServiceRules {
     let mut rules = ServiceRules::default();
     for pf in policy::port_families(view, &ctx.nodeport_addresses) {
         PortRenderer { pf: &pf, ctx, rules: &mut rules }.render();
@@ -100,7 +76,7 @@ pub fn service_rules(view: &ServiceView, ctx: &ServiceContext) -> ServiceRules {
 
 struct PortRenderer<'a> {
     pf: &'a PortFamily<'a>,
-    ctx: &'a ServiceContext,
+    ctx: &'a NodeContext,
     rules: &'a mut ServiceRules,
 }
 
@@ -110,7 +86,7 @@ impl PortRenderer<'_> {
     }
 
     fn local_cidrs(&self) -> Vec<IpNet> {
-        self.ctx.local_cidrs.iter().filter(|c| Family::of_net(c) == self.pf.family).copied().collect()
+        self.ctx.local.of_family(self.pf.family)
     }
 
     fn render(mut self) {
@@ -315,7 +291,7 @@ mod tests {
     #[test]
     fn a_cluster_ip_picks_with_kube_proxy_probabilities() {
         let rules =
-            service_rules(&view(&["10.244.0.1", "10.244.0.2", "10.244.0.3"]), &ServiceContext::default());
+            service_rules(&view(&["10.244.0.1", "10.244.0.2", "10.244.0.3"]), &NodeContext::default());
         assert_eq!(rules.shared.len(), 1);
         let jump = &rules.shared[0].1;
         assert_eq!(jump.chain, "KPX-SERVICES");
@@ -335,7 +311,7 @@ mod tests {
 
     #[test]
     fn no_endpoints_is_a_reject_rule_in_the_filter_table() {
-        let rules = service_rules(&view(&[]), &ServiceContext::default());
+        let rules = service_rules(&view(&[]), &NodeContext::default());
         assert_eq!(rules.shared.len(), 1);
         assert_eq!(rules.shared[0].1.table, Table::Filter);
         assert!(rules.shared[0].1.spec.ends_with("-j REJECT"));
@@ -348,11 +324,7 @@ mod tests {
         v.external_traffic_local = true;
         v.ports[0].node_port = Some(30080);
         v.ports[0].local_endpoints = vec![v.ports[0].endpoints[0].clone()];
-        let ctx = ServiceContext {
-            nodeport_addresses: vec!["10.0.0.1".parse().expect("ip")],
-            local_cidrs: vec!["10.244.0.0/16".parse().expect("cidr")],
-            ..Default::default()
-        };
+        let ctx = crate::backend::fixtures::node_context();
         let rules = service_rules(&v, &ctx);
         let np = rules.shared.iter().find(|(_, r)| r.chain == "KPX-NODEPORTS").expect("nodeport rule");
         assert!(

@@ -3,21 +3,13 @@
 use ipnet::IpNet;
 
 use super::names::{self, DROP_MARK, MASQ_MARK};
-use super::service::Table;
-use crate::backend::Family;
+use crate::backend::xtables::{Hook, Table};
 
 /// A fixed chain and its rules.
 pub struct FixedChain {
     pub table: Table,
     pub name: &'static str,
     pub rules: Vec<String>,
-}
-
-/// A jump from a built-in chain into kpx's.
-pub struct Hook {
-    pub table: Table,
-    pub builtin: &'static str,
-    pub spec: &'static str,
 }
 
 pub const HOOKS: [Hook; 6] = [
@@ -54,8 +46,7 @@ pub const HOOKS: [Hook; 6] = [
 ];
 
 /// The fixed chains of one family; `local_cidrs` are the pod CIDRs of that family.
-pub fn fixed_chains(family: Family, local_cidrs: &[IpNet]) -> Vec<FixedChain> {
-    let _ = family;
+pub fn fixed_chains(local_cidrs: &[IpNet]) -> Vec<FixedChain> {
     let chain = |table, name, rules: Vec<String>| FixedChain { table, name, rules };
     let mut masq_nonlocal: Vec<String> = local_cidrs.iter().map(|c| format!("-s {c} -j RETURN")).collect();
     masq_nonlocal.push(format!("-j {}", names::MARK_MASQ));

@@ -2,12 +2,12 @@
 //! Service addresses on the dummy interface `kpx-ipvs0`, and the ipset members and few
 //! iptables rules for what IPVS cannot do (masquerade, source ranges, policy-Local drops).
 //!
-//! An apply changes only what the changed Services touch (the [`Table`] says what); a full
-//! sync reconciles with the kernel: it reads the IPVS table and changes what differs (a
-//! restart neither flushes nor cuts traffic), swaps every set in whole and rewrites kpx's
-//! chains. Destinations that go away are drained: weight 0 (no new connections), removed
-//! once IPVS counts no connection on them or after the drain grace ([`Backend::housekeeping`]);
-//! UDP ones are removed at once (nothing to drain).
+//! An apply changes only what the changed Services touch (the [`Programmed`] table says
+//! what); a full sync reconciles with the kernel: it reads the IPVS table and changes what
+//! differs (a restart neither flushes nor cuts traffic), swaps every set in whole and
+//! rewrites kpx's chains. Destinations that go away are drained: weight 0 (no new
+//! connections), removed once IPVS counts no connection on them or after the drain grace
+//! ([`Backend::housekeeping`]); UDP ones are removed at once (nothing to drain).
 //!
 //! Kernel order of an apply: new set members and addresses first, then IPVS, then the
 //! members and addresses that went away, so no packet meets a virtual service its rules do
@@ -17,15 +17,22 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use kpx_proto::types::Protocol;
+
 use super::chains::{self, ChainInputs};
 use super::desired::{piece, Context, Piece};
-use super::ipset::{self, IpsetProcess, SetRole};
-use super::netlink::{Destination, IpvsError, IpvsSocket, ServiceKey, VirtualService, PROTO_UDP};
-use super::table::{Changes, Delta, Table};
-use crate::backend::iptables::{ruleset, IptablesMode, IptablesProcess, RestoreRunner};
-use crate::backend::{Backend, BackendError, Family, ProxyOptions};
+use super::ipset::{self, SetRole};
+use super::programmed::{Changes, Delta, Programmed};
+use crate::backend::{xtables, Backend, BackendError, Family, NodeContext};
+use crate::exec::conntrack::{FlowFilter, SharedConntrack};
+use crate::exec::ipset::{Ipset, IpsetProcess};
+use crate::exec::iptables::{Flavour, Iptables, IptablesProcess};
+use crate::exec::ipvs::{
+    Destination, Ipvs, IpvsError, NetlinkIpvs, ServiceKey, VirtualService, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
+};
+use crate::exec::links::{IpProcess, Links};
+use crate::exec::sysctl::{ProcSys, Sysctl};
 use crate::state::{ChangeSet, NodeState};
-use kpx_proto::types::Protocol;
 
 /// The dummy interface that carries Service addresses.
 pub const INTERFACE: &str = "kpx-ipvs0";
@@ -37,88 +44,49 @@ pub struct IpvsOptions {
     pub scheduler: String,
     /// How long a removed destination may keep its connections before it is deleted.
     pub drain_grace: Duration,
-    pub iptables_mode: IptablesMode,
+}
+
+/// The kernel facilities the IPVS backend drives.
+pub struct IpvsKernel {
+    pub ipvs: Box<dyn Ipvs>,
+    pub ipset: Box<dyn Ipset>,
+    pub iptables: Box<dyn Iptables>,
+    pub links: Box<dyn Links>,
+    pub sysctl: Box<dyn Sysctl>,
+    pub conntrack: SharedConntrack,
+}
+
+impl IpvsKernel {
+    /// The node's own kernel: IPVS over generic netlink, the `ipset`, `iptables` (of
+    /// `flavour`) and `ip` tools, `/proc/sys`.
+    pub fn system(flavour: Flavour, conntrack: SharedConntrack) -> Self {
+        IpvsKernel {
+            ipvs: Box::new(NetlinkIpvs::default()),
+            ipset: Box::new(IpsetProcess),
+            iptables: Box::new(IptablesProcess { flavour }),
+            links: Box::new(IpProcess),
+            sysctl: Box::new(ProcSys),
+            conntrack,
+        }
+    }
 }
 
 pub struct IpvsBackend {
-    options: ProxyOptions,
-    ipvs_options: IpvsOptions,
-    iptables: IptablesProcess,
-    ipset: IpsetProcess,
-    socket: Option<IpvsSocket>,
+    options: IpvsOptions,
+    kernel: IpvsKernel,
     /// What is programmed; `None` before the first full sync and after a failure.
-    table: Option<Table>,
+    programmed: Option<Programmed>,
     context: Context,
     chains: BTreeMap<Family, ChainInputs>,
     /// Destinations at weight 0, waiting for their connections to end: since when.
     draining: BTreeMap<(ServiceKey, IpAddr, u16), Instant>,
 }
 
-fn refused(e: IpvsError) -> BackendError {
-    BackendError::Refused { tool: "ipvs", message: e.to_string() }
-}
-
-/// Runs `ip ARGS`, feeding `input` (for `-batch -`).
-fn ip(args: &[&str], input: Option<&str>) -> Result<String, BackendError> {
-    crate::backend::tool::run("ip", "ip", args, input)
-}
-
-/// The addresses `kpx-ipvs0` has (none when it does not exist).
-fn bound_addresses() -> BTreeSet<IpAddr> {
-    let Ok(text) = ip(&["-o", "addr", "show", "dev", INTERFACE], None) else { return BTreeSet::new() };
-    text.lines()
-        // The kernel's own link-local address is not ours.
-        .filter(|line| !line.contains("scope link"))
-        .filter_map(|line| {
-            let mut words = line.split_whitespace();
-            words.find(|w| *w == "inet" || *w == "inet6")?;
-            words.next()?.split('/').next()?.parse().ok()
-        })
-        .collect()
-}
-
-fn host_prefix(address: &IpAddr) -> String {
-    match address {
-        IpAddr::V4(a) => format!("{a}/32"),
-        IpAddr::V6(a) => format!("{a}/128"),
-    }
-}
-
-/// Binds `add` to the interface and releases `remove`, in one `ip -batch`.
-fn rebind(add: &BTreeSet<IpAddr>, remove: &BTreeSet<IpAddr>) -> Result<(), BackendError> {
-    let mut batch = String::new();
-    for a in add {
-        let nodad = if a.is_ipv6() { " nodad" } else { "" };
-        batch.push_str(&format!("addr replace {} dev {INTERFACE}{nodad}\n", host_prefix(a)));
-    }
-    for a in remove {
-        batch.push_str(&format!("addr del {} dev {INTERFACE}\n", host_prefix(a)));
-    }
-    if batch.is_empty() {
-        return Ok(());
-    }
-    ip(&["-batch", "-"], Some(&batch)).map(drop)
-}
-
-fn ensure_interface() -> Result<(), BackendError> {
-    if ip(&["link", "show", "dev", INTERFACE], None).is_err() {
-        ip(&["link", "add", INTERFACE, "type", "dummy"], None)?;
-    }
-    ip(&["link", "set", INTERFACE, "up"], None).map(drop)
-}
-
-/// IPVS settings of the node's namespace (present once ip_vs is loaded, which opening the
-/// socket does): IPVS keeps conntrack entries, so iptables can masquerade what it forwards;
+/// IPVS settings of the node's namespace (present once ip_vs is loaded, which talking to
+/// IPVS does): IPVS keeps conntrack entries, so iptables can masquerade what it forwards;
 /// a packet of a connection whose destination was removed expires that connection, so it
 /// is scheduled again (a UDP client that keeps its socket reaches a live endpoint).
-fn set_sysctls() -> Result<(), BackendError> {
-    for (name, value) in [("conntrack", "1"), ("expire_nodest_conn", "1")] {
-        let path = format!("/proc/sys/net/ipv4/vs/{name}");
-        std::fs::write(&path, value)
-            .map_err(|source| BackendError::Spawn { tool: "sysctl net.ipv4.vs", source })?;
-    }
-    Ok(())
-}
+const SYSCTLS: [(&str, &str); 2] = [("net.ipv4.vs.conntrack", "1"), ("net.ipv4.vs.expire_nodest_conn", "1")];
 
 /// The entry points named in kpx's sets as `ipset save` shows them (what an earlier run
 /// programmed, NodePorts on node addresses included).
@@ -138,9 +106,9 @@ fn keys_in_sets(saved: &str) -> BTreeSet<ServiceKey> {
             let (address, rest) = words.next()?.split_once(',')?;
             let (proto, port) = rest.split_once(':')?;
             let protocol = match proto {
-                "tcp" => super::netlink::PROTO_TCP,
+                "tcp" => PROTO_TCP,
                 "udp" => PROTO_UDP,
-                "sctp" => super::netlink::PROTO_SCTP,
+                "sctp" => PROTO_SCTP,
                 _ => return None,
             };
             Some(ServiceKey { address: address.parse().ok()?, protocol, port: port.parse().ok()? })
@@ -148,44 +116,20 @@ fn keys_in_sets(saved: &str) -> BTreeSet<ServiceKey> {
         .collect()
 }
 
+fn chain_inputs(context: &NodeContext, family: Family) -> ChainInputs {
+    ChainInputs { masquerade_all: context.masquerade_all, local_cidrs: context.local.of_family(family) }
+}
+
 impl IpvsBackend {
-    pub fn new(options: ProxyOptions, ipvs_options: IpvsOptions) -> Self {
-        let mode = ipvs_options.iptables_mode.resolve();
-        tracing::info!(
-            ?mode,
-            scheduler = ipvs_options.scheduler,
-            "IPVS backend; iptables flavour for its rules"
-        );
+    pub fn new(options: IpvsOptions, kernel: IpvsKernel) -> Self {
+        tracing::info!(scheduler = options.scheduler, "IPVS backend");
         IpvsBackend {
             options,
-            ipvs_options,
-            iptables: IptablesProcess { mode },
-            ipset: IpsetProcess,
-            socket: None,
-            table: None,
+            kernel,
+            programmed: None,
             context: Context::default(),
             chains: BTreeMap::new(),
             draining: BTreeMap::new(),
-        }
-    }
-
-    fn socket(&mut self) -> Result<&mut IpvsSocket, BackendError> {
-        if self.socket.is_none() {
-            self.socket = Some(IpvsSocket::open().map_err(refused)?);
-        }
-        self.socket.as_mut().ok_or(BackendError::Refused { tool: "ipvs", message: "no socket".into() })
-    }
-
-    fn chain_inputs(&self, state: &NodeState, family: Family) -> ChainInputs {
-        let node = state.node.as_ref().map(|n| &n.value);
-        ChainInputs {
-            masquerade_all: self.options.masquerade_all,
-            local_cidrs: self
-                .options
-                .local_cidrs(node)
-                .into_iter()
-                .filter(|c| Family::of_net(c) == family)
-                .collect(),
         }
     }
 
@@ -193,55 +137,67 @@ impl IpvsBackend {
         state.services.get(name).map(|v| piece(&v.value, &self.context))
     }
 
+    /// Binds `add` to the interface and releases `remove`.
+    fn rebind(&mut self, add: &BTreeSet<IpAddr>, remove: &BTreeSet<IpAddr>) -> Result<(), BackendError> {
+        Ok(self.kernel.links.rebind(INTERFACE, add, remove)?)
+    }
+
     /// Programs one change; the table already holds its result.
     fn program(&mut self, changes: &Changes) -> Result<(), BackendError> {
         let (adds, _) = ipset::diff_scripts(&Default::default(), &changes.add_members);
-        self.ipset.restore(&adds)?;
-        rebind(&changes.bind, &BTreeSet::new())?;
+        self.kernel.ipset.restore(&adds)?;
+        self.rebind(&changes.bind, &BTreeSet::new())?;
         // A new entry point may have flows from before it existed (a SYN the node routed
         // elsewhere): its retransmission would reach IPVS past the masquerade rules. Gone
         // before IPVS takes the address, such a SYN is refused and the client retries.
         for (_, service, _) in changes.upsert.iter().filter(|(existed, _, _)| !existed) {
             let key = service.key;
             let protocol = match key.protocol {
-                super::netlink::PROTO_UDP => Protocol::Udp,
-                super::netlink::PROTO_SCTP => Protocol::Sctp,
+                PROTO_UDP => Protocol::Udp,
+                PROTO_SCTP => Protocol::Sctp,
                 _ => Protocol::Tcp,
             };
-            crate::conntrack::delete_all_to(key.address, protocol, key.port);
+            let filter = FlowFilter {
+                protocol,
+                ipv6: key.address.is_ipv6(),
+                destination: Some(key.address),
+                port: key.port,
+                nat_to: None,
+            };
+            if let Err(e) = self.kernel.conntrack.delete(&filter) {
+                tracing::warn!(service = %key, error = %e, "cannot delete flows made before the entry point existed; they stay until they time out");
+            }
         }
         for (existed, service, destinations) in &changes.upsert {
-            let ipvs = self.socket()?;
+            let ipvs = &mut self.kernel.ipvs;
             if *existed {
-                ipvs.edit_service(service).map_err(refused)?;
+                ipvs.edit_service(service)?;
             } else {
                 match ipvs.add_service(service) {
-                    Err(IpvsError::Kernel { error, .. }) if error.raw_os_error() == Some(libc::EEXIST) => {
-                        ipvs.edit_service(service).map_err(refused)?
-                    }
-                    other => other.map_err(refused)?,
+                    Err(e) if e.errno() == Some(libc::EEXIST) => ipvs.edit_service(service)?,
+                    other => other?,
                 }
             }
             self.sync_destinations(&service.key, destinations)?;
         }
         for key in &changes.remove {
-            self.socket()?.delete_service(key).map_err(refused)?;
+            self.kernel.ipvs.delete_service(key)?;
             self.draining.retain(|(k, _, _), _| k != key);
         }
         let (_, deletes) = ipset::diff_scripts(&changes.delete_members, &Default::default());
-        self.ipset.restore(&deletes)?;
-        rebind(&BTreeSet::new(), &changes.unbind)
+        self.kernel.ipset.restore(&deletes)?;
+        self.rebind(&BTreeSet::new(), &changes.unbind)
     }
 
     /// Adds what is missing, sets weights, and takes away what goes: TCP and SCTP
     /// destinations are drained, UDP ones removed at once.
     fn sync_destinations(&mut self, key: &ServiceKey, wanted: &[Destination]) -> Result<(), BackendError> {
-        let ipvs = self.socket()?;
-        let current = ipvs.destinations(key).map_err(refused)?;
+        let ipvs = &mut self.kernel.ipvs;
+        let current = ipvs.destinations(key)?;
         for d in wanted {
             match current.iter().find(|c| (c.address, c.port) == (d.address, d.port)) {
-                None => ipvs.add_destination(key, d).map_err(refused)?,
-                Some(c) if c.weight != d.weight => ipvs.edit_destination(key, d).map_err(refused)?,
+                None => ipvs.add_destination(key, d)?,
+                Some(c) if c.weight != d.weight => ipvs.edit_destination(key, d)?,
                 Some(_) => {}
             }
         }
@@ -249,9 +205,9 @@ impl IpvsBackend {
         for c in current.iter().filter(|c| !wanted.iter().any(|d| (d.address, d.port) == (c.address, c.port)))
         {
             if c.active + c.inactive == 0 || key.protocol == PROTO_UDP {
-                ipvs.delete_destination(key, c).map_err(refused)?;
+                ipvs.delete_destination(key, c)?;
             } else if c.weight != 0 {
-                ipvs.edit_destination(key, &Destination { weight: 0, ..c.clone() }).map_err(refused)?;
+                ipvs.edit_destination(key, &Destination { weight: 0, ..c.clone() })?;
                 started.push((*key, c.address, c.port));
             } else {
                 started.push((*key, c.address, c.port));
@@ -265,37 +221,40 @@ impl IpvsBackend {
         Ok(())
     }
 
-    fn full(&mut self, desired: &NodeState) -> Result<(), BackendError> {
-        let previous = self.table.take();
-        self.context = Context::new(desired, &self.options, &self.ipvs_options.scheduler);
-        let mut table = Table::default();
+    fn full(&mut self, desired: &NodeState, context: &NodeContext) -> Result<(), BackendError> {
+        let previous = self.programmed.take();
+        self.context = Context::new(context, &self.options.scheduler);
+        let mut table = Programmed::default();
         let mut delta = Delta::default();
         for (name, view) in &desired.services {
             table.set(name, Some(piece(&view.value, &self.context)), &mut delta);
         }
         drop(delta);
 
-        ensure_interface()?;
-        let was_bound = bound_addresses();
+        self.kernel.links.ensure_dummy(INTERFACE)?;
+        let was_bound = self.kernel.links.addresses(INTERFACE)?;
         let wanted = table.addresses();
-        rebind(&wanted.difference(&was_bound).copied().collect(), &BTreeSet::new())?;
-        let in_sets = keys_in_sets(&self.ipset.save()?);
-        self.ipset.restore(&ipset::swap_script(&table.members()))?;
+        self.rebind(&wanted.difference(&was_bound).copied().collect(), &BTreeSet::new())?;
+        let in_sets = keys_in_sets(&self.kernel.ipset.save()?);
+        self.kernel.ipset.restore(&ipset::swap_script(&table.members()))?;
+        self.chains.clear();
         for family in Family::ALL {
-            let inputs = self.chain_inputs(desired, family);
-            let saved = self.iptables.save(family)?;
-            self.iptables.restore(family, &chains::script(family, &inputs, Some(&saved)))?;
+            let inputs = chain_inputs(context, family);
+            let saved = self.kernel.iptables.save(family)?;
+            self.kernel.iptables.restore(family, &chains::script(family, &inputs, Some(&saved)))?;
             self.chains.insert(family, inputs);
         }
-        self.socket = None;
-        let current = self.socket()?.services().map_err(refused)?;
-        set_sysctls()?;
+        self.kernel.ipvs.reset();
+        let current = self.kernel.ipvs.services()?;
+        for (name, value) in SYSCTLS {
+            self.kernel.sysctl.set(name, value)?;
+        }
         let services: Vec<(VirtualService, Vec<Destination>)> = table.services().cloned().collect();
         for (service, destinations) in &services {
-            let ipvs = self.socket()?;
+            let ipvs = &mut self.kernel.ipvs;
             match current.iter().find(|s| s.key == service.key) {
-                None => ipvs.add_service(service).map_err(refused)?,
-                Some(existing) if existing != service => ipvs.edit_service(service).map_err(refused)?,
+                None => ipvs.add_service(service)?,
+                Some(existing) if existing != service => ipvs.edit_service(service)?,
                 Some(_) => {}
             }
             self.sync_destinations(&service.key, destinations)?;
@@ -306,13 +265,21 @@ impl IpvsBackend {
                 || in_sets.contains(key)
                 || was_bound.contains(&key.address)
         };
-        for stale in current.iter().filter(|s| !table.owns(&s.key) && ours(&s.key)) {
-            self.socket()?.delete_service(&stale.key).map_err(refused)?;
-            self.draining.retain(|(k, _, _), _| *k != stale.key);
+        let stale: Vec<ServiceKey> =
+            current.iter().filter(|s| !table.owns(&s.key) && ours(&s.key)).map(|s| s.key).collect();
+        for key in stale {
+            self.kernel.ipvs.delete_service(&key)?;
+            self.draining.retain(|(k, _, _), _| *k != key);
         }
-        rebind(&BTreeSet::new(), &was_bound.difference(&wanted).copied().collect())?;
-        self.table = Some(table);
+        self.rebind(&BTreeSet::new(), &was_bound.difference(&wanted).copied().collect())?;
+        self.programmed = Some(table);
         Ok(())
+    }
+
+    /// Forgets what is programmed after a failure: the next apply is a full sync.
+    fn forget(&mut self) {
+        self.programmed = None;
+        self.kernel.ipvs.reset();
     }
 }
 
@@ -321,16 +288,23 @@ impl Backend for IpvsBackend {
         "ipvs"
     }
 
-    fn apply(&mut self, desired: &NodeState, changes: &ChangeSet) -> Result<(), BackendError> {
-        let context = Context::new(desired, &self.options, &self.ipvs_options.scheduler);
+    fn apply(
+        &mut self,
+        desired: &NodeState,
+        context: &NodeContext,
+        changes: &ChangeSet,
+    ) -> Result<(), BackendError> {
         let chains_same =
-            Family::ALL.into_iter().all(|f| self.chains.get(&f) == Some(&self.chain_inputs(desired, f)));
-        if self.table.is_none() || context != self.context || !chains_same {
-            return self.full_sync(desired);
+            Family::ALL.into_iter().all(|f| self.chains.get(&f) == Some(&chain_inputs(context, f)));
+        if self.programmed.is_none()
+            || Context::new(context, &self.options.scheduler) != self.context
+            || !chains_same
+        {
+            return self.full_sync(desired, context);
         }
         let pieces: Vec<(&String, Option<Piece>)> =
             changes.services.iter().map(|name| (name, self.piece(desired, name))).collect();
-        let Some(table) = self.table.as_mut() else { return self.full_sync(desired) };
+        let Some(table) = self.programmed.as_mut() else { return self.full_sync(desired, context) };
         let mut delta = Delta::default();
         for (name, piece) in pieces {
             table.set(name, piece, &mut delta);
@@ -339,37 +313,31 @@ impl Backend for IpvsBackend {
         if changes.is_empty() {
             return Ok(());
         }
-        self.program(&changes).inspect_err(|_| {
-            self.table = None;
-            self.socket = None;
-        })
+        self.program(&changes).inspect_err(|_| self.forget())
     }
 
-    fn full_sync(&mut self, desired: &NodeState) -> Result<(), BackendError> {
-        self.full(desired).inspect_err(|_| {
-            self.table = None;
-            self.socket = None;
-        })
+    fn full_sync(&mut self, desired: &NodeState, context: &NodeContext) -> Result<(), BackendError> {
+        self.full(desired, context).inspect_err(|_| self.forget())
     }
 
     fn housekeeping(&mut self) -> Result<(), BackendError> {
         if self.draining.is_empty() {
             return Ok(());
         }
-        let grace = self.ipvs_options.drain_grace;
+        let grace = self.options.drain_grace;
         let keys: BTreeSet<ServiceKey> = self.draining.keys().map(|(k, _, _)| *k).collect();
         for key in keys {
-            let current = match self.socket()?.destinations(&key) {
+            let current = match self.kernel.ipvs.destinations(&key) {
                 Ok(c) => c,
-                Err(IpvsError::Kernel { .. }) => Vec::new(), // the virtual service is gone
-                Err(e) => return Err(refused(e)),
+                Err(e) if e.errno().is_some() => Vec::new(), // the virtual service is gone
+                Err(e) => return Err(e.into()),
             };
             let waiting: Vec<((ServiceKey, IpAddr, u16), Instant)> =
                 self.draining.iter().filter(|((k, _, _), _)| *k == key).map(|(d, t)| (*d, *t)).collect();
             for (id @ (_, address, port), since) in waiting {
                 match current.iter().find(|c| (c.address, c.port) == (address, port)) {
                     Some(c) if c.weight == 0 && (c.active + c.inactive == 0 || since.elapsed() >= grace) => {
-                        self.socket()?.delete_destination(&key, c).map_err(refused)?;
+                        self.kernel.ipvs.delete_destination(&key, c)?;
                         tracing::debug!(service = %key, destination = %address, "drained destination removed");
                         self.draining.remove(&id);
                     }
@@ -384,32 +352,34 @@ impl Backend for IpvsBackend {
     }
 
     fn cleanup(&mut self) -> Result<(), BackendError> {
-        let bound = bound_addresses();
-        let in_sets = keys_in_sets(&self.ipset.save()?);
+        let bound = self.kernel.links.addresses(INTERFACE)?;
+        let in_sets = keys_in_sets(&self.kernel.ipset.save()?);
+        let programmed = self.programmed.take();
         let owned = |key: &ServiceKey| {
-            self.table.as_ref().is_some_and(|t| t.owns(key))
+            programmed.as_ref().is_some_and(|t| t.owns(key))
                 || in_sets.contains(key)
                 || bound.contains(&key.address)
         };
-        if let Ok(mut ipvs) = IpvsSocket::open() {
-            for s in ipvs.services().map_err(refused)? {
-                if owned(&s.key) {
-                    ipvs.delete_service(&s.key).map_err(refused)?;
+        match self.kernel.ipvs.services() {
+            Ok(services) => {
+                for s in services.iter().filter(|s| owned(&s.key)) {
+                    self.kernel.ipvs.delete_service(&s.key)?;
                 }
             }
+            // A kernel without IPVS has no virtual services of kpx's to remove.
+            Err(IpvsError::NoIpvs | IpvsError::Socket(_)) => {}
+            Err(e) => return Err(e.into()),
         }
         for family in Family::ALL {
-            let script = ruleset::cleanup_script(&self.iptables.save(family)?, chains::PREFIX);
+            let script = xtables::cleanup_script(&self.kernel.iptables.save(family)?, chains::PREFIX);
             if !script.is_empty() {
-                self.iptables.restore(family, &script)?;
+                self.kernel.iptables.restore(family, &script)?;
             }
         }
-        self.ipset.restore(&ipset::destroy_script(&self.ipset.names()?))?;
-        if ip(&["link", "show", "dev", INTERFACE], None).is_ok() {
-            ip(&["link", "del", INTERFACE], None)?;
-        }
-        self.table = None;
-        self.socket = None;
+        let sets = self.kernel.ipset.names()?;
+        self.kernel.ipset.restore(&ipset::destroy_script(&sets))?;
+        self.kernel.links.remove(INTERFACE)?;
+        self.forget();
         self.chains.clear();
         self.draining.clear();
         Ok(())
@@ -418,12 +388,11 @@ impl Backend for IpvsBackend {
     /// The IPVS table like `ipvsadm -Ln`, then kpx's sets like `ipset save`, then its
     /// chains like `iptables-save`.
     fn dump(&mut self) -> Result<String, BackendError> {
-        let mut ipvs = IpvsSocket::open().map_err(refused)?;
         let mut out = String::new();
-        for s in ipvs.services().map_err(refused)? {
+        for s in self.kernel.ipvs.services()? {
             let persistent = if s.flags != 0 { format!(" persistent {}", s.timeout) } else { String::new() };
             out.push_str(&format!("{} {}{persistent}\n", s.key, s.scheduler));
-            for d in ipvs.destinations(&s.key).map_err(refused)? {
+            for d in self.kernel.ipvs.destinations(&s.key)? {
                 let at = match d.address {
                     IpAddr::V4(a) => format!("{a}:{}", d.port),
                     IpAddr::V6(a) => format!("[{a}]:{}", d.port),
@@ -434,14 +403,9 @@ impl Backend for IpvsBackend {
                 ));
             }
         }
-        out.push_str(&self.ipset.save()?);
+        out.push_str(&ipset::owned_lines(&self.kernel.ipset.save()?));
         for family in Family::ALL {
-            for line in self.iptables.save(family)?.lines() {
-                if line.starts_with('*') || line.contains(chains::PREFIX) || line == "COMMIT" {
-                    out.push_str(line);
-                    out.push('\n');
-                }
-            }
+            out.push_str(&xtables::owned_lines(&self.kernel.iptables.save(family)?, chains::PREFIX));
         }
         Ok(out)
     }

@@ -15,9 +15,7 @@ use std::fmt::Write as _;
 use ipnet::IpNet;
 
 use super::ipset::{SetName, SetRole};
-use crate::backend::iptables::names::MASQ_MARK;
-use crate::backend::iptables::ruleset::saved_rules;
-use crate::backend::iptables::service::Table;
+use crate::backend::xtables::{missing_hooks, Hook, Table, MASQ_MARK};
 use crate::backend::Family;
 
 /// The prefix of every chain of the IPVS backend.
@@ -28,12 +26,28 @@ const MARK_MASQ: &str = "KPX-IPVS-MARK-MASQ";
 const POSTROUTING: &str = "KPX-IPVS-POSTROUTING";
 const FILTER: &str = "KPX-IPVS-FILTER";
 
-/// A jump from a built-in chain into kpx's: (table, built-in chain, rule).
-const HOOKS: [(Table, &str, &str); 4] = [
-    (Table::Nat, "PREROUTING", "-m comment --comment \"kpx ipvs services\" -j KPX-IPVS-SERVICES"),
-    (Table::Nat, "OUTPUT", "-m comment --comment \"kpx ipvs services\" -j KPX-IPVS-SERVICES"),
-    (Table::Nat, "POSTROUTING", "-m comment --comment \"kpx ipvs postrouting\" -j KPX-IPVS-POSTROUTING"),
-    (Table::Filter, "INPUT", "-m comment --comment \"kpx ipvs firewall\" -j KPX-IPVS-FILTER"),
+/// The jumps from the built-in chains into kpx's.
+const HOOKS: [Hook; 4] = [
+    Hook {
+        table: Table::Nat,
+        builtin: "PREROUTING",
+        spec: "-m comment --comment \"kpx ipvs services\" -j KPX-IPVS-SERVICES",
+    },
+    Hook {
+        table: Table::Nat,
+        builtin: "OUTPUT",
+        spec: "-m comment --comment \"kpx ipvs services\" -j KPX-IPVS-SERVICES",
+    },
+    Hook {
+        table: Table::Nat,
+        builtin: "POSTROUTING",
+        spec: "-m comment --comment \"kpx ipvs postrouting\" -j KPX-IPVS-POSTROUTING",
+    },
+    Hook {
+        table: Table::Filter,
+        builtin: "INPUT",
+        spec: "-m comment --comment \"kpx ipvs firewall\" -j KPX-IPVS-FILTER",
+    },
 ];
 
 /// What the rules depend on.
@@ -90,13 +104,8 @@ pub fn script(family: Family, inputs: &ChainInputs, saved: Option<&str>) -> Stri
         for rule in rules {
             let _ = writeln!(s, "{rule}");
         }
-        for (_, builtin, spec) in HOOKS.iter().filter(|(t, _, _)| *t == table) {
-            let present = saved.is_some_and(|text| {
-                saved_rules(text, table).iter().any(|l| *l == format!("-A {builtin} {spec}"))
-            });
-            if !present {
-                let _ = writeln!(s, "-I {builtin} 1 {spec}");
-            }
+        for insert in missing_hooks(saved, &HOOKS, table) {
+            let _ = writeln!(s, "{insert}");
         }
         let _ = writeln!(s, "COMMIT");
     }

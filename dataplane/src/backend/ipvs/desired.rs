@@ -12,11 +12,10 @@ use kpx_proto::policy::{self, Action, EntryKind, PortFamily};
 use kpx_proto::types::{Endpoint, Protocol, ServiceView};
 
 use super::ipset::{self, SetName, SetRole};
-use super::netlink::{
+use crate::backend::NodeContext;
+use crate::exec::ipvs::{
     Destination, ServiceKey, VirtualService, FLAG_PERSISTENT, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
 };
-use crate::backend::ProxyOptions;
-use crate::state::NodeState;
 
 /// What every Service's piece depends on besides the Service.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -30,11 +29,10 @@ pub struct Context {
 }
 
 impl Context {
-    pub fn new(state: &NodeState, options: &ProxyOptions, scheduler: &str) -> Context {
-        let node = state.node.as_ref().map(|n| &n.value);
+    pub fn new(node: &NodeContext, scheduler: &str) -> Context {
         Context {
-            nodeport_addresses: options.nodeport_addresses(node),
-            node_addresses: node.map(|n| n.addresses.clone()).unwrap_or_default(),
+            nodeport_addresses: node.nodeport_addresses.clone(),
+            node_addresses: node.node_addresses.clone(),
             scheduler: scheduler.to_owned(),
         }
     }
@@ -131,19 +129,9 @@ pub fn piece(view: &ServiceView, ctx: &Context) -> Piece {
 mod tests {
     use super::*;
     use crate::backend::{fixtures, Family};
-    use crate::state::Versioned;
-    use kpx_proto::types::NodeConfig;
 
-    fn with_node(view: &ServiceView) -> Context {
-        let mut state = NodeState::default();
-        state.services.insert(view.resource_name(), Versioned { version: "1".into(), value: view.clone() });
-        let node = NodeConfig {
-            name: "n1".into(),
-            addresses: vec!["10.0.0.1".parse().expect("ip")],
-            ..Default::default()
-        };
-        state.node = Some(Versioned { version: "1".into(), value: node });
-        Context::new(&state, &fixtures::NO, "rr")
+    fn with_node(_view: &ServiceView) -> Context {
+        Context::new(&fixtures::node_context(), "rr")
     }
 
     fn members(p: &Piece, role: SetRole) -> Vec<&str> {

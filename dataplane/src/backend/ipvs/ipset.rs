@@ -1,8 +1,8 @@
 //! The ipsets that tell kpx's few iptables rules (see [`chains`](super::chains)) which
 //! packets IPVS alone cannot handle: one set per role and family, members in ipset's own
 //! text (`10.96.0.10,tcp:80`). A full sync fills a fresh set and swaps it in (atomic per
-//! set); an apply adds and deletes only the members that changed. [`IpsetProcess`] is the
-//! only code that runs `ipset`.
+//! set); an apply adds and deletes only the members that changed. Pure: the scripts go to
+//! [`crate::exec::ipset`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write as _};
@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use kpx_proto::types::Protocol;
 
-use crate::backend::{tool, BackendError, Family};
+use crate::backend::Family;
 
 /// What a set's members are for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -168,34 +168,13 @@ pub fn destroy_script(existing: &[String]) -> String {
     existing.iter().filter(|name| ours.contains(*name)).map(|name| format!("destroy {name}\n")).collect()
 }
 
-/// Runs the `ipset` tool.
-pub struct IpsetProcess;
-
-const TOOL: &str = "ipset";
-
-impl IpsetProcess {
-    /// Feeds `script` to `ipset -exist restore` (adding what is there or deleting what is
-    /// not is no error).
-    pub fn restore(&self, script: &str) -> Result<(), BackendError> {
-        if script.is_empty() {
-            return Ok(());
-        }
-        tool::run(TOOL, TOOL, &["-exist", "restore"], Some(script)).map(drop)
-    }
-
-    /// The names of the sets in the kernel.
-    pub fn names(&self) -> Result<Vec<String>, BackendError> {
-        Ok(tool::run(TOOL, TOOL, &["list", "-n"], None)?.lines().map(str::to_owned).collect())
-    }
-
-    /// `ipset save` of kpx's sets (for `kpxctl rules`).
-    pub fn save(&self) -> Result<String, BackendError> {
-        Ok(tool::run(TOOL, TOOL, &["save"], None)?
-            .lines()
-            .filter(|line| line.split_whitespace().nth(1).is_some_and(|set| set.starts_with(PREFIX)))
-            .map(|line| format!("{line}\n"))
-            .collect())
-    }
+/// The lines of `ipset save` output that are about kpx's sets.
+pub fn owned_lines(saved: &str) -> String {
+    saved
+        .lines()
+        .filter(|line| line.split_whitespace().nth(1).is_some_and(|set| set.starts_with(PREFIX)))
+        .map(|line| format!("{line}\n"))
+        .collect()
 }
 
 #[cfg(test)]

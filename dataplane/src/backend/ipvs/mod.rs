@@ -1,14 +1,14 @@
-//! The IPVS backend: [`netlink`] speaks the kernel's IPVS family, [`desired`] says what
-//! one Service puts into IPVS, [`table`] keeps what is programmed and what a change
-//! touches, [`ipset`] and [`chains`] cover what IPVS cannot do (masquerade, source ranges,
-//! drops), [`backend`] makes the kernel match. Tested inside the VM of
-//! `tests/vm/run-in-vm.sh` (this machine's kernel has no IPVS).
+//! The IPVS backend: [`desired`] says what one Service puts into IPVS, [`programmed`]
+//! keeps what is programmed and what a change touches, [`ipset`] and [`chains`] cover
+//! what IPVS cannot do (masquerade, source ranges, drops), [`backend`] makes the kernel
+//! match through [`crate::exec`] (IPVS over generic netlink, ipset, iptables, `ip`).
+//! Tested over the fakes here and inside the VM of `tests/vm/run-in-vm.sh` (this
+//! machine's kernel has no IPVS).
 
 pub mod backend;
 pub mod chains;
 pub mod desired;
 pub mod ipset;
-pub mod netlink;
-pub mod table;
+pub mod programmed;
 
-pub use backend::{IpvsBackend, IpvsOptions};
+pub use backend::{IpvsBackend, IpvsKernel, IpvsOptions};

@@ -5,80 +5,80 @@
 //! [`render`] names the table's sets and maps, [`skeleton`] writes its fixed
 //! chains, [`service`] turns a Service into the elements it needs and
 //! [`affinity`] into its session-affinity chains (all pure, tested as text);
-//! [`ruleset`] keeps what is programmed and diffs it into one transaction;
-//! [`runner`] is the only code that touches the kernel.
+//! [`ruleset`] keeps what is programmed and diffs it into one transaction,
+//! which [`crate::exec::nft`] runs.
 
 pub mod affinity;
-pub mod library;
 pub mod render;
 pub mod ruleset;
-pub mod runner;
 pub mod service;
 pub mod skeleton;
 
-pub use library::NftLibrary;
-pub use runner::{NftProcess, NftRunner};
-
-use crate::backend::{Backend, BackendError, ProxyOptions};
+use crate::backend::{Backend, BackendError, NodeContext};
+use crate::exec::nft::Nft;
 use crate::state::{ChangeSet, NodeState};
 
 use ruleset::Programmed;
 
-pub struct NftablesBackend<R: NftRunner> {
-    runner: R,
-    options: ProxyOptions,
+pub struct NftablesBackend {
+    nft: Box<dyn Nft>,
     /// What the kernel holds, as far as we know; `None` after a failure or before the first sync.
     programmed: Option<Programmed>,
 }
 
-impl<R: NftRunner> NftablesBackend<R> {
-    pub fn new(runner: R, options: ProxyOptions) -> Self {
-        NftablesBackend { runner, options, programmed: None }
+impl NftablesBackend {
+    pub fn new(nft: Box<dyn Nft>) -> Self {
+        NftablesBackend { nft, programmed: None }
     }
 }
 
-impl<R: NftRunner + Send> Backend for NftablesBackend<R> {
+impl Backend for NftablesBackend {
     fn name(&self) -> &'static str {
         "nftables"
     }
 
-    fn apply(&mut self, desired: &NodeState, changes: &ChangeSet) -> Result<(), BackendError> {
+    fn apply(
+        &mut self,
+        desired: &NodeState,
+        context: &NodeContext,
+        changes: &ChangeSet,
+    ) -> Result<(), BackendError> {
         let Some(programmed) = self.programmed.as_mut() else {
-            return self.full_sync(desired);
+            return self.full_sync(desired, context);
         };
-        let plan = programmed.plan(desired, changes, &self.options);
+        let plan = programmed.plan(desired, context, changes);
         if plan.needs_full_sync {
-            return self.full_sync(desired);
+            return self.full_sync(desired, context);
         }
         if plan.is_empty() {
             return Ok(());
         }
-        match self.runner.run(&plan.script) {
+        match self.nft.run(&plan.script) {
             Ok(()) => {
                 programmed.commit(plan);
                 Ok(())
             }
             Err(e) => {
                 self.programmed = None;
-                Err(e)
+                Err(e.into())
             }
         }
     }
 
-    fn full_sync(&mut self, desired: &NodeState) -> Result<(), BackendError> {
-        let (programmed, script) = Programmed::full(desired, &self.options);
+    fn full_sync(&mut self, desired: &NodeState, context: &NodeContext) -> Result<(), BackendError> {
+        let (programmed, script) = Programmed::full(desired, context);
         self.programmed = None;
-        self.runner.run(&script)?;
+        self.nft.run(&script)?;
         self.programmed = Some(programmed);
         Ok(())
     }
 
     fn cleanup(&mut self) -> Result<(), BackendError> {
         self.programmed = None;
-        self.runner.run(&render::cleanup_script())
+        Ok(self.nft.run(&render::cleanup_script())?)
     }
 
     fn dump(&mut self) -> Result<String, BackendError> {
-        self.runner.list_table()
+        Ok(self.nft.list_table()?)
     }
 }

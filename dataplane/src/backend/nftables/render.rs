@@ -25,8 +25,7 @@
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-pub const FAMILY: &str = "inet";
-pub const TABLE: &str = "kpx";
+pub use crate::exec::nft::{FAMILY, TABLE};
 
 /// The packet mark bit that asks nat-postrouting to masquerade.
 pub const MASQUERADE_MARK: u32 = 0x2000;

@@ -1,33 +1,17 @@
 //! What kpx believes its table holds, and the transaction that takes it to a
-//! new desired state. A plan touches only the Services that changed; a change
-//! of what the fixed part depends on (node addresses, pod CIDRs) is a full sync.
+//! new desired state. A plan touches only the Services that changed; another node
+//! context (node addresses, pod CIDRs, `masqueradeAll`) or more endpoints than the pick
+//! chains cover is a full sync.
 
 use std::collections::{BTreeSet, HashMap};
 
-use kpx_proto::types::NodeConfig;
-
 use super::affinity::{self, NftObject};
 use super::render::{self, Element};
-use super::service::{self, ServiceContext, ServiceRules};
-use super::skeleton::{self, TableOptions};
+use super::service::{self, ServiceRules};
+use super::skeleton;
 use crate::backend::owners::Owners;
-use crate::backend::ProxyOptions;
+use crate::backend::NodeContext;
 use crate::state::{ChangeSet, NodeState};
-
-impl ProxyOptions {
-    /// What rendering depends on, given the node's config.
-    fn derive(&self, node: Option<&NodeConfig>, pick_chains: usize) -> (TableOptions, ServiceContext) {
-        let node_addresses = node.map(|n| n.addresses.clone()).unwrap_or_default();
-        let nodeport_addresses = self.nodeport_addresses(node);
-        let table = TableOptions {
-            pick_chains,
-            masquerade_all: self.masquerade_all,
-            local_cidrs: self.local_cidrs(node),
-        };
-        let ctx = ServiceContext { nodeport_addresses, node_addresses, masquerade_all: self.masquerade_all };
-        (table, ctx)
-    }
-}
 
 #[derive(Debug, Default)]
 pub struct Programmed {
@@ -37,8 +21,10 @@ pub struct Programmed {
     owners: Owners,
     /// How many Services use each shared element.
     shared: HashMap<Element, usize>,
-    table: TableOptions,
-    ctx: ServiceContext,
+    /// Pick chains exist for 1..=this many endpoints.
+    pick_chains: usize,
+    /// The node context everything was rendered in.
+    context: NodeContext,
 }
 
 /// A transaction and the bookkeeping to record once the kernel accepted it.
@@ -47,8 +33,8 @@ pub struct Plan {
     pub script: String,
     services: Vec<(String, Option<ServiceRules>)>,
     shared: Vec<(Element, usize)>,
-    /// The fixed part must change (more pick chains, other node addresses or
-    /// pod CIDRs): only a full sync can do that.
+    /// The fixed part must change (more pick chains, another node context): only a full
+    /// sync can do that.
     pub needs_full_sync: bool,
 }
 
@@ -60,20 +46,18 @@ impl Plan {
 
 impl Programmed {
     /// The transaction that replaces kpx's table with one holding `desired`.
-    pub fn full(desired: &NodeState, options: &ProxyOptions) -> (Programmed, String) {
-        let node = desired.node.as_ref().map(|n| &n.value);
-        let (_, ctx) = options.derive(node, 0);
+    pub fn full(desired: &NodeState, context: &NodeContext) -> (Programmed, String) {
         let max_endpoints = desired
             .services
             .values()
-            .map(|s| service::service_rules(&s.value, &ctx).max_endpoints)
+            .map(|s| service::service_rules(&s.value, context).max_endpoints)
             .max()
             .unwrap_or(0);
-        let (table, ctx) = options.derive(node, skeleton::pick_chains_for(max_endpoints));
-        let empty = Programmed { table, ctx, ..Default::default() };
+        let pick_chains = skeleton::pick_chains_for(max_endpoints);
+        let empty = Programmed { pick_chains, context: context.clone(), ..Default::default() };
         let all = ChangeSet { services: desired.services.keys().cloned().collect(), node: false };
-        let plan = empty.plan(desired, &all, options);
-        let mut script = skeleton::skeleton(&empty.table);
+        let plan = empty.plan(desired, context, &all);
+        let mut script = skeleton::skeleton(context, pick_chains);
         script.push_str(&plan.script);
         let mut programmed = empty;
         programmed.commit(plan);
@@ -81,15 +65,11 @@ impl Programmed {
     }
 
     /// The transaction for the Services in `changes`, from what is programmed now.
-    pub fn plan(&self, desired: &NodeState, changes: &ChangeSet, options: &ProxyOptions) -> Plan {
+    pub fn plan(&self, desired: &NodeState, context: &NodeContext, changes: &ChangeSet) -> Plan {
         let mut plan = Plan::default();
-        if changes.node {
-            let (table, ctx) =
-                options.derive(desired.node.as_ref().map(|n| &n.value), self.table.pick_chains);
-            if table != self.table || ctx != self.ctx {
-                plan.needs_full_sync = true;
-                return plan;
-            }
+        if *context != self.context {
+            plan.needs_full_sync = true;
+            return plan;
         }
         let mut deletes: BTreeSet<Element> = BTreeSet::new();
         let mut adds: BTreeSet<Element> = BTreeSet::new();
@@ -105,7 +85,7 @@ impl Programmed {
         for name in &changes.services {
             let old = self.services.get(name);
             let new = desired.services.get(name).map(|s| {
-                let mut rules = service::service_rules(&s.value, &self.ctx);
+                let mut rules = service::service_rules(&s.value, &self.context);
                 let taken = claims.claim(name, &rules.entries);
                 rules
                     .elements
@@ -127,7 +107,7 @@ impl Programmed {
             for e in new.iter().flat_map(|r| &r.shared) {
                 *shared_delta.entry(e.clone()).or_default() += 1;
             }
-            if new.as_ref().is_some_and(|r| r.max_endpoints > self.table.pick_chains) {
+            if new.as_ref().is_some_and(|r| r.max_endpoints > self.pick_chains) {
                 plan.needs_full_sync = true;
             }
             plan.services.push((name.clone(), new));
@@ -180,16 +160,16 @@ impl Programmed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::fixtures::{changed, state, NO};
+    use crate::backend::fixtures::{changed, no_context, state};
 
     #[test]
     fn one_endpoint_change_touches_only_that_service() {
         let before =
             state(&[("a", "10.96.0.1", &["10.0.0.1", "10.0.0.2"]), ("b", "10.96.0.2", &["10.0.0.9"])]);
-        let (mut programmed, _) = Programmed::full(&before, &NO);
+        let (mut programmed, _) = Programmed::full(&before, &no_context());
         let after =
             state(&[("a", "10.96.0.1", &["10.0.0.1", "10.0.0.3"]), ("b", "10.96.0.2", &["10.0.0.9"])]);
-        let plan = programmed.plan(&after, &changed(&["a"]), &NO);
+        let plan = programmed.plan(&after, &no_context(), &changed(&["a"]));
         assert_eq!(
             plan.script,
             "delete element inet kpx endpoints-v4 { 10.96.0.1 . tcp . 80 . 1 }\n\
@@ -198,35 +178,36 @@ mod tests {
              add element inet kpx hairpin-v4 { 10.0.0.3 . 10.0.0.3 }\n"
         );
         programmed.commit(plan);
-        assert!(programmed.plan(&after, &changed(&["a"]), &NO).is_empty(), "nothing left to do");
+        assert!(programmed.plan(&after, &no_context(), &changed(&["a"])).is_empty(), "nothing left to do");
     }
 
     #[test]
     fn shared_hairpin_elements_are_counted_and_pick_chains_made_with_the_table() {
-        let (mut programmed, script) = Programmed::full(&state(&[("a", "10.96.0.1", &["10.0.0.1"])]), &NO);
+        let (mut programmed, script) =
+            Programmed::full(&state(&[("a", "10.96.0.1", &["10.0.0.1"])]), &no_context());
         assert!(script.contains("add chain inet kpx pick-v4-1\n"));
         assert!(script.contains("add chain inet kpx pick-v6-32\n"));
         let both = state(&[("a", "10.96.0.1", &["10.0.0.1"]), ("b", "10.96.0.2", &["10.0.0.1"])]);
-        let plan = programmed.plan(&both, &changed(&["b"]), &NO);
+        let plan = programmed.plan(&both, &no_context(), &changed(&["b"]));
         assert!(!plan.script.contains("hairpin"), "already there: {}", plan.script);
         assert!(!plan.script.contains("add chain"), "pick-v4-1 exists: {}", plan.script);
         programmed.commit(plan);
         let only_b = state(&[("b", "10.96.0.2", &["10.0.0.1"])]);
-        let plan = programmed.plan(&only_b, &changed(&["a"]), &NO);
+        let plan = programmed.plan(&only_b, &no_context(), &changed(&["a"]));
         assert!(!plan.script.contains("hairpin"), "still used by b: {}", plan.script);
         programmed.commit(plan);
-        let plan = programmed.plan(&NodeState::default(), &changed(&["b"]), &NO);
+        let plan = programmed.plan(&NodeState::default(), &no_context(), &changed(&["b"]));
         assert!(plan.script.contains("delete element inet kpx hairpin-v4 { 10.0.0.1 . 10.0.0.1 }"));
     }
 
     #[test]
     fn an_address_used_twice_is_programmed_once() {
         let both = state(&[("a", "10.96.0.1", &["10.0.0.1"]), ("b", "10.96.0.1", &["10.0.0.2"])]);
-        let (mut programmed, script) = Programmed::full(&both, &NO);
+        let (mut programmed, script) = Programmed::full(&both, &no_context());
         assert_eq!(script.matches("10.96.0.1 . tcp . 80 :").count(), 1, "{script}");
         // When the owner goes, the other Service takes the address over once it changes.
         let only_b = state(&[("b", "10.96.0.1", &["10.0.0.2"])]);
-        let plan = programmed.plan(&only_b, &changed(&["a", "b"]), &NO);
+        let plan = programmed.plan(&only_b, &no_context(), &changed(&["a", "b"]));
         assert!(
             plan.script
                 .contains("add element inet kpx endpoints-v4 { 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080 }"),
@@ -238,12 +219,12 @@ mod tests {
 
     #[test]
     fn more_endpoints_than_pick_chains_asks_for_a_full_sync() {
-        let (programmed, _) = Programmed::full(&state(&[("a", "10.96.0.1", &["10.0.0.1"])]), &NO);
+        let (programmed, _) = Programmed::full(&state(&[("a", "10.96.0.1", &["10.0.0.1"])]), &no_context());
         let many: Vec<String> = (1..=40).map(|i| format!("10.0.1.{i}")).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
-        let plan = programmed.plan(&state(&[("a", "10.96.0.1", &many)]), &changed(&["a"]), &NO);
+        let plan = programmed.plan(&state(&[("a", "10.96.0.1", &many)]), &no_context(), &changed(&["a"]));
         assert!(plan.needs_full_sync);
-        let (_, script) = Programmed::full(&state(&[("a", "10.96.0.1", &many)]), &NO);
+        let (_, script) = Programmed::full(&state(&[("a", "10.96.0.1", &many)]), &no_context());
         assert!(script.contains("add chain inet kpx pick-v4-64\n") && !script.contains("pick-v4-65"));
     }
 }

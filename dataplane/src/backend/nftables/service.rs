@@ -3,25 +3,14 @@
 //! addresses) and, for session affinity, chains and sets of its own.
 
 use std::collections::BTreeSet;
-use std::net::IpAddr;
 
+use kpx_proto::node_context::NodeContext;
 use kpx_proto::types::{Endpoint, ServiceView};
 
 use super::affinity::{self, NftObject};
 use super::render::{Collection, Element, Family};
 use super::skeleton::{pick_chain_name, EndpointSet};
 use kpx_proto::policy::{self, Action, EntryKind, PortFamily};
-
-/// What the rendering of a Service depends on besides the Service.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ServiceContext {
-    /// Where NodePorts are open: the node's addresses allowed by `--nodeport-addresses`.
-    pub nodeport_addresses: Vec<IpAddr>,
-    /// All of the node's addresses (a load-balancer IP is reachable from the node when one
-    /// of them is inside the source ranges).
-    pub node_addresses: Vec<IpAddr>,
-    pub masquerade_all: bool,
-}
 
 /// Everything one Service needs in the table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -38,8 +27,8 @@ pub struct ServiceRules {
     pub max_endpoints: usize,
 }
 
-/// The elements and objects a Service needs.
-pub fn service_rules(view: &ServiceView, ctx: &ServiceContext) -> ServiceRules {
+/// The elements and objects a Service needs on a node in `ctx`.
+pub fn service_rules(view: &ServiceView, ctx: &NodeContext) -> ServiceRules {
     let mut rules = ServiceRules::default();
     for pf in policy::port_families(view, &ctx.nodeport_addresses) {
         render_port(&pf, ctx, &mut rules);
@@ -55,7 +44,7 @@ enum Target {
     Affinity(String),
 }
 
-fn render_port(pf: &PortFamily, ctx: &ServiceContext, rules: &mut ServiceRules) {
+fn render_port(pf: &PortFamily, ctx: &NodeContext, rules: &mut ServiceRules) {
     let f = pf.family;
     let cluster_target = target(pf, EndpointSet::Cluster, &pf.cluster, ctx, rules);
     let local_target = target(pf, EndpointSet::Local, &pf.local, ctx, rules);
@@ -102,7 +91,7 @@ fn target(
     pf: &PortFamily,
     set: EndpointSet,
     endpoints: &[&Endpoint],
-    ctx: &ServiceContext,
+    ctx: &NodeContext,
     rules: &mut ServiceRules,
 ) -> Option<Target> {
     if endpoints.is_empty() {
@@ -171,7 +160,7 @@ mod tests {
 
     #[test]
     fn a_cluster_ip_renders_entry_endpoints_and_hairpin() {
-        let rules = service_rules(&view(&["10.244.0.1", "10.244.0.2"]), &ServiceContext::default());
+        let rules = service_rules(&view(&["10.244.0.1", "10.244.0.2"]), &NodeContext::default());
         assert_eq!(
             text(&rules),
             "add element inet kpx service-ips-v4 { 10.96.0.10 . tcp . 80 : goto pick-v4-2 }\n\
@@ -184,10 +173,10 @@ mod tests {
 
     #[test]
     fn no_endpoints_is_rejected_but_internal_local_is_dropped() {
-        let rules = service_rules(&view(&[]), &ServiceContext::default());
+        let rules = service_rules(&view(&[]), &NodeContext::default());
         assert!(text(&rules).contains("add element inet kpx no-endpoints-v4 { 10.96.0.10 . tcp . 80 }"));
         let local = ServiceView { internal_traffic_local: true, ..view(&[]) };
-        let t = text(&service_rules(&local, &ServiceContext::default()));
+        let t = text(&service_rules(&local, &NodeContext::default()));
         assert!(
             t.contains("service-ips-v4 { 10.96.0.10 . tcp . 80 : drop }") && !t.contains("no-endpoints"),
             "{t}"
@@ -201,11 +190,7 @@ mod tests {
         v.external_ips = vec!["192.0.2.1".parse().expect("ip")];
         v.load_balancer_ips = vec!["192.0.2.2".parse().expect("ip"), "2001:db8::2".parse().expect("ip")];
         v.load_balancer_source_ranges = vec!["198.51.100.0/24".parse().expect("cidr")];
-        let ctx = ServiceContext {
-            nodeport_addresses: vec!["10.0.0.1".parse().expect("ip")],
-            node_addresses: vec!["10.0.0.1".parse().expect("ip")],
-            masquerade_all: false,
-        };
+        let ctx = crate::backend::fixtures::node_context();
         let t = text(&service_rules(&v, &ctx));
         assert!(
             t.contains(
@@ -225,10 +210,8 @@ mod tests {
         v.external_traffic_local = true;
         v.ports[0].node_port = Some(30080);
         v.ports[0].local_endpoints = vec![ep("10.244.0.2", "n1")];
-        let ctx = ServiceContext {
-            nodeport_addresses: vec!["10.0.0.1".parse().expect("ip")],
-            ..Default::default()
-        };
+        let ctx =
+            NodeContext { nodeport_addresses: vec!["10.0.0.1".parse().expect("ip")], ..Default::default() };
         let t = text(&service_rules(&v, &ctx));
         assert!(t.contains("external-local-v4 { 10.0.0.1 . tcp . 30080 : goto pick-local-v4-1 }"), "{t}");
         assert!(t.contains("external-local-entries-v4 { 10.0.0.1 . tcp . 30080 }"), "{t}");
@@ -243,7 +226,7 @@ mod tests {
     fn session_affinity_goes_through_chains_of_its_own() {
         let mut v = view(&["10.244.0.1", "10.244.0.2"]);
         v.session_affinity_timeout = Some(30);
-        let rules = service_rules(&v, &ServiceContext::default());
+        let rules = service_rules(&v, &NodeContext::default());
         let t = text(&rules);
         assert!(t.contains("service-ips-v4 { 10.96.0.10 . tcp . 80 : goto sa-"), "{t}");
         assert!(!t.contains("endpoints-v4 {"), "no pick elements: {t}");

@@ -17,20 +17,9 @@
 
 use std::fmt::Write as _;
 
-use ipnet::IpNet;
+use kpx_proto::node_context::NodeContext;
 
 use super::render::{Collection, Element, Family, NftFamily, FAMILY, MASQUERADE_MARK, TABLE};
-
-/// What the fixed part depends on.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct TableOptions {
-    /// Pick chains exist for 1..=this many endpoints.
-    pub pick_chains: usize,
-    /// Masquerade all Service traffic (kube-proxy's `masqueradeAll`).
-    pub masquerade_all: bool,
-    /// Traffic from these prefixes comes from pods (local-traffic detector); empty: unknown.
-    pub local_cidrs: Vec<IpNet>,
-}
 
 /// The least number of pick chains a table is made with.
 pub const MIN_PICK_CHAINS: usize = 32;
@@ -71,8 +60,10 @@ pub fn mark_for_masquerade() -> String {
     format!("meta mark set meta mark | {MASQUERADE_MARK:#x}")
 }
 
-/// Creates the table afresh (replacing any old one) with its sets, maps and chains.
-pub fn skeleton(options: &TableOptions) -> String {
+/// Creates the table afresh (replacing any old one) with its sets, maps and chains, and
+/// pick chains for 1..=`pick_chains` endpoints. What it depends on of the node: the
+/// local-traffic detector and `masqueradeAll`.
+pub fn skeleton(context: &NodeContext, pick_chains: usize) -> String {
     let mut s = String::new();
     let t = format!("{FAMILY} {TABLE}");
     // Adding first makes the delete valid whether or not the table exists; all of it is one transaction.
@@ -83,13 +74,11 @@ pub fn skeleton(options: &TableOptions) -> String {
     for f in Family::ALL {
         declare_collections(&mut s, f);
     }
-    let local_cidrs: Vec<Element> = options
-        .local_cidrs
+    let local_cidrs: Vec<Element> = context
+        .local
+        .cidrs()
         .iter()
-        .map(|c| {
-            let family = if matches!(c, IpNet::V4(_)) { Family::V4 } else { Family::V6 };
-            Element::set(Collection::LocalCidrs(family), c.trunc().to_string())
-        })
+        .map(|c| Element::set(Collection::LocalCidrs(Family::of_net(c)), c.to_string()))
         .collect();
     super::render::element_commands(&mut s, "add", &local_cidrs);
     let _ = writeln!(s, "add chain {t} services");
@@ -98,7 +87,7 @@ pub fn skeleton(options: &TableOptions) -> String {
     for f in Family::ALL {
         let nft = f.nft();
         let entry = format!("{nft} daddr . meta l4proto . th dport");
-        let detector = local_cidrs.iter().any(|e| e.collection.family() == f);
+        let detector = context.local.knows(f);
         let name = |c: Collection| c.name();
         let _ = writeln!(
             s,
@@ -172,8 +161,8 @@ pub fn skeleton(options: &TableOptions) -> String {
     }
     for f in Family::ALL {
         for set in [EndpointSet::Cluster, EndpointSet::Local] {
-            for n in 1..=options.pick_chains {
-                s.push_str(&pick_chain(set, f, n, options.masquerade_all));
+            for n in 1..=pick_chains {
+                s.push_str(&pick_chain(set, f, n, context.masquerade_all));
             }
         }
     }
@@ -233,12 +222,8 @@ mod tests {
 
     #[test]
     fn local_traffic_detection_only_where_cidrs_are_known() {
-        let options = TableOptions {
-            pick_chains: 1,
-            masquerade_all: false,
-            local_cidrs: vec!["10.244.0.0/16".parse().expect("cidr")],
-        };
-        let s = skeleton(&options);
+        let context = crate::backend::fixtures::node_context();
+        let s = skeleton(&context, 1);
         assert!(s.contains("add element inet kpx local-cidrs-v4 { 10.244.0.0/16 }"), "{s}");
         assert!(s.contains(
             "add rule inet kpx services ip saddr != @local-cidrs-v4 ip daddr . meta l4proto . th dport @cluster-entries-v4 meta mark set meta mark | 0x2000"
@@ -249,7 +234,7 @@ mod tests {
         ));
         assert!(s.contains("add chain inet kpx pick-local-v6-1\n") && !s.contains("pick-v4-2"));
         assert!(!s.contains("mark set meta mark | 0x2000 dnat"), "no masquerade-all");
-        let all = skeleton(&TableOptions { masquerade_all: true, ..options });
+        let all = skeleton(&NodeContext { masquerade_all: true, ..context }, 1);
         assert!(all.contains("add rule inet kpx pick-v4-1 meta mark set meta mark | 0x2000 dnat ip to"));
     }
 }

@@ -7,9 +7,8 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
-use super::render::{FAMILY, TABLE};
-use super::runner::NftRunner;
-use crate::backend::BackendError;
+use super::nft::{Nft, FAMILY, TABLE};
+use super::ExecError;
 
 type CtxNew = unsafe extern "C" fn(u32) -> *mut c_void;
 type CtxFree = unsafe extern "C" fn(*mut c_void);
@@ -33,12 +32,25 @@ pub struct NftLibrary {
 // libnftables contexts carry no thread affinity beyond that.
 unsafe impl Send for NftLibrary {}
 
-fn symbol<T: Copy>(handle: *mut c_void, name: &str) -> Result<T, String> {
-    let cname = CString::new(name).map_err(|e| e.to_string())?;
+/// Why libnftables cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("libnftables.so.1 not found")]
+    NotFound,
+    #[error("libnftables has no {0}")]
+    NoSymbol(&'static str),
+    #[error("nft_ctx_new failed")]
+    NoContext,
+    #[error("cannot buffer libnftables output")]
+    NoBuffers,
+}
+
+fn symbol<T: Copy>(handle: *mut c_void, name: &'static str) -> Result<T, OpenError> {
+    let cname = CString::new(name).map_err(|_| OpenError::NoSymbol(name))?;
     // SAFETY: dlsym on a live handle; the caller names a function of the type it asks for.
     let ptr = unsafe { libc::dlsym(handle, cname.as_ptr()) };
     if ptr.is_null() {
-        return Err(format!("libnftables has no {name}"));
+        return Err(OpenError::NoSymbol(name));
     }
     // SAFETY: T is a function pointer type of the same size as a data pointer.
     Ok(unsafe { std::mem::transmute_copy::<*mut c_void, T>(&ptr) })
@@ -46,12 +58,12 @@ fn symbol<T: Copy>(handle: *mut c_void, name: &str) -> Result<T, String> {
 
 impl NftLibrary {
     /// Opens `libnftables.so.1` and a context with buffered output and errors.
-    pub fn open() -> Result<NftLibrary, String> {
-        let name = CString::new("libnftables.so.1").map_err(|e| e.to_string())?;
+    pub fn open() -> Result<NftLibrary, OpenError> {
+        let name = c"libnftables.so.1";
         // SAFETY: dlopen with a constant library name.
         let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
         if handle.is_null() {
-            return Err("libnftables.so.1 not found".into());
+            return Err(OpenError::NotFound);
         }
         match Self::with_handle(handle) {
             Ok(lib) => Ok(lib),
@@ -64,7 +76,7 @@ impl NftLibrary {
     }
 
     /// Resolves the functions and creates the context; the handle is the caller's to close on error.
-    fn with_handle(handle: *mut c_void) -> Result<NftLibrary, String> {
+    fn with_handle(handle: *mut c_void) -> Result<NftLibrary, OpenError> {
         let new: CtxNew = symbol(handle, "nft_ctx_new")?;
         let buffer_output: CtxBuffer = symbol(handle, "nft_ctx_buffer_output")?;
         let buffer_error: CtxBuffer = symbol(handle, "nft_ctx_buffer_error")?;
@@ -75,24 +87,22 @@ impl NftLibrary {
         // SAFETY: functions resolved from the library; flags 0 is NFT_CTX_DEFAULT.
         let ctx = unsafe { new(0) };
         if ctx.is_null() {
-            return Err("nft_ctx_new failed".into());
+            return Err(OpenError::NoContext);
         }
         // SAFETY: a valid context.
         if unsafe { buffer_output(ctx) != 0 || buffer_error(ctx) != 0 } {
             // SAFETY: the context was just created and is not used after this.
             unsafe { free(ctx) };
-            return Err("cannot buffer libnftables output".into());
+            return Err(OpenError::NoBuffers);
         }
         // Built once, complete: dropping it frees the context and closes the library.
         Ok(NftLibrary { handle, ctx, free, output, error, run_cmd })
     }
 
     /// Runs a script; returns (ok, output, error text).
-    fn command(&mut self, script: &str) -> Result<(bool, String, String), BackendError> {
-        let text = CString::new(script).map_err(|_| BackendError::Refused {
-            tool: TOOL,
-            message: "the script contains a NUL byte".into(),
-        })?;
+    fn command(&mut self, script: &str) -> Result<(bool, String, String), ExecError> {
+        let text =
+            CString::new(script).map_err(|_| ExecError::refused(TOOL, "the script contains a NUL byte"))?;
         // SAFETY: a valid context and a NUL-terminated script; the buffers returned are owned
         // by the context and valid until the next command, and copied before that.
         unsafe {
@@ -121,16 +131,16 @@ impl Drop for NftLibrary {
     }
 }
 
-impl NftRunner for NftLibrary {
-    fn run(&mut self, script: &str) -> Result<(), BackendError> {
+impl Nft for NftLibrary {
+    fn run(&mut self, script: &str) -> Result<(), ExecError> {
         let (ok, _, error) = self.command(script)?;
         if ok {
             return Ok(());
         }
-        Err(BackendError::Refused { tool: TOOL, message: error.trim().to_owned() })
+        Err(ExecError::refused(TOOL, error.trim()))
     }
 
-    fn list_table(&mut self) -> Result<String, BackendError> {
+    fn list_table(&mut self) -> Result<String, ExecError> {
         let (ok, output, error) = self.command(&format!("list table {FAMILY} {TABLE}"))?;
         if ok {
             return Ok(output);
@@ -138,6 +148,6 @@ impl NftRunner for NftLibrary {
         if error.contains("No such file or directory") {
             return Ok(String::new());
         }
-        Err(BackendError::Refused { tool: TOOL, message: error.trim().to_owned() })
+        Err(ExecError::refused(TOOL, error.trim()))
     }
 }

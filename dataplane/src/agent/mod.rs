@@ -9,11 +9,13 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
+use kpx_proto::node_context::{NodeContext, ProxySettings};
 use kpx_proto::types::{Protocol, ServiceView};
 use tokio::sync::watch;
 
 use crate::backend::{Backend, BackendError};
 use crate::conntrack;
+use crate::exec::conntrack::SharedConntrack;
 use crate::healthcheck::{self, ServiceHealth};
 use crate::metrics::{labels, AgentMetrics};
 use crate::state::{Delta, NodeState, RawResource};
@@ -23,8 +25,14 @@ use crate::store::Store;
 pub struct Agent {
     node_name: String,
     state: NodeState,
+    /// The proxy settings of this agent; with the node's config they make `context`.
+    settings: ProxySettings,
+    /// The node as every backend and the tracer see it, derived again whenever the
+    /// accepted node config changes.
+    context: NodeContext,
     backend: Box<dyn Backend>,
     store: Store,
+    conntrack: SharedConntrack,
     /// The health-check ports the accepted state asks for.
     health: watch::Sender<BTreeMap<u16, ServiceHealth>>,
     pub status: AgentStatus,
@@ -81,8 +89,10 @@ impl Agent {
     /// Loads the stored state and programs the kernel from it, before any control plane answers.
     pub fn start(
         node_name: String,
+        settings: ProxySettings,
         mut backend: Box<dyn Backend>,
         store: Store,
+        conntrack: SharedConntrack,
         control_plane: String,
     ) -> anyhow::Result<Agent> {
         let state = match store.load()? {
@@ -95,8 +105,9 @@ impl Agent {
             }
         };
         let metrics = Arc::new(AgentMetrics::new(backend.name()));
+        let context = NodeContext::derive(&settings, state.node.as_ref().map(|n| &n.value));
         let started = Instant::now();
-        backend.full_sync(&state).map_err(|e| {
+        backend.full_sync(&state, &context).map_err(|e| {
             anyhow::anyhow!("{} backend: programming the stored state failed: {e}", backend.name())
         })?;
         let elapsed = started.elapsed();
@@ -108,7 +119,8 @@ impl Agent {
         );
         let (health, _) = watch::channel(healthcheck::desired(&state));
         let status = AgentStatus { control_plane, ..Default::default() };
-        let mut agent = Agent { node_name, state, backend, store, health, status, metrics };
+        let mut agent =
+            Agent { node_name, state, settings, context, backend, store, conntrack, health, status, metrics };
         agent.synced(elapsed, true);
         Ok(agent)
     }
@@ -182,7 +194,7 @@ impl Agent {
     /// Programs the whole state again (the periodic full resync).
     pub fn resync(&mut self) {
         let started = Instant::now();
-        match self.backend.full_sync(&self.state) {
+        match self.backend.full_sync(&self.state, &self.context) {
             Ok(()) => {
                 self.synced(started.elapsed(), true);
                 tracing::info!(
@@ -209,6 +221,11 @@ impl Agent {
 
     pub fn state(&self) -> &NodeState {
         &self.state
+    }
+
+    /// The node as the backend programs it (and the tracer explains it).
+    pub fn context(&self) -> &NodeContext {
+        &self.context
     }
 
     pub fn backend_name(&self) -> &'static str {
@@ -279,14 +296,21 @@ impl Agent {
         if changes.is_empty() {
             return Ok(Applied { resources, removed, elapsed: started.elapsed() });
         }
+        let previous_context = changes.node.then(|| {
+            let next = NodeContext::derive(&self.settings, self.state.node.as_ref().map(|n| &n.value));
+            std::mem::replace(&mut self.context, next)
+        });
         let sync_started = Instant::now();
-        if let Err(source) = self.backend.apply(&self.state, &changes) {
+        if let Err(source) = self.backend.apply(&self.state, &self.context, &changes) {
             self.sync_failed(&source);
             self.state.undo(undo);
+            if let Some(context) = previous_context {
+                self.context = context;
+            }
             // A backend that commits per table (iptables) may have taken part of it:
             // put the kernel back to the last good state.
             let restart = Instant::now();
-            match self.backend.full_sync(&self.state) {
+            match self.backend.full_sync(&self.state, &self.context) {
                 Ok(()) => self.synced(restart.elapsed(), true),
                 Err(resync) => {
                     tracing::error!(error = %resync, "could not restore the last good rules after a refused update")
@@ -298,7 +322,10 @@ impl Agent {
         if let Err(e) = self.store.commit(&self.state, &changes) {
             // The kernel moved ahead of the store: put both back to the last good state.
             self.state.undo(undo);
-            if let Err(resync) = self.backend.full_sync(&self.state) {
+            if let Some(context) = previous_context {
+                self.context = context;
+            }
+            if let Err(resync) = self.backend.full_sync(&self.state, &self.context) {
                 self.sync_failed(&resync);
                 tracing::error!(error = %resync, "could not restore the last good rules after a store failure");
             }
@@ -311,7 +338,7 @@ impl Agent {
             let new = self.state.services.get(&name).map(|s| &s.value);
             let stale = conntrack::stale_flows(old.as_ref(), new);
             if !stale.is_empty() {
-                conntrack::delete(&stale);
+                conntrack::delete(self.conntrack.as_ref(), &stale);
             }
         }
         if locality {
@@ -355,3 +382,6 @@ impl Agent {
         out.into_iter().collect()
     }
 }
+
+#[cfg(test)]
+mod tests;

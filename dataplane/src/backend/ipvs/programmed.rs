@@ -9,17 +9,17 @@ use std::net::IpAddr;
 
 use super::desired::Piece;
 use super::ipset::{SetMembers, SetName};
-use super::netlink::{Destination, ServiceKey, VirtualService};
+use crate::exec::ipvs::{Destination, ServiceKey, VirtualService};
 
 #[derive(Debug, Default)]
-pub struct Table {
+pub struct Programmed {
     pieces: HashMap<String, Piece>,
     owners: HashMap<ServiceKey, String>,
     addresses: BTreeMap<IpAddr, usize>,
     members: BTreeMap<(SetName, String), usize>,
 }
 
-/// What changes in the kernel; built by [`Table::set`] calls, read after the last one.
+/// What changes in the kernel; built by [`Programmed::set`] calls, read after the last one.
 #[derive(Debug, Default)]
 pub struct Delta {
     /// Virtual services touched: whether each was programmed before.
@@ -67,7 +67,7 @@ fn count<K: Ord + Clone>(
     }
 }
 
-impl Table {
+impl Programmed {
     /// Replaces what Service `name` holds by `new` (`None`: the Service is gone).
     pub fn set(&mut self, name: &str, new: Option<Piece>, delta: &mut Delta) {
         if let Some(old) = self.pieces.remove(name) {
@@ -172,7 +172,7 @@ mod tests {
     #[test]
     fn a_change_touches_only_what_differs_and_shared_things_stay() {
         let ctx = Context { scheduler: "rr".into(), ..Default::default() };
-        let mut table = Table::default();
+        let mut table = Programmed::default();
         let mut delta = Delta::default();
         table.set("a", Some(piece(&fixtures::service("a", "10.96.0.1", &["10.244.0.1"]), &ctx)), &mut delta);
         table.set("b", Some(piece(&fixtures::service("b", "10.96.0.2", &["10.244.0.1"]), &ctx)), &mut delta);
@@ -207,7 +207,7 @@ mod tests {
     #[test]
     fn an_entry_claimed_twice_belongs_to_the_first() {
         let ctx = Context { scheduler: "rr".into(), ..Default::default() };
-        let mut table = Table::default();
+        let mut table = Programmed::default();
         let mut delta = Delta::default();
         table.set("a", Some(piece(&fixtures::service("a", "10.96.0.1", &["10.244.0.1"]), &ctx)), &mut delta);
         table.set("b", Some(piece(&fixtures::service("b", "10.96.0.1", &["10.244.0.9"]), &ctx)), &mut delta);

@@ -1,20 +1,14 @@
 //! IPVS over generic netlink (the kernel's "IPVS" family, `include/uapi/linux/ip_vs.h`):
 //! virtual services and their destinations, created, edited, deleted and listed, one
-//! request per call, each acknowledged by the kernel. The only code that talks to IPVS.
+//! request per call, each acknowledged by the kernel.
 
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-/// `IPPROTO_*` numbers of the protocols IPVS balances.
-pub const PROTO_TCP: u16 = 6;
-pub const PROTO_UDP: u16 = 17;
-pub const PROTO_SCTP: u16 = 132;
-
-/// `IP_VS_SVC_F_PERSISTENT`: session affinity by client address.
-pub const FLAG_PERSISTENT: u32 = 0x0001;
-/// `IP_VS_CONN_F_MASQ`: destinations reached by NAT.
-pub const FORWARD_MASQUERADE: u32 = 0;
+#[cfg(test)]
+use super::ipvs::PROTO_TCP;
+use super::ipvs::{Destination, IpvsError, ServiceKey, VirtualService, FLAG_PERSISTENT, FORWARD_MASQUERADE};
 
 const NETLINK_GENERIC: i32 = 16;
 const GENL_ID_CTRL: u16 = 0x10;
@@ -65,63 +59,6 @@ mod dest {
     pub const ACTIVE_CONNS: u16 = 7;
     pub const INACT_CONNS: u16 = 8;
     pub const ADDR_FAMILY: u16 = 11;
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum IpvsError {
-    #[error("netlink socket: {0}")]
-    Socket(io::Error),
-    #[error("the kernel has no IPVS (generic netlink family \"IPVS\" not found; is ip_vs loaded?)")]
-    NoIpvs,
-    #[error("IPVS {op}: {error}")]
-    Kernel { op: &'static str, error: io::Error },
-    #[error("IPVS {op}: malformed reply from the kernel")]
-    Malformed { op: &'static str },
-}
-
-/// What identifies a virtual service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ServiceKey {
-    pub address: IpAddr,
-    pub protocol: u16,
-    pub port: u16,
-}
-
-impl std::fmt::Display for ServiceKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let proto = match self.protocol {
-            PROTO_TCP => "tcp",
-            PROTO_UDP => "udp",
-            PROTO_SCTP => "sctp",
-            _ => "?",
-        };
-        match self.address {
-            IpAddr::V4(a) => write!(f, "{a}:{}/{proto}", self.port),
-            IpAddr::V6(a) => write!(f, "[{a}]:{}/{proto}", self.port),
-        }
-    }
-}
-
-/// A virtual service as IPVS holds it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VirtualService {
-    pub key: ServiceKey,
-    pub scheduler: String,
-    /// `FLAG_PERSISTENT` or 0.
-    pub flags: u32,
-    /// Persistence timeout, seconds.
-    pub timeout: u32,
-}
-
-/// A real server of a virtual service.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Destination {
-    pub address: IpAddr,
-    pub port: u16,
-    pub weight: u32,
-    /// Connections IPVS counts for it (read only).
-    pub active: u32,
-    pub inactive: u32,
 }
 
 /// A message being written: header, generic netlink header, attributes.

@@ -1,0 +1,153 @@
+//! What the iptables and IPVS backends share of iptables: its tables, kpx's masquerade
+//! mark, jumps from the built-in chains into kpx's, reading `iptables-save` output, and
+//! the restore input that removes a prefix's chains.
+
+use std::fmt::Write as _;
+
+/// The mark bit that asks kpx's postrouting chain to masquerade.
+pub const MASQ_MARK: &str = "0x2000";
+
+/// The iptables tables kpx writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Table {
+    Nat,
+    Filter,
+}
+
+impl Table {
+    pub const ALL: [Table; 2] = [Table::Nat, Table::Filter];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::Nat => "nat",
+            Table::Filter => "filter",
+        }
+    }
+}
+
+/// A jump from a built-in chain into kpx's.
+#[derive(Debug, Clone, Copy)]
+pub struct Hook {
+    pub table: Table,
+    pub builtin: &'static str,
+    pub spec: &'static str,
+}
+
+/// `-I BUILTIN 1 SPEC` for each of `hooks` in `table` that `saved` (one family's
+/// `iptables-save`; `None`: nothing known) does not hold yet.
+pub fn missing_hooks(saved: Option<&str>, hooks: &[Hook], table: Table) -> Vec<String> {
+    let present = saved.map(|text| saved_rules(text, table)).unwrap_or_default();
+    hooks
+        .iter()
+        .filter(|h| h.table == table)
+        .filter(|h| !present.iter().any(|l| *l == format!("-A {} {}", h.builtin, h.spec)))
+        .map(|h| format!("-I {} 1 {}", h.builtin, h.spec))
+        .collect()
+}
+
+/// `(table, chain)` of every user chain in `iptables-save` output.
+pub fn saved_chains(text: &str) -> Vec<(Table, String)> {
+    let mut table = None;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if let Some(name) = line.strip_prefix('*') {
+            table = Table::ALL.into_iter().find(|t| t.name() == name);
+        } else if let (Some(t), Some(rest)) = (table, line.strip_prefix(':')) {
+            if let Some(chain) = rest.split_whitespace().next() {
+                out.push((t, chain.to_owned()));
+            }
+        }
+    }
+    out
+}
+
+/// The `-A …` lines of one table in `iptables-save` output.
+pub fn saved_rules(text: &str, wanted: Table) -> Vec<&str> {
+    let mut table = None;
+    text.lines()
+        .filter(|line| {
+            if let Some(name) = line.strip_prefix('*') {
+                table = Table::ALL.into_iter().find(|t| t.name() == name);
+            }
+            table == Some(wanted) && line.starts_with("-A ")
+        })
+        .collect()
+}
+
+/// The lines of `iptables-save` output that are kpx's (named `prefix…` or jumping there),
+/// with the table headers and commits: what `kpxctl rules` shows.
+pub fn owned_lines(saved: &str, prefix: &str) -> String {
+    saved
+        .lines()
+        .filter(|line| line.starts_with('*') || line.contains(prefix) || *line == "COMMIT")
+        .map(|line| format!("{line}\n"))
+        .collect()
+}
+
+/// Restore input that removes every chain named `prefix…` and the hooks into them (hooks
+/// first), given `iptables-save` output.
+pub fn cleanup_script(saved: &str, prefix: &str) -> String {
+    let mut s = String::new();
+    for table in Table::ALL {
+        let ours: Vec<String> = saved_chains(saved)
+            .into_iter()
+            .filter(|(t, c)| *t == table && c.starts_with(prefix))
+            .map(|(_, c)| c)
+            .collect();
+        let hooks: Vec<&str> = saved_rules(saved, table)
+            .into_iter()
+            .filter(|l| {
+                let chain = l.split_whitespace().nth(1).unwrap_or_default();
+                !chain.starts_with(prefix) && l.contains(&format!("-j {prefix}"))
+            })
+            .collect();
+        if ours.is_empty() && hooks.is_empty() {
+            continue;
+        }
+        let _ = writeln!(s, "*{}", table.name());
+        for chain in &ours {
+            let _ = writeln!(s, ":{chain} - [0:0]");
+        }
+        for hook in hooks {
+            let _ = writeln!(s, "-D {}", hook.trim_start_matches("-A "));
+        }
+        for chain in &ours {
+            let _ = writeln!(s, "-X {chain}");
+        }
+        let _ = writeln!(s, "COMMIT");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAVED: &str = "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KPX-PORTALS - [0:0]\n\
+                         -A PREROUTING -m comment --comment \"kpx service portals\" -j KPX-PORTALS\n\
+                         -A PREROUTING -j KUBE-SERVICES\nCOMMIT\n";
+
+    #[test]
+    fn cleanup_removes_exactly_the_prefixs_chains_and_hooks() {
+        assert_eq!(
+            cleanup_script(SAVED, "KPX-"),
+            "*nat\n:KPX-PORTALS - [0:0]\n-D PREROUTING -m comment --comment \"kpx service portals\" -j KPX-PORTALS\n-X KPX-PORTALS\nCOMMIT\n"
+        );
+        assert_eq!(owned_lines(SAVED, "KPX-").lines().count(), 4);
+    }
+
+    #[test]
+    fn hooks_already_there_are_not_inserted_again() {
+        let hooks = [
+            Hook {
+                table: Table::Nat,
+                builtin: "PREROUTING",
+                spec: "-m comment --comment \"kpx service portals\" -j KPX-PORTALS",
+            },
+            Hook { table: Table::Nat, builtin: "OUTPUT", spec: "-j KPX-PORTALS" },
+            Hook { table: Table::Filter, builtin: "INPUT", spec: "-j KPX-FILTER" },
+        ];
+        assert_eq!(missing_hooks(Some(SAVED), &hooks, Table::Nat), ["-I OUTPUT 1 -j KPX-PORTALS"]);
+        assert_eq!(missing_hooks(None, &hooks, Table::Filter), ["-I INPUT 1 -j KPX-FILTER"]);
+    }
+}

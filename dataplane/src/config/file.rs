@@ -1,0 +1,84 @@
+//! The KubeProxyConfiguration-style file of `--config`, read with every field checked: an
+//! unknown or unsupported one is an error naming it.
+//!
+//! ```yaml
+//! apiVersion: kubeproxy.config.k8s.io/v1alpha1
+//! kind: KubeProxyConfiguration
+//! mode: nftables                      # nftables | iptables | ipvs
+//! hostnameOverride: node-a            # the node name
+//! clusterCIDR: 10.244.0.0/16          # local-traffic detection (overrides the control plane's)
+//! nodePortAddresses: [10.0.0.0/24]
+//! metricsBindAddress: 127.0.0.1:10249
+//! healthzBindAddress: 0.0.0.0:10256
+//! nftables: {masqueradeAll: false, syncPeriod: 1h, minSyncPeriod: 0s}   # likewise iptables:, ipvs:
+//! ipvs: {scheduler: rr}               # rr, wrr, lc, wlc, sh, dh, mh
+//! kpx: {controlPlane: http://cp:18000, stateDir: /var/lib/kpx, adminBindAddress: 127.0.0.1:18001, iptablesMode: auto,
+//!       ipvsDrainGrace: 15m}
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::ConfigError;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KubeProxyConfiguration {
+    pub api_version: Option<String>,
+    pub kind: Option<String>,
+    pub mode: Option<String>,
+    pub hostname_override: Option<String>,
+    #[serde(rename = "clusterCIDR")]
+    pub cluster_cidr: Option<String>,
+    pub node_port_addresses: Option<Vec<String>>,
+    pub metrics_bind_address: Option<String>,
+    pub healthz_bind_address: Option<String>,
+    pub iptables: Option<ModeSection>,
+    pub nftables: Option<ModeSection>,
+    pub ipvs: Option<ModeSection>,
+    pub kpx: Option<KpxSection>,
+}
+
+/// `iptables:`, `nftables:` or `ipvs:`.
+#[derive(Debug, Default, Deserialize, Clone)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ModeSection {
+    pub masquerade_all: Option<bool>,
+    pub sync_period: Option<String>,
+    pub min_sync_period: Option<String>,
+    /// ipvs only.
+    pub scheduler: Option<String>,
+}
+
+/// `kpx:`: what kube-proxy's file has no field for.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KpxSection {
+    pub control_plane: Option<String>,
+    pub state_dir: Option<PathBuf>,
+    pub admin_bind_address: Option<String>,
+    pub iptables_mode: Option<String>,
+    pub ipvs_drain_grace: Option<String>,
+}
+
+/// Reads and checks the file at `path`.
+pub fn read(path: &Path) -> Result<KubeProxyConfiguration, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+    let de = serde_yaml::Deserializer::from_str(&text);
+    let file: KubeProxyConfiguration = serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = e.path().to_string();
+        ConfigError::Unsupported { path: path.to_owned(), field, reason: e.into_inner().to_string() }
+    })?;
+    if let Some(kind) = file.kind.as_deref().filter(|k| *k != "KubeProxyConfiguration") {
+        return Err(ConfigError::field("kind", format!("{kind:?}: expected KubeProxyConfiguration")));
+    }
+    if let Some(v) = file.api_version.as_deref().filter(|v| !v.starts_with("kubeproxy.config.k8s.io/")) {
+        return Err(ConfigError::field(
+            "apiVersion",
+            format!("{v:?}: expected kubeproxy.config.k8s.io/v1alpha1"),
+        ));
+    }
+    Ok(file)
+}

@@ -1,0 +1,108 @@
+//! The node agent's command line: the one list of its flags. Each is `None` (or `false`)
+//! when not given, so that the `--config` file or the default applies.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use kpx_proto::cli::{parse_duration, LogFormat};
+
+#[derive(clap::Parser, Debug, Default, Clone)]
+#[command(name = "kpx-dataplane", version, about = "kpx node agent: programs the kernel from delta xDS")]
+pub struct Flags {
+    /// A KubeProxyConfiguration-style YAML file; flags given on the command line win over it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// This node's name (the xDS node id).
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// The control plane's gRPC URL, e.g. http://127.0.0.1:18000.
+    #[arg(long)]
+    pub control_plane: Option<String>,
+    /// Which kernel facility to program [default: nftables].
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendKind>,
+    /// Where the accepted state is kept (sled).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Masquerade all Service traffic (kube-proxy's masqueradeAll).
+    #[arg(long)]
+    pub masquerade_all: bool,
+    /// Open NodePorts only on the node's addresses inside these prefixes (comma-separated);
+    /// default: on all of the node's addresses (never on loopback).
+    #[arg(long, value_delimiter = ',', value_parser = parse_cidr)]
+    pub nodeport_addresses: Option<Vec<IpNet>>,
+    /// Pod CIDRs for local-traffic detection (comma-separated); default: the control plane's.
+    #[arg(long, value_delimiter = ',', value_parser = parse_cidr)]
+    pub cluster_cidr: Option<Vec<IpNet>>,
+    /// Which iptables flavour `--backend iptables` (and ipvs) drives [default: auto: the one
+    /// holding more rules].
+    #[arg(long, value_enum)]
+    pub iptables_mode: Option<IptablesMode>,
+    /// Reprogram everything this often (0s: never), repairing rules changed behind kpx's back [default: 1h].
+    #[arg(long, value_parser = parse_duration)]
+    pub full_sync_period: Option<Duration>,
+    /// Apply deltas at most this often; the control plane coalesces changes meanwhile [default: 0s].
+    #[arg(long, value_parser = parse_duration)]
+    pub min_sync_period: Option<Duration>,
+    /// The IPVS scheduler (rr, wrr, lc, wlc, sh, dh, mh) of Services without the
+    /// `service.kpx.io/ipvs-scheduler` annotation [default: rr].
+    #[arg(long, value_parser = parse_scheduler)]
+    pub ipvs_scheduler: Option<String>,
+    /// How long an IPVS destination that went away may keep its connections before it is
+    /// removed (it takes no new ones meanwhile) [default: 15m].
+    #[arg(long, value_parser = parse_duration)]
+    pub ipvs_drain_grace: Option<Duration>,
+    /// The admin gRPC API (kpx.admin.v1.NodeAdmin, health, reflection) [default: 127.0.0.1:18001].
+    #[arg(long)]
+    pub admin_listen: Option<SocketAddr>,
+    /// kube-proxy's /healthz and /livez [default: 0.0.0.0:10256].
+    #[arg(long)]
+    pub healthz_listen: Option<SocketAddr>,
+    /// Prometheus /metrics [default: 127.0.0.1:10249].
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Remove everything kpx programmed, then exit.
+    #[arg(long)]
+    pub cleanup: bool,
+    /// Log format: human or json.
+    #[arg(long, default_value = "human", value_parser = str::parse::<LogFormat>)]
+    pub log_format: LogFormat,
+}
+
+/// The backends a node agent can drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    Nftables,
+    Iptables,
+    Ipvs,
+}
+
+/// Which iptables flavour to drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IptablesMode {
+    /// The flavour holding more rules already, as kube-proxy's iptables wrapper decides.
+    Auto,
+    Nft,
+    Legacy,
+}
+
+fn parse_cidr(text: &str) -> Result<IpNet, String> {
+    text.trim()
+        .parse::<IpNet>()
+        .map(|n| n.trunc())
+        .map_err(|_| format!("{text:?} is not a CIDR (like 10.0.0.0/8)"))
+}
+
+/// An IPVS scheduler kpx knows (`--ipvs-scheduler`, `ipvs.scheduler`).
+pub fn parse_scheduler(text: &str) -> Result<String, String> {
+    if kpx_proto::types::IPVS_SCHEDULERS.contains(&text) {
+        Ok(text.to_owned())
+    } else {
+        Err(format!(
+            "{text:?} is not an IPVS scheduler (one of {})",
+            kpx_proto::types::IPVS_SCHEDULERS.join(", ")
+        ))
+    }
+}

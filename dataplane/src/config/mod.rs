@@ -1,0 +1,363 @@
+//! The node agent's configuration, parsed once into typed values: command-line flags
+//! ([`flags`]) over an optional KubeProxyConfiguration-style file ([`file`]), over
+//! defaults. Nothing else reads flags or the file; the agent, its servers and the
+//! backends receive what they need from [`AgentConfig`].
+
+pub mod file;
+pub mod flags;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use kpx_proto::cli::parse_duration;
+use kpx_proto::node_context::ProxySettings;
+
+pub use flags::{BackendKind, Flags, IptablesMode};
+
+use crate::backend::ipvs::IpvsOptions;
+use crate::serve::Listen;
+use crate::xds_client::SyncPeriods;
+use file::{KubeProxyConfiguration, ModeSection};
+
+/// A configuration that cannot be used; the message names the flag or field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--config {}: cannot read: {source}", path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("--config {}: {field}: {reason} (kpx supports the fields shown in kpx-dataplane --help)", path.display())]
+    Unsupported { path: PathBuf, field: String, reason: String },
+    #[error("--config: {field}: {reason}")]
+    Field { field: String, reason: String },
+    #[error("--control-plane {url:?}: not a URL: {reason}")]
+    ControlPlaneUrl { url: String, reason: String },
+    #[error("{} required (or {} in --config)", missing.iter().map(|m| m.0).collect::<Vec<_>>().join(", "), missing.iter().map(|m| m.1).collect::<Vec<_>>().join(", "))]
+    Missing { missing: Vec<(&'static str, &'static str)> },
+}
+
+impl ConfigError {
+    pub(crate) fn field(field: &str, reason: impl std::fmt::Display) -> Self {
+        ConfigError::Field { field: field.to_owned(), reason: reason.to_string() }
+    }
+}
+
+/// Everything the agent runs with.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub backend: BackendConfig,
+    pub proxy: ProxySettings,
+    pub mode: Mode,
+}
+
+/// Which backend, with its own settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendConfig {
+    Nftables,
+    Iptables {
+        mode: IptablesMode,
+    },
+    /// IPVS, with iptables of `mode` for what IPVS cannot do.
+    Ipvs {
+        mode: IptablesMode,
+        options: IpvsOptions,
+    },
+}
+
+impl BackendConfig {
+    pub fn kind(&self) -> BackendKind {
+        match self {
+            BackendConfig::Nftables => BackendKind::Nftables,
+            BackendConfig::Iptables { .. } => BackendKind::Iptables,
+            BackendConfig::Ipvs { .. } => BackendKind::Ipvs,
+        }
+    }
+}
+
+/// What the agent is to do.
+#[derive(Debug, Clone)]
+pub enum Mode {
+    /// `--cleanup`: remove everything kpx programmed with the backend, then exit.
+    Cleanup,
+    /// Follow a control plane and program the kernel.
+    Run(RunConfig),
+}
+
+/// What following a control plane needs.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub node_name: String,
+    pub control_plane: String,
+    pub state_dir: PathBuf,
+    pub sync: SyncPeriods,
+    pub listen: Listen,
+}
+
+fn cidrs(field: &str, texts: &[String]) -> Result<Vec<IpNet>, ConfigError> {
+    texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            t.trim()
+                .parse::<IpNet>()
+                .map(|n| n.trunc())
+                .map_err(|_| ConfigError::field(&format!("{field}[{i}]"), format!("{t:?} is not a CIDR")))
+        })
+        .collect()
+}
+
+fn address(field: &str, text: Option<&str>) -> Result<Option<SocketAddr>, ConfigError> {
+    text.map(|t| t.parse().map_err(|_| ConfigError::field(field, format!("{t:?} is not ADDRESS:PORT"))))
+        .transpose()
+}
+
+fn duration(field: &str, text: Option<&str>) -> Result<Option<Duration>, ConfigError> {
+    text.map(|t| parse_duration(t).map_err(|e| ConfigError::field(field, e))).transpose()
+}
+
+impl AgentConfig {
+    /// Flags over the file over defaults.
+    pub fn resolve(flags: Flags) -> Result<AgentConfig, ConfigError> {
+        let file = match &flags.config {
+            Some(path) => file::read(path)?,
+            None => KubeProxyConfiguration::default(),
+        };
+        let kind = match (flags.backend, file.mode.as_deref()) {
+            (Some(b), _) => b,
+            (None, None | Some("") | Some("nftables")) => BackendKind::Nftables,
+            (None, Some("iptables")) => BackendKind::Iptables,
+            (None, Some("ipvs")) => BackendKind::Ipvs,
+            (None, Some(other)) => {
+                return Err(ConfigError::field(
+                    "mode",
+                    format!("{other:?}: expected nftables, iptables or ipvs"),
+                ))
+            }
+        };
+        let (section_name, section) = match kind {
+            BackendKind::Nftables => ("nftables", file.nftables.clone()),
+            BackendKind::Iptables => ("iptables", file.iptables.clone()),
+            BackendKind::Ipvs => ("ipvs", file.ipvs.clone()),
+        };
+        let section: ModeSection = section.unwrap_or_default();
+        for (name, other) in [("nftables", &file.nftables), ("iptables", &file.iptables)] {
+            if other.as_ref().is_some_and(|s| s.scheduler.is_some()) {
+                return Err(ConfigError::field(
+                    &format!("{name}.scheduler"),
+                    "only the ipvs section has a scheduler",
+                ));
+            }
+        }
+        let sync_period = duration(&format!("{section_name}.syncPeriod"), section.sync_period.as_deref())?;
+        let min_sync_period =
+            duration(&format!("{section_name}.minSyncPeriod"), section.min_sync_period.as_deref())?;
+        let kpx = file.kpx.unwrap_or_default();
+        let backend = Self::backend(&flags, kind, &kpx, file.ipvs.as_ref())?;
+        let proxy = ProxySettings {
+            masquerade_all: flags.masquerade_all || section.masquerade_all.unwrap_or(false),
+            nodeport_cidrs: match (flags.nodeport_addresses, &file.node_port_addresses) {
+                (Some(c), _) => c,
+                (None, Some(texts)) => cidrs("nodePortAddresses", texts)?,
+                (None, None) => Vec::new(),
+            },
+            cluster_cidrs: match (flags.cluster_cidr, &file.cluster_cidr) {
+                (Some(c), _) => c,
+                (None, Some(text)) => {
+                    cidrs("clusterCIDR", &text.split(',').map(str::to_owned).collect::<Vec<_>>())?
+                }
+                (None, None) => Vec::new(),
+            },
+        };
+        if flags.cleanup {
+            return Ok(AgentConfig { backend, proxy, mode: Mode::Cleanup });
+        }
+        let listen = Listen {
+            admin: flags
+                .admin_listen
+                .or(address("kpx.adminBindAddress", kpx.admin_bind_address.as_deref())?)
+                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 18001))),
+            healthz: flags
+                .healthz_listen
+                .or(address("healthzBindAddress", file.healthz_bind_address.as_deref())?)
+                .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 10256))),
+            metrics: flags
+                .metrics_listen
+                .or(address("metricsBindAddress", file.metrics_bind_address.as_deref())?)
+                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 10249))),
+        };
+        let full = flags.full_sync_period.or(sync_period).unwrap_or(Duration::from_secs(3600));
+        let sync = SyncPeriods {
+            full: (!full.is_zero()).then_some(full),
+            min: flags.min_sync_period.or(min_sync_period).unwrap_or(Duration::ZERO),
+        };
+        let node_name = flags.node_name.or(file.hostname_override);
+        let control_plane = flags.control_plane.or(kpx.control_plane);
+        let state_dir = flags.state_dir.or(kpx.state_dir);
+        let (Some(node_name), Some(control_plane), Some(state_dir)) = (node_name, control_plane, state_dir)
+        else {
+            return Err(ConfigError::Missing {
+                missing: vec![
+                    ("--node-name", "hostnameOverride"),
+                    ("--control-plane", "kpx.controlPlane"),
+                    ("--state-dir", "kpx.stateDir"),
+                ],
+            });
+        };
+        if let Err(e) = tonic::transport::Endpoint::from_shared(control_plane.clone()) {
+            return Err(ConfigError::ControlPlaneUrl { url: control_plane, reason: e.to_string() });
+        }
+        let run = RunConfig { node_name, control_plane, state_dir, sync, listen };
+        Ok(AgentConfig { backend, proxy, mode: Mode::Run(run) })
+    }
+
+    fn backend(
+        flags: &Flags,
+        kind: BackendKind,
+        kpx: &file::KpxSection,
+        ipvs: Option<&ModeSection>,
+    ) -> Result<BackendConfig, ConfigError> {
+        let mode = match (flags.iptables_mode, kpx.iptables_mode.as_deref()) {
+            (Some(m), _) => m,
+            (None, None | Some("auto")) => IptablesMode::Auto,
+            (None, Some("nft")) => IptablesMode::Nft,
+            (None, Some("legacy")) => IptablesMode::Legacy,
+            (None, Some(other)) => {
+                return Err(ConfigError::field(
+                    "kpx.iptablesMode",
+                    format!("{other:?}: expected auto, nft or legacy"),
+                ))
+            }
+        };
+        let scheduler = match (&flags.ipvs_scheduler, ipvs.and_then(|s| s.scheduler.clone())) {
+            (Some(s), _) => s.clone(),
+            (None, Some(s)) => {
+                flags::parse_scheduler(&s).map_err(|e| ConfigError::field("ipvs.scheduler", e))?
+            }
+            (None, None) => "rr".to_owned(),
+        };
+        let drain_grace = match flags.ipvs_drain_grace {
+            Some(d) => d,
+            None => duration("kpx.ipvsDrainGrace", kpx.ipvs_drain_grace.as_deref())?
+                .unwrap_or(Duration::from_secs(15 * 60)),
+        };
+        Ok(match kind {
+            BackendKind::Nftables => BackendConfig::Nftables,
+            BackendKind::Iptables => BackendConfig::Iptables { mode },
+            BackendKind::Ipvs => {
+                BackendConfig::Ipvs { mode, options: IpvsOptions { scheduler, drain_grace } }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_file(text: &str, flags: Flags) -> Result<AgentConfig, ConfigError> {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("kube-proxy.yaml");
+        std::fs::write(&path, text).expect("write");
+        AgentConfig::resolve(Flags { config: Some(path), ..flags })
+    }
+
+    fn cleanup() -> Flags {
+        Flags { cleanup: true, ..Flags::default() }
+    }
+
+    fn running() -> Flags {
+        Flags {
+            node_name: Some("n".into()),
+            control_plane: Some("http://127.0.0.1:18000".into()),
+            state_dir: Some("/var/lib/kpx".into()),
+            ..Flags::default()
+        }
+    }
+
+    fn run(config: &AgentConfig) -> &RunConfig {
+        match &config.mode {
+            Mode::Run(run) => run,
+            Mode::Cleanup => panic!("not a run"),
+        }
+    }
+
+    #[test]
+    fn reads_a_kube_proxy_configuration_and_flags_win() {
+        let text = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\n\
+                    hostnameOverride: node-a\nclusterCIDR: 10.244.0.0/16,fd00:10::/56\nnodePortAddresses: [10.0.0.0/24]\n\
+                    metricsBindAddress: 127.0.0.1:9100\niptables: {masqueradeAll: true, syncPeriod: 1m30s, minSyncPeriod: 500ms}\n\
+                    kpx: {controlPlane: 'http://cp:18000', stateDir: /var/lib/kpx, iptablesMode: legacy}\n";
+        let c = with_file(text, Flags::default()).expect("valid");
+        assert_eq!(c.backend, BackendConfig::Iptables { mode: IptablesMode::Legacy });
+        assert_eq!(run(&c).node_name, "node-a");
+        assert!(c.proxy.masquerade_all);
+        assert_eq!(c.proxy.cluster_cidrs.len(), 2);
+        assert_eq!(run(&c).sync.full, Some(Duration::from_secs(90)));
+        assert_eq!(run(&c).sync.min, Duration::from_millis(500));
+        assert_eq!(run(&c).listen.metrics.port(), 9100);
+        let flagged = with_file(
+            text,
+            Flags { backend: Some(BackendKind::Nftables), node_name: Some("x".into()), ..Flags::default() },
+        )
+        .expect("valid");
+        assert_eq!((flagged.backend.kind(), run(&flagged).node_name.as_str()), (BackendKind::Nftables, "x"));
+        assert!(!flagged.proxy.masquerade_all, "the nftables section applies to mode nftables");
+    }
+
+    #[test]
+    fn unknown_or_bad_fields_are_named() {
+        let message = |text: &str| with_file(text, cleanup()).expect_err("refused").to_string();
+        let err = message("iptables: {localhostNodePorts: true}\n");
+        assert!(err.contains("iptables") && err.contains("unknown field `localhostNodePorts`"), "{err}");
+        assert!(message("conntrack: {maxPerCore: 0}\n").contains("unknown field `conntrack`"));
+        let err = message("mode: userspace\n");
+        assert!(err.contains("mode") && err.contains("userspace"), "{err}");
+        assert!(message("nftables: {syncPeriod: soon}\n").contains("nftables.syncPeriod"));
+        assert!(message("nodePortAddresses: [10.0.0.0/33]\n").contains("nodePortAddresses[0]"));
+        assert!(message("kind: Deployment\n").contains("kind"));
+        let err = with_file("healthzBindAddress: everywhere\n", running()).expect_err("address").to_string();
+        assert!(err.contains("healthzBindAddress") && err.contains("everywhere"), "{err}");
+        let err = with_file("kpx: {controlPlane: 'not a url'}\n", Flags { control_plane: None, ..running() })
+            .expect_err("url")
+            .to_string();
+        assert!(err.contains("not a URL"), "{err}");
+    }
+
+    #[test]
+    fn running_needs_a_node_name_a_control_plane_and_a_state_dir() {
+        let err = AgentConfig::resolve(Flags::default()).expect_err("missing").to_string();
+        for name in ["--node-name", "--control-plane", "--state-dir", "hostnameOverride", "kpx.stateDir"] {
+            assert!(err.contains(name), "{err}");
+        }
+        let flags = Flags { control_plane: Some("not a url".into()), ..running() };
+        let err = AgentConfig::resolve(flags).expect_err("url").to_string();
+        assert!(err.starts_with("--control-plane \"not a url\": not a URL"), "{err}");
+        let cleaning = AgentConfig::resolve(cleanup()).expect("cleanup needs none of them");
+        assert!(matches!(cleaning.mode, Mode::Cleanup));
+    }
+
+    #[test]
+    fn ipvs_scheduler_and_drain_grace() {
+        let ipvs = |c: &AgentConfig| match &c.backend {
+            BackendConfig::Ipvs { options, .. } => options.clone(),
+            other => panic!("not ipvs: {other:?}"),
+        };
+        let c = with_file("mode: ipvs\nipvs: {scheduler: mh}\nkpx: {ipvsDrainGrace: 30s}\n", cleanup())
+            .expect("valid");
+        assert_eq!(ipvs(&c), IpvsOptions { scheduler: "mh".into(), drain_grace: Duration::from_secs(30) });
+        let flags =
+            Flags { ipvs_scheduler: Some("wlc".into()), backend: Some(BackendKind::Ipvs), ..cleanup() };
+        assert_eq!(ipvs(&with_file("ipvs: {scheduler: mh}\n", flags).expect("valid")).scheduler, "wlc");
+        let defaults =
+            AgentConfig::resolve(Flags { backend: Some(BackendKind::Ipvs), ..cleanup() }).expect("defaults");
+        assert_eq!(
+            ipvs(&defaults),
+            IpvsOptions { scheduler: "rr".into(), drain_grace: Duration::from_secs(900) }
+        );
+        let message = |text: &str| with_file(text, cleanup()).expect_err("refused").to_string();
+        let err = message("ipvs: {scheduler: fastest}\n");
+        assert!(err.contains("ipvs.scheduler") && err.contains("fastest"), "{err}");
+        assert!(message("nftables: {scheduler: rr}\n").contains("nftables.scheduler"));
+        assert!(message("kpx: {ipvsDrainGrace: later}\n").contains("kpx.ipvsDrainGrace"));
+    }
+}

@@ -1,0 +1,69 @@
+//! `iptables-restore` / `iptables-save` (and the ip6 ones) of one flavour. Every restore
+//! is `--noflush -w`: each table block is one atomic commit, and nothing kpx did not
+//! write is flushed.
+
+use kpx_proto::family::Family;
+
+use super::{process, ExecError};
+
+/// Which iptables the node uses: the nf_tables flavour or the legacy x_tables one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavour {
+    Nft,
+    Legacy,
+}
+
+impl Flavour {
+    /// The flavour holding more rules already (legacy when it holds more, else nft), as
+    /// kube-proxy's iptables wrapper decides.
+    pub fn detect() -> Flavour {
+        let rules = |tool: &'static str| -> usize {
+            process::output(tool, tool, &[], None)
+                .map(|o| String::from_utf8_lossy(&o.stdout).lines().filter(|l| l.starts_with("-A ")).count())
+                .unwrap_or(0)
+        };
+        let legacy = rules("iptables-legacy-save") + rules("ip6tables-legacy-save");
+        let nft = rules("iptables-nft-save") + rules("ip6tables-nft-save");
+        if legacy > nft {
+            Flavour::Legacy
+        } else {
+            Flavour::Nft
+        }
+    }
+
+    fn program(self, family: Family, verb: &str) -> String {
+        let base = match family {
+            Family::V4 => "iptables",
+            Family::V6 => "ip6tables",
+        };
+        match self {
+            Flavour::Legacy => format!("{base}-legacy-{verb}"),
+            Flavour::Nft => format!("{base}-nft-{verb}"),
+        }
+    }
+}
+
+/// What kpx asks of iptables.
+pub trait Iptables: Send {
+    /// Feeds `script` to `iptables-restore --noflush -w` of `family`: each table block
+    /// commits whole or not at all.
+    fn restore(&mut self, family: Family, script: &str) -> Result<(), ExecError>;
+    /// `iptables-save` of `family` (all tables).
+    fn save(&mut self, family: Family) -> Result<String, ExecError>;
+}
+
+/// The iptables tools of one flavour, one process per call.
+pub struct IptablesProcess {
+    pub flavour: Flavour,
+}
+
+impl Iptables for IptablesProcess {
+    fn restore(&mut self, family: Family, script: &str) -> Result<(), ExecError> {
+        let program = self.flavour.program(family, "restore");
+        process::run("iptables-restore", &program, &["--noflush", "-w"], Some(script)).map(drop)
+    }
+
+    fn save(&mut self, family: Family) -> Result<String, ExecError> {
+        process::run("iptables-save", &self.flavour.program(family, "save"), &[], None)
+    }
+}

@@ -1,0 +1,59 @@
+//! nftables: scripts in `nft -f` syntax, each run as one netlink transaction (it applies
+//! whole or not at all), through libnftables in-process when it can be opened, else the
+//! `nft` process.
+
+use super::{process, ExecError};
+
+/// kpx's table: family and name.
+pub const FAMILY: &str = "inet";
+pub const TABLE: &str = "kpx";
+
+/// What kpx asks of nftables.
+pub trait Nft: Send {
+    /// Runs a script of nft commands as one transaction.
+    fn run(&mut self, script: &str) -> Result<(), ExecError>;
+    /// `nft list table inet kpx` ("" when it does not exist).
+    fn list_table(&mut self) -> Result<String, ExecError>;
+}
+
+/// libnftables in-process when it can be opened, else the `nft` process.
+pub fn system() -> Box<dyn Nft> {
+    match super::libnftables::NftLibrary::open() {
+        Ok(library) => {
+            tracing::info!("nftables through libnftables, in-process");
+            Box::new(library)
+        }
+        Err(e) => {
+            tracing::warn!(reason = %e, "libnftables unavailable: running the nft command per transaction");
+            Box::new(NftProcess)
+        }
+    }
+}
+
+/// libnftables in-process, if it can be opened (for benchmarks that compare the two).
+pub fn library() -> Result<Box<dyn Nft>, String> {
+    super::libnftables::NftLibrary::open().map(|l| Box::new(l) as Box<dyn Nft>).map_err(|e| e.to_string())
+}
+
+/// Runs the `nft` command, one process per transaction.
+pub struct NftProcess;
+
+const TOOL: &str = "nft";
+
+impl Nft for NftProcess {
+    fn run(&mut self, script: &str) -> Result<(), ExecError> {
+        process::run(TOOL, TOOL, &["-f", "-"], Some(script)).map(drop)
+    }
+
+    fn list_table(&mut self) -> Result<String, ExecError> {
+        let out = process::output(TOOL, TOOL, &["list", "table", FAMILY, TABLE], None)?;
+        if out.status.success() {
+            return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+        }
+        let message = String::from_utf8_lossy(&out.stderr);
+        if message.contains("No such file or directory") {
+            return Ok(String::new());
+        }
+        Err(ExecError::refused(TOOL, message.trim()))
+    }
+}
