@@ -7,7 +7,6 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
-use super::nft::{Nft, FAMILY, TABLE};
 use super::ExecError;
 
 type CtxNew = unsafe extern "C" fn(u32) -> *mut c_void;
@@ -100,7 +99,7 @@ impl NftLibrary {
     }
 
     /// Runs a script; returns (ok, output, error text).
-    fn command(&mut self, script: &str) -> Result<(bool, String, String), ExecError> {
+    pub fn command(&mut self, script: &str) -> Result<(bool, String, String), ExecError> {
         let text =
             CString::new(script).map_err(|_| ExecError::refused(TOOL, "the script contains a NUL byte"))?;
         // SAFETY: a valid context and a NUL-terminated script; the buffers returned are owned
@@ -128,26 +127,5 @@ impl Drop for NftLibrary {
             }
             libc::dlclose(self.handle);
         }
-    }
-}
-
-impl Nft for NftLibrary {
-    fn run(&mut self, script: &str) -> Result<(), ExecError> {
-        let (ok, _, error) = self.command(script)?;
-        if ok {
-            return Ok(());
-        }
-        Err(ExecError::refused(TOOL, error.trim()))
-    }
-
-    fn list_table(&mut self) -> Result<String, ExecError> {
-        let (ok, output, error) = self.command(&format!("list table {FAMILY} {TABLE}"))?;
-        if ok {
-            return Ok(output);
-        }
-        if error.contains("No such file or directory") {
-            return Ok(String::new());
-        }
-        Err(ExecError::refused(TOOL, error.trim()))
     }
 }

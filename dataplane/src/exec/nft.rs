@@ -2,6 +2,7 @@
 //! whole or not at all), through libnftables in-process when it can be opened, else the
 //! `nft` process.
 
+use super::libnftables::NftLibrary;
 use super::{process, ExecError};
 
 /// kpx's table: family and name.
@@ -18,7 +19,7 @@ pub trait Nft: Send {
 
 /// libnftables in-process when it can be opened, else the `nft` process.
 pub fn system() -> Box<dyn Nft> {
-    match super::libnftables::NftLibrary::open() {
+    match NftLibrary::open() {
         Ok(library) => {
             tracing::info!("nftables through libnftables, in-process");
             Box::new(library)
@@ -32,7 +33,7 @@ pub fn system() -> Box<dyn Nft> {
 
 /// libnftables in-process, if it can be opened (for benchmarks that compare the two).
 pub fn library() -> Result<Box<dyn Nft>, String> {
-    super::libnftables::NftLibrary::open().map(|l| Box::new(l) as Box<dyn Nft>).map_err(|e| e.to_string())
+    NftLibrary::open().map(|l| Box::new(l) as Box<dyn Nft>).map_err(|e| e.to_string())
 }
 
 /// Runs the `nft` command, one process per transaction.
@@ -55,5 +56,28 @@ impl Nft for NftProcess {
             return Ok(String::new());
         }
         Err(ExecError::refused(TOOL, message.trim()))
+    }
+}
+
+const LIBRARY: &str = "libnftables";
+
+impl Nft for NftLibrary {
+    fn run(&mut self, script: &str) -> Result<(), ExecError> {
+        let (ok, _, error) = self.command(script)?;
+        if ok {
+            return Ok(());
+        }
+        Err(ExecError::refused(LIBRARY, error.trim()))
+    }
+
+    fn list_table(&mut self) -> Result<String, ExecError> {
+        let (ok, output, error) = self.command(&format!("list table {FAMILY} {TABLE}"))?;
+        if ok {
+            return Ok(output);
+        }
+        if error.contains("No such file or directory") {
+            return Ok(String::new());
+        }
+        Err(ExecError::refused(LIBRARY, error.trim()))
     }
 }

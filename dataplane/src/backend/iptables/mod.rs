@@ -107,3 +107,69 @@ impl Backend for IptablesBackend {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::fixtures::{changed, no_context, node_context, state};
+    use crate::exec::fake::FakeIptables;
+
+    fn service_rules(ipt: &FakeIptables) -> Vec<String> {
+        ipt.rules(Family::V4, "nat", names::SERVICES)
+    }
+
+    #[test]
+    fn programs_beside_foreign_chains_and_cleans_up_only_its_own() {
+        let ipt = FakeIptables::new();
+        let mut foreign = ipt.clone();
+        foreign
+            .restore(Family::V4, "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j RETURN\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n")
+            .expect("kube-proxy's");
+        let mut b = IptablesBackend::new(Box::new(ipt.clone()));
+        let desired = state(&[("a", "10.96.0.1", &["10.244.0.1"]), ("b", "10.96.0.2", &["10.244.0.2"])]);
+        b.full_sync(&desired, &node_context()).expect("full sync");
+        assert_eq!(service_rules(&ipt).len(), 2);
+        let prerouting = ipt.rules(Family::V4, "nat", "PREROUTING");
+        assert_eq!(prerouting.len(), 2, "kpx's hook first, kube-proxy's kept: {prerouting:?}");
+        assert!(prerouting[0].ends_with("-j KPX-PORTALS"), "{prerouting:?}");
+        assert_eq!(
+            ipt.rules(Family::V4, "nat", names::MASQ_NONLOCAL),
+            ["-s 10.244.0.0/16 -j RETURN", "-j KPX-MARK-MASQ"],
+            "the node context's pod CIDRs"
+        );
+
+        let restores = ipt.restores();
+        let after =
+            state(&[("a", "10.96.0.1", &["10.244.0.1", "10.244.0.3"]), ("b", "10.96.0.2", &["10.244.0.2"])]);
+        b.apply(&after, &node_context(), &changed(&["a"])).expect("apply");
+        assert_eq!(ipt.restores(), restores + 1, "one restore for one family");
+        let dump = b.dump().expect("dump");
+        assert!(dump.contains("--to-destination 10.244.0.3:8080") && !dump.contains("KUBE-"), "{dump}");
+
+        b.full_sync(&after, &node_context()).expect("again");
+        assert_eq!(ipt.rules(Family::V4, "nat", "PREROUTING").len(), 2, "hooks are not added twice");
+        b.cleanup().expect("cleanup");
+        assert!(ipt.chains(Family::V4, "nat") == ["KUBE-SERVICES"], "{:?}", ipt.chains(Family::V4, "nat"));
+        assert_eq!(ipt.rules(Family::V4, "nat", "PREROUTING"), ["-j KUBE-SERVICES"]);
+        assert!(ipt.chains(Family::V4, "filter").is_empty());
+    }
+
+    #[test]
+    fn another_context_or_a_refused_restore_makes_the_next_apply_a_full_sync() {
+        let ipt = FakeIptables::new();
+        let mut b = IptablesBackend::new(Box::new(ipt.clone()));
+        let desired = state(&[("a", "10.96.0.1", &["10.244.0.1"])]);
+        b.full_sync(&desired, &no_context()).expect("full sync");
+        assert_eq!(ipt.rules(Family::V4, "nat", names::MASQ_NONLOCAL), ["-j KPX-MARK-MASQ"]);
+        b.apply(&desired, &node_context(), &changed(&[])).expect("the node's pod CIDRs became known");
+        assert_eq!(ipt.rules(Family::V4, "nat", names::MASQ_NONLOCAL).len(), 2);
+        ipt.fail_next("iptables-restore: line 3 failed");
+        let two = state(&[("a", "10.96.0.1", &["10.244.0.1"]), ("b", "10.96.0.2", &["10.244.0.2"])]);
+        let err = b.apply(&two, &node_context(), &changed(&["b"])).expect_err("refused");
+        assert!(err.to_string().contains("line 3 failed"), "{err}");
+        assert_eq!(service_rules(&ipt).len(), 1);
+        b.apply(&two, &node_context(), &changed(&[]))
+            .expect("a full sync: nothing is trusted after a failure");
+        assert_eq!(service_rules(&ipt).len(), 2);
+    }
+}

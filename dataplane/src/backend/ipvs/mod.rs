@@ -12,3 +12,6 @@ pub mod ipset;
 pub mod programmed;
 
 pub use backend::{IpvsBackend, IpvsKernel, IpvsOptions};
+
+#[cfg(test)]
+mod tests;
