@@ -1,128 +1,272 @@
 //! The node's state on disk (sled), so a node that restarts while the control
 //! plane is away programs its Services from what it last accepted.
 //!
-//! Each record carries its version and the resource's protobuf bytes. Every
-//! commit is flushed before the delta is ACKed. A record that cannot be read
-//! back makes the whole store count as empty: the node then resumes with no
-//! versions and the control plane sends everything again.
+//! Each record carries its version, a checksum and the resource's protobuf bytes; a
+//! manifest record, written in the same batch as every change, holds how many records
+//! there are and the XOR of their checksums, so a store that lost or changed records in
+//! the middle is caught, not just a record that does not decode. Every commit is flushed
+//! before the delta is ACKed. A store that is damaged in any way — a record or the
+//! manifest that does not check out, or a database sled cannot open at all (that one is
+//! moved aside) — is reported as [`Damaged`]: the node then resumes with no versions and
+//! the control plane sends everything again.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use kpx_proto::types::{NodeConfig, ServiceView};
+use xxhash_rust::xxh3::xxh3_64;
 
 use crate::state::{ChangeSet, NodeState, Versioned};
 
 const SERVICE_PREFIX: &[u8] = b"svc/";
 const NODE_KEY: &[u8] = b"node";
 const FORMAT_KEY: &[u8] = b"format";
-const FORMAT: &[u8] = b"kpx-state-v1";
+const MANIFEST_KEY: &[u8] = b"manifest";
+const FORMAT: &[u8] = b"kpx-state-v2";
+const DB: &str = "state.sled";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("state store {path}: {source}")]
     Open { path: String, source: sled::Error },
+    #[error("state store {path}: cannot move the damaged store aside: {source}")]
+    MoveAside { path: String, source: std::io::Error },
     #[error("state store: {0}")]
     Sled(#[from] sled::Error),
 }
 
 /// Why a stored state was thrown away.
-#[derive(Debug, thiserror::Error)]
-#[error("record {key:?}: {reason}")]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what}: {reason}")]
 pub struct Damaged {
-    pub key: String,
+    /// The record, or what else was wrong (`manifest`, `database`).
+    pub what: String,
     pub reason: String,
+}
+
+impl Damaged {
+    fn new(what: impl Into<String>, reason: impl Into<String>) -> Self {
+        Damaged { what: what.into(), reason: reason.into() }
+    }
+}
+
+/// How many records there are and the XOR of their checksums.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Manifest {
+    count: u64,
+    digest: u64,
+}
+
+impl Manifest {
+    fn encode(self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&self.count.to_le_bytes());
+        out[8..].copy_from_slice(&self.digest.to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Manifest> {
+        Some(Manifest {
+            count: u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?),
+            digest: u64::from_le_bytes(bytes.get(8..16)?.try_into().ok()?),
+        })
+    }
 }
 
 pub struct Store {
     db: sled::Db,
     tree: sled::Tree,
+    manifest: Manifest,
+    /// Set when the database could not be opened and was replaced by an empty one.
+    replaced: Option<Damaged>,
 }
 
 impl Store {
+    /// Opens the store in `dir`. A database sled cannot open is moved aside
+    /// (`state.sled.damaged-<unix seconds>`) and replaced by an empty one; [`Store::load`]
+    /// then reports it as damaged.
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
-        let path = dir.join("state.sled");
-        let db = sled::open(&path).map_err(|source| Store::open_error(&path, source))?;
-        let tree = db.open_tree("resources").map_err(|source| Store::open_error(&path, source))?;
-        Ok(Store { db, tree })
+        let path = dir.join(DB);
+        match Self::open_db(&path) {
+            Ok((db, tree)) => Ok(Store { db, tree, manifest: Manifest::default(), replaced: None }),
+            // Another process holds it: not damage.
+            Err(StoreError::Open { source: sled::Error::Io(e), .. })
+                if e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("could not acquire lock") =>
+            {
+                Err(StoreError::Open { path: path.display().to_string(), source: sled::Error::Io(e) })
+            }
+            Err(e) => {
+                let aside = PathBuf::from(format!(
+                    "{}.damaged-{}",
+                    path.display(),
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs())
+                ));
+                std::fs::rename(&path, &aside)
+                    .map_err(|source| StoreError::MoveAside { path: path.display().to_string(), source })?;
+                let (db, tree) = Self::open_db(&path)?;
+                let replaced =
+                    Damaged::new("database", format!("{e}; moved aside to {}", aside.display()));
+                Ok(Store { db, tree, manifest: Manifest::default(), replaced: Some(replaced) })
+            }
+        }
     }
 
-    fn open_error(path: &Path, source: sled::Error) -> StoreError {
-        StoreError::Open { path: path.display().to_string(), source }
+    fn open_db(path: &Path) -> Result<(sled::Db, sled::Tree), StoreError> {
+        let open_error = |source| StoreError::Open { path: path.display().to_string(), source };
+        let db = sled::open(path).map_err(open_error)?;
+        let tree = db.open_tree("resources").map_err(open_error)?;
+        Ok((db, tree))
     }
 
-    /// Reads the stored state. A damaged store is reported and yields an empty state.
-    pub fn load(&self) -> Result<Result<NodeState, Damaged>, StoreError> {
+    /// Reads the stored state, checking every record and the manifest. A damaged store is
+    /// reported (the caller decides what to do with the kernel) and reads as nothing.
+    pub fn load(&mut self) -> Result<Result<NodeState, Damaged>, StoreError> {
+        if let Some(damaged) = self.replaced.take() {
+            return Ok(Err(damaged));
+        }
         let mut state = NodeState::default();
         let format = self.tree.get(FORMAT_KEY)?;
-        if format.is_none() && self.tree.len() <= 1 {
+        if format.is_none() && self.tree.is_empty() {
+            self.manifest = Manifest::default();
             return Ok(Ok(state));
         }
         if format.as_deref() != Some(FORMAT) {
-            return Ok(Err(Damaged {
-                key: "format".into(),
-                reason: "missing or unknown store format".into(),
-            }));
+            let found = format.map(|f| String::from_utf8_lossy(&f).into_owned()).unwrap_or_default();
+            return Ok(Err(Damaged::new("format", format!("{found:?} is not {:?}", String::from_utf8_lossy(FORMAT)))));
         }
+        let mut seen = Manifest::default();
+        let mut stored: Option<Manifest> = None;
         for item in self.tree.iter() {
             let (key, value) = item?;
-            let key_text = String::from_utf8_lossy(&key).into_owned();
-            let damaged = |reason: String| Damaged { key: key_text.clone(), reason };
+            let name = String::from_utf8_lossy(&key).into_owned();
             if key.as_ref() == FORMAT_KEY {
                 continue;
             }
-            let (version, body) = match split_record(&value) {
-                Some(r) => r,
-                None => return Ok(Err(damaged("truncated record".into()))),
+            if key.as_ref() == MANIFEST_KEY {
+                stored = Manifest::decode(&value);
+                if stored.is_none() {
+                    return Ok(Err(Damaged::new("manifest", "truncated")));
+                }
+                continue;
+            }
+            let Some((version, checksum, body)) = split_record(&value) else {
+                return Ok(Err(Damaged::new(name, "truncated record")));
             };
-            if let Some(name) = key.strip_prefix(SERVICE_PREFIX) {
+            if checksum != record_checksum(&key, &version, body) {
+                return Ok(Err(Damaged::new(name, "checksum does not match the record")));
+            }
+            seen.count += 1;
+            seen.digest ^= checksum;
+            if let Some(resource) = key.strip_prefix(SERVICE_PREFIX) {
                 let value = match ServiceView::decode(body) {
                     Ok(v) => v,
-                    Err(e) => return Ok(Err(damaged(e.to_string()))),
+                    Err(e) => return Ok(Err(Damaged::new(name, e.to_string()))),
                 };
-                if value.resource_name().as_bytes() != name {
-                    return Ok(Err(damaged("record does not hold the Service its key names".into())));
+                if value.resource_name().as_bytes() != resource {
+                    return Ok(Err(Damaged::new(name, "record does not hold the Service its key names")));
                 }
                 state.services.insert(value.resource_name(), Versioned { version, value });
             } else if key.as_ref() == NODE_KEY {
                 match NodeConfig::decode(body) {
                     Ok(value) => state.node = Some(Versioned { version, value }),
-                    Err(e) => return Ok(Err(damaged(e.to_string()))),
+                    Err(e) => return Ok(Err(Damaged::new(name, e.to_string()))),
                 }
             } else {
-                return Ok(Err(damaged("unknown key".into())));
+                return Ok(Err(Damaged::new(name, "unknown key")));
             }
         }
+        match stored {
+            None => return Ok(Err(Damaged::new("manifest", "missing"))),
+            Some(m) if m != seen => {
+                return Ok(Err(Damaged::new(
+                    "manifest",
+                    format!("says {} records, {} are there or they differ", m.count, seen.count),
+                )))
+            }
+            Some(_) => {}
+        }
+        self.manifest = seen;
         Ok(Ok(state))
     }
 
-    /// Writes what changed in one batch and flushes it to disk.
-    pub fn commit(&self, state: &NodeState, changes: &ChangeSet) -> Result<(), StoreError> {
+    /// Writes what changed in one batch (with the manifest) and flushes it to disk.
+    pub fn commit(&mut self, state: &NodeState, changes: &ChangeSet) -> Result<(), StoreError> {
         let mut batch = sled::Batch::default();
+        let mut manifest = self.manifest;
         batch.insert(FORMAT_KEY, FORMAT);
-        for name in &changes.services {
-            let key = [SERVICE_PREFIX, name.as_bytes()].concat();
-            match state.services.get(name) {
-                Some(svc) => batch.insert(key, record(&svc.version, &svc.value.encode())),
+        let mut put = |key: Vec<u8>, new: Option<(&str, Vec<u8>)>| -> Result<(), StoreError> {
+            if let Some(old) = self.tree.get(&key)? {
+                if let Some((_, checksum, _)) = split_record(&old) {
+                    manifest.count = manifest.count.saturating_sub(1);
+                    manifest.digest ^= checksum;
+                }
+            }
+            match new {
+                Some((version, body)) => {
+                    let value = record(&key, version, &body);
+                    manifest.count += 1;
+                    manifest.digest ^= record_checksum(&key, version, &body);
+                    batch.insert(key, value);
+                }
                 None => batch.remove(key),
             }
+            Ok(())
+        };
+        for name in &changes.services {
+            let key = [SERVICE_PREFIX, name.as_bytes()].concat();
+            put(key, state.services.get(name).map(|s| (s.version.as_str(), s.value.encode())))?;
         }
         if changes.node {
-            match &state.node {
-                Some(node) => batch.insert(NODE_KEY, record(&node.version, &node.value.encode())),
-                None => batch.remove(NODE_KEY),
-            }
+            put(NODE_KEY.to_vec(), state.node.as_ref().map(|n| (n.version.as_str(), n.value.encode())))?;
         }
+        batch.insert(MANIFEST_KEY, &manifest.encode()[..]);
         self.tree.apply_batch(batch)?;
         self.db.flush()?;
+        self.manifest = manifest;
         Ok(())
     }
 
     /// Replaces everything stored with `state` (after a damaged load).
-    pub fn replace_all(&self, state: &NodeState) -> Result<(), StoreError> {
+    pub fn replace_all(&mut self, state: &NodeState) -> Result<(), StoreError> {
         self.tree.clear()?;
+        self.manifest = Manifest::default();
         let changes = ChangeSet { services: state.services.keys().cloned().collect(), node: true };
         self.commit(state, &changes)
     }
+}
+
+fn record_checksum(key: &[u8], version: &str, body: &[u8]) -> u64 {
+    let mut text = Vec::with_capacity(key.len() + version.len() + body.len() + 2);
+    text.extend_from_slice(key);
+    text.push(0);
+    text.extend_from_slice(version.as_bytes());
+    text.push(0);
+    text.extend_from_slice(body);
+    xxh3_64(&text)
+}
+
+/// `<version length: u16 BE><version><checksum: u64 LE><body>`.
+fn record(key: &[u8], version: &str, body: &[u8]) -> Vec<u8> {
+    let len = u16::try_from(version.len()).unwrap_or(u16::MAX);
+    let version = &version.as_bytes()[..usize::from(len)];
+    let checksum = record_checksum(key, std::str::from_utf8(version).unwrap_or_default(), body);
+    let mut out = Vec::with_capacity(10 + version.len() + body.len());
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(version);
+    out.extend_from_slice(&checksum.to_le_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+fn split_record(bytes: &[u8]) -> Option<(String, u64, &[u8])> {
+    let len = usize::from(u16::from_be_bytes([*bytes.first()?, *bytes.get(1)?]));
+    let version = std::str::from_utf8(bytes.get(2..2 + len)?).ok()?.to_owned();
+    if version.is_empty() {
+        return None;
+    }
+    let checksum = u64::from_le_bytes(bytes.get(2 + len..10 + len)?.try_into().ok()?);
+    Some((version, checksum, bytes.get(10 + len..)?))
 }
 
 #[cfg(test)]
@@ -132,25 +276,12 @@ impl Store {
         self.tree.insert(key, value).expect("insert");
         self.db.flush().expect("flush");
     }
-}
 
-/// `<version length: u16 BE><version><body>`.
-fn record(version: &str, body: &[u8]) -> Vec<u8> {
-    let len = u16::try_from(version.len()).unwrap_or(u16::MAX);
-    let mut out = Vec::with_capacity(2 + version.len() + body.len());
-    out.extend_from_slice(&len.to_be_bytes());
-    out.extend_from_slice(&version.as_bytes()[..usize::from(len)]);
-    out.extend_from_slice(body);
-    out
-}
-
-fn split_record(bytes: &[u8]) -> Option<(String, &[u8])> {
-    let len = usize::from(u16::from_be_bytes([*bytes.first()?, *bytes.get(1)?]));
-    let version = std::str::from_utf8(bytes.get(2..2 + len)?).ok()?.to_owned();
-    if version.is_empty() {
-        return None;
+    /// Removes `key` behind the manifest's back.
+    pub(crate) fn remove_raw(&self, key: &[u8]) {
+        self.tree.remove(key).expect("remove");
+        self.db.flush().expect("flush");
     }
-    Some((version, &bytes[2 + len..]))
 }
 
 #[cfg(test)]
@@ -182,32 +313,70 @@ mod tests {
         }
     }
 
-    #[test]
-    fn commits_survive_reopen_and_removals_are_removed() {
+    fn stored(names: &[&str]) -> (tempfile::TempDir, NodeState) {
         let dir = tempfile::tempdir().expect("tmp");
         let mut state = NodeState::default();
-        state.services.insert("c/ns/a".into(), svc("a"));
-        state.services.insert("c/ns/b".into(), svc("b"));
+        for name in names {
+            state.services.insert(format!("c/ns/{name}"), svc(name));
+        }
+        let mut store = Store::open(dir.path()).expect("open");
+        store.replace_all(&state).expect("commit");
+        (dir, state)
+    }
+
+    #[test]
+    fn commits_survive_reopen_and_removals_are_removed() {
+        let (dir, mut state) = stored(&["a", "b"]);
         {
-            let store = Store::open(dir.path()).expect("open");
-            store.replace_all(&state).expect("commit");
+            let mut store = Store::open(dir.path()).expect("reopen");
+            assert_eq!(store.load().expect("read").expect("intact"), state);
             state.services.remove("c/ns/b");
             let changes = ChangeSet { services: ["c/ns/b".to_owned()].into(), node: false };
             store.commit(&state, &changes).expect("commit");
+            state.services.insert("c/ns/a".into(), Versioned { version: "v2".into(), ..svc("a") });
+            let changes = ChangeSet { services: ["c/ns/a".to_owned()].into(), node: false };
+            store.commit(&state, &changes).expect("commit");
         }
-        let store = Store::open(dir.path()).expect("reopen");
+        let mut store = Store::open(dir.path()).expect("reopen");
         assert_eq!(store.load().expect("read").expect("intact"), state);
     }
 
     #[test]
-    fn a_damaged_record_is_reported_not_trusted() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let store = Store::open(dir.path()).expect("open");
-        let mut state = NodeState::default();
-        state.services.insert("c/ns/a".into(), svc("a"));
-        store.replace_all(&state).expect("commit");
-        store.tree.insert(b"svc/c/ns/a", &b"\x00\x02v1\xff\xff\xff"[..]).expect("corrupt");
+    fn a_damaged_record_or_a_lost_one_is_reported_not_trusted() {
+        let (dir, _) = stored(&["a", "b"]);
+        let mut store = Store::open(dir.path()).expect("open");
+        store.load().expect("read").expect("intact");
+        let mut good = store.tree.get(b"svc/c/ns/a").expect("get").expect("there").to_vec();
+        let last = good.len() - 1;
+        good[last] ^= 0x01;
+        store.insert_raw(b"svc/c/ns/a", &good);
         let damaged = store.load().expect("read").expect_err("damaged");
-        assert_eq!(damaged.key, "svc/c/ns/a");
+        assert_eq!(damaged.what, "svc/c/ns/a");
+        assert!(damaged.reason.contains("checksum"), "{damaged}");
+
+        let (dir, _) = stored(&["a", "b"]);
+        let mut store = Store::open(dir.path()).expect("open");
+        store.remove_raw(b"svc/c/ns/b");
+        let damaged = store.load().expect("read").expect_err("a record went missing");
+        assert_eq!(damaged.what, "manifest", "{damaged}");
+        store.insert_raw(b"svc/c/ns/b", b"\x00\x02v1");
+        assert_eq!(store.load().expect("read").expect_err("truncated").reason, "truncated record");
+    }
+
+    #[test]
+    fn a_database_sled_cannot_open_is_moved_aside_and_reported() {
+        let (dir, _) = stored(&["a"]);
+        let conf = dir.path().join(DB).join("conf");
+        std::fs::write(&conf, b"garbage that is not sled's config").expect("damage conf");
+        let mut store = Store::open(dir.path()).expect("opens a fresh store instead");
+        let damaged = store.load().expect("read").expect_err("reported");
+        assert_eq!(damaged.what, "database");
+        assert!(damaged.reason.contains("moved aside"), "{damaged}");
+        assert_eq!(store.load().expect("read").expect("now empty"), NodeState::default());
+        let aside = std::fs::read_dir(dir.path())
+            .expect("list")
+            .filter_map(Result::ok)
+            .any(|e| e.file_name().to_string_lossy().starts_with("state.sled.damaged-"));
+        assert!(aside, "the damaged store is kept for a look");
     }
 }

@@ -73,6 +73,11 @@ fn subscription(agent: &Agent, ty: ResourceType) -> DeltaDiscoveryRequest {
 /// How often the backend's timed work runs (drained IPVS destinations are removed).
 const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(5);
 
+/// A node recovering from a damaged store takes the control plane's state as whole once
+/// the stream has been quiet this long after its last response (a control plane answers
+/// each ACK with the next part of an initial sync at once).
+const RECOVERY_QUIET: Duration = Duration::from_secs(2);
+
 async fn stream_once(control_plane: &str, agent: &SharedAgent, sync: SyncPeriods) -> Result<(), StreamEnd> {
     let full_sync_period = sync.full;
     let fail = |established: bool| move |e: anyhow::Error| StreamEnd { error: e, established };
@@ -101,9 +106,15 @@ async fn stream_once(control_plane: &str, agent: &SharedAgent, sync: SyncPeriods
     let mut last_apply = tokio::time::Instant::now() - sync.min;
     let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
     housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_response = tokio::time::Instant::now();
     loop {
+        let recovering = agent.lock().recovering();
         let message = tokio::select! {
             message = inbound.message() => message,
+            _ = tokio::time::sleep_until(last_response + RECOVERY_QUIET), if recovering => {
+                tokio::task::block_in_place(|| agent.lock().finish_recovery());
+                continue;
+            }
             _ = housekeeping.tick() => {
                 tokio::task::block_in_place(|| agent.lock().housekeeping());
                 continue;
@@ -123,6 +134,7 @@ async fn stream_once(control_plane: &str, agent: &SharedAgent, sync: SyncPeriods
         }
         let reply = tokio::task::block_in_place(|| handle(&mut agent.lock(), response));
         last_apply = tokio::time::Instant::now();
+        last_response = last_apply;
         tx.send(reply).await.map_err(|_| fail(true)(anyhow::anyhow!("request channel closed")))?;
     }
 }

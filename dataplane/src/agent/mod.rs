@@ -20,7 +20,7 @@ use crate::healthcheck::{self, ServiceHealth};
 use crate::metrics::{labels, AgentMetrics};
 use crate::state::{Delta, NodeState, RawResource};
 use crate::status::{unix_seconds, AgentStatus};
-use crate::store::Store;
+use crate::store::{Damaged, Store};
 
 pub struct Agent {
     node_name: String,
@@ -37,6 +37,8 @@ pub struct Agent {
     health: watch::Sender<BTreeMap<u16, ServiceHealth>>,
     pub status: AgentStatus,
     metrics: Arc<AgentMetrics>,
+    /// Since when the agent recovers from a damaged store (see [`Agent::start`]).
+    recovering: Option<Instant>,
 }
 
 /// The agent, shared between the xDS client and the admin, metrics and health servers.
@@ -86,43 +88,93 @@ fn service_changed(a: &ServiceView, b: &ServiceView) -> bool {
 }
 
 impl Agent {
-    /// Loads the stored state and programs the kernel from it, before any control plane answers.
+    /// Loads the stored state and programs the kernel from it, before any control plane
+    /// answers. A damaged store — or an empty one while the kernel holds kpx's rules,
+    /// which is suspicious, not truth — leaves the kernel untouched: the agent asks the
+    /// control plane for everything and programs it once it has all of it
+    /// ([`Agent::finish_recovery`]), so there is no moment without rules.
     pub fn start(
         node_name: String,
         settings: ProxySettings,
         mut backend: Box<dyn Backend>,
-        store: Store,
+        mut store: Store,
         conntrack: SharedConntrack,
         control_plane: String,
     ) -> anyhow::Result<Agent> {
-        let state = match store.load()? {
-            Ok(state) => state,
-            Err(damaged) => {
-                tracing::error!(%damaged, "stored state is damaged; starting empty and asking the control plane for everything");
-                let empty = NodeState::default();
-                store.replace_all(&empty)?;
-                empty
+        let (state, damaged) = match store.load()? {
+            Ok(state) => (state, None),
+            Err(damaged) => (NodeState::default(), Some(damaged)),
+        };
+        let damaged = match damaged {
+            None if state.services.is_empty() && state.node.is_none() && backend.holds_rules()? => {
+                Some(Damaged { what: "store".into(), reason: "empty, but the kernel holds kpx's rules".into() })
             }
+            other => other,
         };
         let metrics = Arc::new(AgentMetrics::new(backend.name()));
         let context = NodeContext::derive(&settings, state.node.as_ref().map(|n| &n.value));
+        let (health, _) = watch::channel(healthcheck::desired(&state));
+        let status = AgentStatus { control_plane, ..Default::default() };
+        let mut agent = Agent {
+            node_name,
+            state,
+            settings,
+            context,
+            backend,
+            store,
+            conntrack,
+            health,
+            status,
+            metrics,
+            recovering: None,
+        };
+        if let Some(damaged) = damaged {
+            tracing::error!(%damaged, "stored state is damaged: the kernel keeps its rules untouched until the control plane has sent the full state");
+            agent.store.replace_all(&agent.state)?;
+            agent.status.last_error = format!("state store damaged ({damaged}): waiting for the control plane's full state");
+            agent.recovering = Some(Instant::now());
+            return Ok(agent);
+        }
         let started = Instant::now();
-        backend.full_sync(&state, &context).map_err(|e| {
-            anyhow::anyhow!("{} backend: programming the stored state failed: {e}", backend.name())
+        agent.backend.full_sync(&agent.state, &agent.context).map_err(|e| {
+            anyhow::anyhow!("{} backend: programming the stored state failed: {e}", agent.backend.name())
         })?;
         let elapsed = started.elapsed();
         tracing::info!(
-            services = state.services.len(),
-            node_config = state.node.is_some(),
+            services = agent.state.services.len(),
+            node_config = agent.state.node.is_some(),
             elapsed_ms = elapsed.as_millis() as u64,
             "programmed stored state"
         );
-        let (health, _) = watch::channel(healthcheck::desired(&state));
-        let status = AgentStatus { control_plane, ..Default::default() };
-        let mut agent =
-            Agent { node_name, state, settings, context, backend, store, conntrack, health, status, metrics };
         agent.synced(elapsed, true);
         Ok(agent)
+    }
+
+    /// Whether the agent is recovering from a damaged store: it takes the control
+    /// plane's resources into its state and store but leaves the kernel as it found it.
+    pub fn recovering(&self) -> bool {
+        self.recovering.is_some()
+    }
+
+    /// Ends recovery once the control plane has sent the full state: programs it all.
+    pub fn finish_recovery(&mut self) {
+        let Some(since) = self.recovering.take() else { return };
+        let started = Instant::now();
+        match self.backend.full_sync(&self.state, &self.context) {
+            Ok(()) => {
+                self.synced(started.elapsed(), true);
+                self.status.last_error.clear();
+                tracing::info!(
+                    services = self.state.services.len(),
+                    waited_ms = since.elapsed().as_millis() as u64,
+                    "recovered: the control plane's full state is programmed"
+                );
+            }
+            Err(e) => {
+                self.sync_failed(&e);
+                tracing::error!(error = %e, "programming the control plane's full state failed; retrying at the next change or resync");
+            }
+        }
     }
 
     /// Records a successful kernel sync.
@@ -191,8 +243,12 @@ impl Agent {
         }
     }
 
-    /// Programs the whole state again (the periodic full resync).
+    /// Programs the whole state again (the periodic full resync); not while recovering,
+    /// when the state may not be whole yet.
     pub fn resync(&mut self) {
+        if self.recovering() {
+            return;
+        }
         let started = Instant::now();
         match self.backend.full_sync(&self.state, &self.context) {
             Ok(()) => {
@@ -300,6 +356,17 @@ impl Agent {
             let next = NodeContext::derive(&self.settings, self.state.node.as_ref().map(|n| &n.value));
             std::mem::replace(&mut self.context, next)
         });
+        if self.recovering() {
+            // The kernel keeps what it has until the state is whole: only store it.
+            if let Err(e) = self.store.commit(&self.state, &changes) {
+                self.state.undo(undo);
+                if let Some(context) = previous_context {
+                    self.context = context;
+                }
+                return Err(e.into());
+            }
+            return Ok(Applied { resources, removed, elapsed: started.elapsed() });
+        }
         let sync_started = Instant::now();
         if let Err(source) = self.backend.apply(&self.state, &self.context, &changes) {
             self.sync_failed(&source);

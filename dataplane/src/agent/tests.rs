@@ -172,21 +172,55 @@ fn a_restart_programs_the_stored_state_before_any_control_plane_answers() {
 }
 
 #[test]
-fn a_damaged_store_is_reported_and_the_node_asks_for_everything() {
+fn a_damaged_store_leaves_the_kernel_alone_until_the_control_planes_full_state_is_in() {
+    let node = Node::new();
+    let mut agent = node.agent();
+    agent.apply(SERVICES, vec![raw(&web(&["10.244.0.1"])), raw(&service("db", "10.96.0.11", &["10.244.0.9"]))], vec![])
+        .expect("ACK");
+    drop(agent);
+    let kernel = node.table();
+    node.store().insert_raw(format!("svc/{WEB}").as_bytes(), b"\x00\x02v1\xff\xff");
+    let transactions = node.nft.transactions();
+    let mut agent = node.agent();
+    assert!(agent.recovering());
+    assert!(agent.state().versions(ResourceType::ServiceView).is_empty(), "no versions: everything is resent");
+    assert_eq!(node.nft.transactions(), transactions, "the kernel was not touched");
+    assert!(agent.status.last_error.contains("damaged"), "{}", agent.status.last_error);
+    assert_eq!(agent.status.health(std::time::SystemTime::now()).0, 503, "not synced yet");
+    // The control plane sends the state in parts; none of it reaches the kernel yet.
+    agent.apply(SERVICES, vec![raw(&web(&["10.244.0.2"]))], vec![]).expect("ACK");
+    agent.resync();
+    assert_eq!(node.table(), kernel, "still the rules the kernel had");
+    agent.apply(SERVICES, vec![raw(&service("db", "10.96.0.11", &["10.244.0.9"]))], vec![]).expect("ACK");
+    agent.finish_recovery();
+    assert!(!agent.recovering());
+    assert_eq!(
+        node.nft.elements("endpoints-v4"),
+        ["10.96.0.10 . tcp . 80 . 0 : 10.244.0.2 . 8080", "10.96.0.11 . tcp . 80 . 0 : 10.244.0.9 . 8080"]
+    );
+    assert_eq!(agent.status.health(std::time::SystemTime::now()).0, 200);
+    drop(agent);
+    let reopened = node.store().load().expect("read").expect("the store is whole again");
+    assert_eq!(reopened.services.len(), 2);
+}
+
+#[test]
+fn an_empty_store_beside_kpxs_rules_is_suspicious_not_truth() {
     let node = Node::new();
     let mut agent = node.agent();
     agent.apply(SERVICES, vec![raw(&web(&["10.244.0.1"]))], vec![]).expect("ACK");
     drop(agent);
-    node.store().insert_raw(format!("svc/{WEB}").as_bytes(), b"\x00\x02v1\xff\xff");
+    // The state directory is gone (a pod without its hostPath), the kernel's rules are not.
+    let node = Node { dir: tempfile::tempdir().expect("tmp"), ..node };
+    let kernel = node.table();
     let agent = node.agent();
-    assert!(agent.state().services.is_empty());
-    assert!(
-        agent.state().versions(ResourceType::ServiceView).is_empty(),
-        "no versions: everything is resent"
-    );
+    assert!(agent.recovering(), "kpx's table is there: the empty store is not the truth");
+    assert_eq!(node.table(), kernel);
     drop(agent);
-    let reopened = node.store().load().expect("read");
-    assert!(reopened.is_ok(), "the damaged record was replaced, not kept");
+    // A node where kpx never ran programs its (empty) state at once.
+    let fresh = Node::new();
+    let agent = fresh.agent();
+    assert!(!agent.recovering() && fresh.nft.has_table());
 }
 
 #[test]

@@ -56,6 +56,10 @@ pub trait Backend: Send {
     /// The rules as programmed, in the tool's own text.
     fn dump(&mut self) -> Result<String, BackendError>;
 
+    /// Whether the kernel holds rules of kpx's (from an earlier run): an empty store beside
+    /// them is suspicious, not truth.
+    fn holds_rules(&mut self) -> Result<bool, BackendError>;
+
     /// Work that is due with time rather than with a change (the IPVS backend removes
     /// drained destinations); called every few seconds.
     fn housekeeping(&mut self) -> Result<(), BackendError> {

@@ -2,6 +2,7 @@
 //! whole or not at all), through libnftables in-process when it can be opened, else the
 //! `nft` process.
 
+pub use super::libnftables::OpenError;
 use super::libnftables::NftLibrary;
 use super::{process, ExecError};
 
@@ -32,8 +33,8 @@ pub fn system() -> Box<dyn Nft> {
 }
 
 /// libnftables in-process, if it can be opened (for benchmarks that compare the two).
-pub fn library() -> Result<Box<dyn Nft>, String> {
-    NftLibrary::open().map(|l| Box::new(l) as Box<dyn Nft>).map_err(|e| e.to_string())
+pub fn library() -> Result<Box<dyn Nft>, OpenError> {
+    NftLibrary::open().map(|l| Box::new(l) as Box<dyn Nft>)
 }
 
 /// Runs the `nft` command, one process per transaction.

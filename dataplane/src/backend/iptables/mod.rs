@@ -99,6 +99,16 @@ impl Backend for IptablesBackend {
         Ok(())
     }
 
+    fn holds_rules(&mut self) -> Result<bool, BackendError> {
+        for family in Family::ALL {
+            let saved = self.iptables.save(family)?;
+            if xtables::saved_chains(&saved).iter().any(|(_, chain)| chain.starts_with(names::PREFIX)) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     fn dump(&mut self) -> Result<String, BackendError> {
         let mut out = String::new();
         for family in Family::ALL {

@@ -385,6 +385,10 @@ impl Backend for IpvsBackend {
         Ok(())
     }
 
+    fn holds_rules(&mut self) -> Result<bool, BackendError> {
+        Ok(!self.kernel.links.addresses(INTERFACE)?.is_empty() || !keys_in_sets(&self.kernel.ipset.save()?).is_empty())
+    }
+
     /// The IPVS table like `ipvsadm -Ln`, then kpx's sets like `ipset save`, then its
     /// chains like `iptables-save`.
     fn dump(&mut self) -> Result<String, BackendError> {

@@ -81,4 +81,8 @@ impl Backend for NftablesBackend {
     fn dump(&mut self) -> Result<String, BackendError> {
         Ok(self.nft.list_table()?)
     }
+
+    fn holds_rules(&mut self) -> Result<bool, BackendError> {
+        Ok(!self.nft.list_table()?.trim().is_empty())
+    }
 }
