@@ -90,7 +90,8 @@ impl Store {
             Ok((db, tree)) => Ok(Store { db, tree, manifest: Manifest::default(), replaced: None }),
             // Another process holds it: not damage.
             Err(StoreError::Open { source: sled::Error::Io(e), .. })
-                if e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("could not acquire lock") =>
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.to_string().contains("could not acquire lock") =>
             {
                 Err(StoreError::Open { path: path.display().to_string(), source: sled::Error::Io(e) })
             }
@@ -105,8 +106,7 @@ impl Store {
                 std::fs::rename(&path, &aside)
                     .map_err(|source| StoreError::MoveAside { path: path.display().to_string(), source })?;
                 let (db, tree) = Self::open_db(&path)?;
-                let replaced =
-                    Damaged::new("database", format!("{e}; moved aside to {}", aside.display()));
+                let replaced = Damaged::new("database", format!("{e}; moved aside to {}", aside.display()));
                 Ok(Store { db, tree, manifest: Manifest::default(), replaced: Some(replaced) })
             }
         }
@@ -133,7 +133,10 @@ impl Store {
         }
         if format.as_deref() != Some(FORMAT) {
             let found = format.map(|f| String::from_utf8_lossy(&f).into_owned()).unwrap_or_default();
-            return Ok(Err(Damaged::new("format", format!("{found:?} is not {:?}", String::from_utf8_lossy(FORMAT)))));
+            return Ok(Err(Damaged::new(
+                "format",
+                format!("{found:?} is not {:?}", String::from_utf8_lossy(FORMAT)),
+            )));
         }
         let mut seen = Manifest::default();
         let mut stored: Option<Manifest> = None;

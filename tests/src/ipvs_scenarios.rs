@@ -5,7 +5,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use crate::manifests::{documents, ep, service, slice};
 use crate::netns::Netns;
 use crate::scenarios::{Scenario, Scene};
 use crate::topology::{sock, ProxyBackend, Topology, NODE_IP};
-use crate::traffic::{tcp_request, Answer};
+use crate::traffic::{tcp_request, Answer, Prober};
 use crate::{wait_for, DEADLINE};
 
 /// Every IPVS-only scenario by name.
@@ -123,22 +123,13 @@ pub fn restart_keeps_traffic(backend: ProxyBackend) {
         });
     }
     // Requests all along the restart, from a thread in the client namespace.
-    let (stop, failures, sent) =
-        (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let prober = {
-        let (stop, failures, sent) = (Arc::clone(&stop), Arc::clone(&failures), Arc::clone(&sent));
-        s.t.client.spawn_in(move || {
-            while !stop.load(Ordering::Relaxed) {
-                for to in [vip, node_port] {
-                    if tcp_request(to) != Answer::From("pod0".into()) {
-                        failures.fetch_add(1, Ordering::Relaxed);
-                    }
-                    sent.fetch_add(1, Ordering::Relaxed);
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        })
-    };
+    let prober = Prober::start(
+        &s.t.client,
+        &[vip, node_port],
+        "pod0",
+        Duration::from_millis(20),
+        Duration::from_secs(120),
+    );
     s.dp.kill();
     std::thread::sleep(Duration::from_secs(1));
     s.dp = s.t.start_dataplane_with(backend, &[]);
@@ -152,11 +143,9 @@ pub fn restart_keeps_traffic(backend: ProxyBackend) {
             .then_some(())
     });
     std::thread::sleep(Duration::from_secs(1));
-    stop.store(true, Ordering::Relaxed);
-    prober.join().expect("prober");
-    let (failed, total) = (failures.load(Ordering::Relaxed), sent.load(Ordering::Relaxed));
-    assert!(total > 20, "requests were sent during the restart: {total}");
-    assert_eq!(failed, 0, "{failed} of {total} requests failed while the agent restarted");
+    let seen = prober.finish();
+    assert!(seen.sent > 20, "requests were sent during the restart: {seen:?}");
+    assert_eq!(seen.failed, 0, "requests failed while the agent restarted: {seen:?}");
 
     // An agent without its state: the Service is gone meanwhile.
     s.dp.kill();

@@ -19,7 +19,9 @@ use crate::process::KpxProcess;
 use crate::topology::{
     sock, ProxyBackend, Topology, CLIENT_IP, CLIENT_IP_2, CLUSTER_CIDR, NODE_IP, NODE_IP_2,
 };
-use crate::traffic::{http_get, tcp_request, tcp_request_from, udp_exchange, udp_request, Answer, Backend};
+use crate::traffic::{
+    http_get, tcp_request, tcp_request_from, udp_exchange, udp_request, Answer, Backend, Prober,
+};
 use crate::{wait_for, DEADLINE};
 
 /// Generates one `#[test]` per scenario for a backend.
@@ -29,7 +31,7 @@ macro_rules! behaviour_suite {
         $crate::behaviour_suite!(@tests $backend;
             node_port, external_and_load_balancer_ips, external_traffic_policy_local,
             internal_traffic_policy_local, topology_hints, session_affinity, terminating_endpoints,
-            masquerade, dual_stack, ports, udp_conntrack, ignored_services, bad_input);
+            masquerade, dual_stack, ports, udp_conntrack, ignored_services, bad_input, damaged_store);
     };
     (@tests $backend:expr; $($scenario:ident),*) => {
         $(
@@ -60,6 +62,7 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("udp_conntrack", udp_conntrack),
     ("ignored_services", ignored_services),
     ("bad_input", bad_input),
+    ("damaged_store", damaged_store),
 ];
 
 /// A started topology with backends on 8080 in every pod.
@@ -610,4 +613,113 @@ pub fn bad_input(backend: ProxyBackend) {
     for vip in ["10.96.1.20", "10.96.1.21", "10.96.1.22"] {
         assert!(!s.rules_mention(vip), "{vip}: a Service with a bad field is not programmed");
     }
+}
+
+/// How a scenario damages the agent's state directory.
+#[derive(Debug, Clone, Copy)]
+enum Damage {
+    /// sled's `conf` overwritten: sled cannot open the database.
+    Conf,
+    /// Bytes in the middle of sled's log overwritten.
+    Log,
+    /// The log truncated to nothing.
+    Truncated,
+    /// The whole state directory gone.
+    Removed,
+}
+
+impl Damage {
+    fn apply(self, state: &std::path::Path) {
+        let db = state.join("state.sled");
+        match self {
+            Damage::Conf => std::fs::write(db.join("conf"), b"not sled's config").expect("damage conf"),
+            Damage::Log => {
+                let path = db.join("db");
+                let mut bytes = std::fs::read(&path).expect("read log");
+                let middle = bytes.len() / 2;
+                for b in bytes.iter_mut().skip(middle).take(64) {
+                    *b = !*b;
+                }
+                std::fs::write(&path, bytes).expect("damage log");
+            }
+            Damage::Truncated => {
+                std::fs::File::create(db.join("db")).expect("truncate log");
+            }
+            Damage::Removed => std::fs::remove_dir_all(state).expect("remove state"),
+        }
+    }
+
+    /// Whether the agent must notice it (bytes flipped in the log may fall where sled
+    /// keeps nothing it still needs).
+    fn must_be_seen(self) -> bool {
+        !matches!(self, Damage::Log)
+    }
+}
+
+/// A damaged state store (overwritten conf, flipped log bytes, a truncated log, no state
+/// directory at all), found at start while the control plane is down: the agent says so
+/// and keeps the kernel's rules untouched, then programs the control plane's full state
+/// once it is back. Not one request fails throughout.
+pub fn damaged_store(backend: ProxyBackend) {
+    let spec = "  type: NodePort\n  clusterIP: 10.96.1.20\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30120}\n";
+    let manifests = [(
+        "kept.yaml",
+        documents(&[
+            service("kept", spec, ""),
+            slice("kept", "kept-1", false, &[("http", "TCP", 8080)], &[ep(pod(0))]),
+        ]),
+    )];
+    let mut s = Scene::start(backend, 2, &manifests, &[], &[]);
+    let (vip, node_port) = (sock("10.96.1.20", 80), sock(NODE_IP, 30120));
+    wait_answered_by(&s.t.client, vip, &["pod0"]);
+    wait_answered_by(&s.t.client, node_port, &["pod0"]);
+    let state = s.t.dir.path().join("state");
+    let prober = Prober::start(
+        &s.t.client,
+        &[vip, node_port],
+        "pod0",
+        Duration::from_millis(20),
+        Duration::from_secs(240),
+    );
+    for damage in [Damage::Conf, Damage::Log, Damage::Truncated, Damage::Removed] {
+        s.dp.kill();
+        s.cp.kill();
+        damage.apply(&state);
+        s.dp = s.t.start_dataplane_with(backend, &[]);
+        let first = s.dp.wait_event("what it made of its store", DEADLINE, |e| {
+            e["message"] == "programmed stored state"
+                || e["message"].as_str().is_some_and(|m| m.starts_with("stored state is damaged"))
+        });
+        let damaged = first["message"] != "programmed stored state";
+        assert!(damaged || !damage.must_be_seen(), "{damage:?} went unnoticed: {first}");
+        // The control plane is away for a while: the kernel must keep serving.
+        std::thread::sleep(Duration::from_secs(1));
+        s.cp = s.t.start_control_plane();
+        if damaged {
+            s.dp.wait_event("the control plane's full state programmed", DEADLINE, |e| {
+                e["message"].as_str().is_some_and(|m| m.starts_with("recovered"))
+            });
+        }
+        wait_for("the agent to follow the control plane again", DEADLINE, || {
+            s.dp.events()
+                .iter()
+                .any(|e| e["message"].as_str().is_some_and(|m| m.starts_with("stream open")))
+                .then_some(())
+        });
+        let now = prober.result();
+        assert_eq!(now.failed, 0, "after {damage:?}: {now:?}");
+        println!("{damage:?}: noticed {damaged}; {} requests so far, none failed", now.sent);
+    }
+    let seen = prober.finish();
+    assert!(seen.sent > 100, "{seen:?}");
+    assert_eq!(seen.failed, 0, "{seen:?}");
+    // The rules are the control plane's again: a change still arrives.
+    s.t.write_manifest(
+        "kept.yaml",
+        &documents(&[
+            service("kept", spec, ""),
+            slice("kept", "kept-1", false, &[("http", "TCP", 8080)], &[ep(pod(1))]),
+        ]),
+    );
+    wait_answered_by(&s.t.client, vip, &["pod1"]);
 }

@@ -292,3 +292,78 @@ pub fn tally(
         counts
     })
 }
+
+/// A bounded load generator: from a thread in a namespace, one TCP request to each target
+/// every `interval`, until stopped or `limit` has passed, counting the answers that are
+/// not the expected one (and keeping the first few).
+pub struct Prober {
+    stop: Arc<AtomicBool>,
+    result: Arc<Mutex<ProbeResult>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What a [`Prober`] saw.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProbeResult {
+    pub sent: usize,
+    pub failed: usize,
+    /// The first failures: target and answer.
+    pub failures: Vec<(SocketAddr, Answer)>,
+}
+
+impl Prober {
+    /// Starts probing `targets` from `ns`; each must be answered by `expected`.
+    pub fn start(
+        ns: &Netns,
+        targets: &[SocketAddr],
+        expected: &str,
+        interval: Duration,
+        limit: Duration,
+    ) -> Prober {
+        let stop = Arc::new(AtomicBool::new(false));
+        let result = Arc::new(Mutex::new(ProbeResult::default()));
+        let (flag, shared, targets, want) =
+            (Arc::clone(&stop), Arc::clone(&result), targets.to_vec(), Answer::From(expected.to_owned()));
+        let thread = ns.spawn_in(move || {
+            let started = std::time::Instant::now();
+            while !flag.load(Ordering::Relaxed) && started.elapsed() < limit {
+                for to in &targets {
+                    let answer = tcp_request(*to);
+                    let mut r = shared.lock().unwrap_or_else(|p| p.into_inner());
+                    r.sent += 1;
+                    if answer != want {
+                        r.failed += 1;
+                        if r.failures.len() < 10 {
+                            r.failures.push((*to, answer));
+                        }
+                    }
+                }
+                std::thread::sleep(interval);
+            }
+        });
+        Prober { stop, result, thread: Some(thread) }
+    }
+
+    /// What it saw so far.
+    pub fn result(&self) -> ProbeResult {
+        self.result.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Stops it and returns what it saw.
+    pub fn finish(mut self) -> ProbeResult {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.result()
+    }
+}
+
+impl Drop for Prober {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

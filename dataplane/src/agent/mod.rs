@@ -107,7 +107,10 @@ impl Agent {
         };
         let damaged = match damaged {
             None if state.services.is_empty() && state.node.is_none() && backend.holds_rules()? => {
-                Some(Damaged { what: "store".into(), reason: "empty, but the kernel holds kpx's rules".into() })
+                Some(Damaged {
+                    what: "store".into(),
+                    reason: "empty, but the kernel holds kpx's rules".into(),
+                })
             }
             other => other,
         };
@@ -131,7 +134,8 @@ impl Agent {
         if let Some(damaged) = damaged {
             tracing::error!(%damaged, "stored state is damaged: the kernel keeps its rules untouched until the control plane has sent the full state");
             agent.store.replace_all(&agent.state)?;
-            agent.status.last_error = format!("state store damaged ({damaged}): waiting for the control plane's full state");
+            agent.status.last_error =
+                format!("state store damaged ({damaged}): waiting for the control plane's full state");
             agent.recovering = Some(Instant::now());
             return Ok(agent);
         }

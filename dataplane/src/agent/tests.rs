@@ -175,7 +175,12 @@ fn a_restart_programs_the_stored_state_before_any_control_plane_answers() {
 fn a_damaged_store_leaves_the_kernel_alone_until_the_control_planes_full_state_is_in() {
     let node = Node::new();
     let mut agent = node.agent();
-    agent.apply(SERVICES, vec![raw(&web(&["10.244.0.1"])), raw(&service("db", "10.96.0.11", &["10.244.0.9"]))], vec![])
+    agent
+        .apply(
+            SERVICES,
+            vec![raw(&web(&["10.244.0.1"])), raw(&service("db", "10.96.0.11", &["10.244.0.9"]))],
+            vec![],
+        )
         .expect("ACK");
     drop(agent);
     let kernel = node.table();
@@ -183,7 +188,10 @@ fn a_damaged_store_leaves_the_kernel_alone_until_the_control_planes_full_state_i
     let transactions = node.nft.transactions();
     let mut agent = node.agent();
     assert!(agent.recovering());
-    assert!(agent.state().versions(ResourceType::ServiceView).is_empty(), "no versions: everything is resent");
+    assert!(
+        agent.state().versions(ResourceType::ServiceView).is_empty(),
+        "no versions: everything is resent"
+    );
     assert_eq!(node.nft.transactions(), transactions, "the kernel was not touched");
     assert!(agent.status.last_error.contains("damaged"), "{}", agent.status.last_error);
     assert_eq!(agent.status.health(std::time::SystemTime::now()).0, 503, "not synced yet");

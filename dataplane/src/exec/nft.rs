@@ -2,8 +2,8 @@
 //! whole or not at all), through libnftables in-process when it can be opened, else the
 //! `nft` process.
 
-pub use super::libnftables::OpenError;
 use super::libnftables::NftLibrary;
+pub use super::libnftables::OpenError;
 use super::{process, ExecError};
 
 /// kpx's table: family and name.

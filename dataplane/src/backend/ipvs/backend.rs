@@ -386,7 +386,8 @@ impl Backend for IpvsBackend {
     }
 
     fn holds_rules(&mut self) -> Result<bool, BackendError> {
-        Ok(!self.kernel.links.addresses(INTERFACE)?.is_empty() || !keys_in_sets(&self.kernel.ipset.save()?).is_empty())
+        Ok(!self.kernel.links.addresses(INTERFACE)?.is_empty()
+            || !keys_in_sets(&self.kernel.ipset.save()?).is_empty())
     }
 
     /// The IPVS table like `ipvsadm -Ln`, then kpx's sets like `ipset save`, then its
