@@ -8,6 +8,7 @@ pub mod admin;
 pub mod agent;
 pub mod backend;
 pub mod config;
+pub mod connection;
 pub mod conntrack;
 pub mod exec;
 pub mod healthcheck;

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::agent::{Agent, SharedAgent};
+use crate::connection::ControlPlane;
 use crate::state::RawResource;
 use kpx_proto::ResourceType;
 
@@ -33,12 +34,13 @@ pub struct SyncPeriods {
 }
 
 /// Runs forever: connect, stream, and on any failure back off and resume.
-pub async fn run(control_plane: String, agent: SharedAgent, sync: SyncPeriods) {
+pub async fn run(control_plane: ControlPlane, agent: SharedAgent, sync: SyncPeriods) {
     let mut backoff = INITIAL_BACKOFF;
+    let url = control_plane.url.clone();
     loop {
         match stream_once(&control_plane, &agent, sync).await {
             Ok(()) => {
-                tracing::warn!(control_plane, "control plane closed the stream");
+                tracing::warn!(control_plane = url, "control plane closed the stream");
                 agent.lock().set_connected(false, Some("control plane closed the stream".into()));
                 backoff = INITIAL_BACKOFF;
             }
@@ -47,7 +49,7 @@ pub async fn run(control_plane: String, agent: SharedAgent, sync: SyncPeriods) {
                     backoff = INITIAL_BACKOFF;
                 }
                 agent.lock().set_connected(false, Some(format!("{error:#}")));
-                tracing::warn!(control_plane, error = %error, retry_in_ms = backoff.as_millis() as u64, "control plane unreachable; rules stay as they are");
+                tracing::warn!(control_plane = url, error = %error, retry_in_ms = backoff.as_millis() as u64, "control plane unreachable; rules stay as they are");
             }
         }
         let jitter = rand::rng().random_range(0.5..1.5);
@@ -78,29 +80,42 @@ const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(5);
 /// each ACK with the next part of an initial sync at once).
 const RECOVERY_QUIET: Duration = Duration::from_secs(2);
 
-async fn stream_once(control_plane: &str, agent: &SharedAgent, sync: SyncPeriods) -> Result<(), StreamEnd> {
+async fn stream_once(
+    control_plane: &ControlPlane,
+    agent: &SharedAgent,
+    sync: SyncPeriods,
+) -> Result<(), StreamEnd> {
     let full_sync_period = sync.full;
     let fail = |established: bool| move |e: anyhow::Error| StreamEnd { error: e, established };
-    let mut client = AggregatedDiscoveryServiceClient::connect(control_plane.to_owned())
-        .await
-        .map_err(|e| fail(false)(anyhow::anyhow!("connect: {e}")))?
-        .max_decoding_message_size(256 << 20);
+    let channel = control_plane.connect().await.map_err(|e| fail(false)(anyhow::anyhow!("connect: {e}")))?;
+    let mut client = AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(256 << 20);
     let (tx, rx) = mpsc::channel(16);
     for ty in ResourceType::ALL {
         let request = subscription(&agent.lock(), ty);
         tx.send(request).await.map_err(|_| fail(false)(anyhow::anyhow!("request channel closed")))?;
     }
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    if let Some(bearer) = control_plane.bearer().map_err(|e| fail(false)(e.into()))? {
+        let value = bearer
+            .parse()
+            .map_err(|_| fail(false)(anyhow::anyhow!("the token is not a valid header value")))?;
+        request.metadata_mut().insert("authorization", value);
+    }
     let mut inbound = client
-        .delta_aggregated_resources(ReceiverStream::new(rx))
+        .delta_aggregated_resources(request)
         .await
-        .map_err(|e| fail(false)(anyhow::anyhow!("open stream: {}", e.message())))?
+        .map_err(|e| fail(false)(anyhow::anyhow!("open stream: {}: {}", code_name(e.code()), e.message())))?
         .into_inner();
     let services = {
         let mut agent = agent.lock();
         agent.set_connected(true, None);
         agent.state().services.len()
     };
-    tracing::info!(control_plane, services, "stream open; resuming with the versions this node has");
+    tracing::info!(
+        control_plane = control_plane.url,
+        services,
+        "stream open; resuming with the versions this node has"
+    );
     let period = full_sync_period.unwrap_or(Duration::from_secs(365 * 24 * 3600));
     let mut resync = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     let mut last_apply = tokio::time::Instant::now() - sync.min;
@@ -137,6 +152,11 @@ async fn stream_once(control_plane: &str, agent: &SharedAgent, sync: SyncPeriods
         last_response = last_apply;
         tx.send(reply).await.map_err(|_| fail(true)(anyhow::anyhow!("request channel closed")))?;
     }
+}
+
+/// A gRPC status code as operators read it in logs.
+fn code_name(code: tonic::Code) -> String {
+    format!("{code:?}")
 }
 
 /// Applies one response and builds its ACK or NACK.

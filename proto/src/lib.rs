@@ -17,6 +17,7 @@ pub mod family;
 pub mod grpc;
 pub mod node_context;
 pub mod policy;
+pub mod tls;
 pub mod trace;
 pub mod types;
 pub mod version;

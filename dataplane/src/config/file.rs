@@ -12,8 +12,9 @@
 //! healthzBindAddress: 0.0.0.0:10256
 //! nftables: {masqueradeAll: false, syncPeriod: 1h, minSyncPeriod: 0s}   # likewise iptables:, ipvs:
 //! ipvs: {scheduler: rr}               # rr, wrr, lc, wlc, sh, dh, mh
-//! kpx: {controlPlane: http://cp:18000, stateDir: /var/lib/kpx, adminBindAddress: 127.0.0.1:18001, iptablesMode: auto,
-//!       ipvsDrainGrace: 15m}
+//! kpx: {controlPlane: https://cp:18000, stateDir: /var/lib/kpx, adminBindAddress: 127.0.0.1:18001, iptablesMode: auto,
+//!       ipvsDrainGrace: 15m, tlsCA: /etc/kpx/ca.crt, tlsCert: /etc/kpx/tls.crt, tlsKey: /etc/kpx/tls.key,
+//!       nodeTokenFile: /var/run/secrets/kpx/token, insecure: false}
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -56,6 +57,12 @@ pub struct ModeSection {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct KpxSection {
     pub control_plane: Option<String>,
+    #[serde(rename = "tlsCA")]
+    pub tls_ca: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub node_token_file: Option<PathBuf>,
+    pub insecure: Option<bool>,
     pub state_dir: Option<PathBuf>,
     pub admin_bind_address: Option<String>,
     pub iptables_mode: Option<String>,

@@ -63,6 +63,24 @@ pub struct Flags {
     /// Prometheus /metrics [default: 127.0.0.1:10249].
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
+    /// The CA (PEM) that signs the control plane's certificate; with it the control plane
+    /// URL is `https://`.
+    #[arg(long = "tls-ca")]
+    pub tls_ca: Option<PathBuf>,
+    /// This node's client certificate (PEM; Subject CN `system:node:NAME`, as kubelet's, or a
+    /// DNS SAN naming the node), for mutual TLS.
+    #[arg(long = "tls-cert")]
+    pub tls_cert: Option<PathBuf>,
+    /// The key of `--tls-cert` (PEM).
+    #[arg(long = "tls-key")]
+    pub tls_key: Option<PathBuf>,
+    /// A projected ServiceAccount token (re-read at every connection) sent to the control
+    /// plane, which checks it with a TokenReview.
+    #[arg(long)]
+    pub node_token_file: Option<PathBuf>,
+    /// Allow plaintext gRPC on a non-loopback address (the control plane URL, --admin-listen).
+    #[arg(long)]
+    pub insecure: bool,
     /// Remove everything kpx programmed, then exit.
     #[arg(long)]
     pub cleanup: bool,

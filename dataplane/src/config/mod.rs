@@ -17,6 +17,7 @@ use kpx_proto::node_context::ProxySettings;
 pub use flags::{BackendKind, Flags, IptablesMode};
 
 use crate::backend::ipvs::IpvsOptions;
+use crate::connection::{ClientIdentity, ClientTls, ControlPlane};
 use crate::serve::Listen;
 use crate::xds_client::SyncPeriods;
 use file::{KubeProxyConfiguration, ModeSection};
@@ -34,6 +35,10 @@ pub enum ConfigError {
     ControlPlaneUrl { url: String, reason: String },
     #[error("{} required (or {} in --config)", missing.iter().map(|m| m.0).collect::<Vec<_>>().join(", "), missing.iter().map(|m| m.1).collect::<Vec<_>>().join(", "))]
     Missing { missing: Vec<(&'static str, &'static str)> },
+    #[error("{flag}: {reason}")]
+    Tls { flag: &'static str, reason: String },
+    #[error("{flag} {address}: plaintext gRPC on a non-loopback address needs --insecure (or TLS: --tls-ca, --tls-cert, --tls-key)")]
+    Plaintext { flag: &'static str, address: String },
 }
 
 impl ConfigError {
@@ -87,7 +92,7 @@ pub enum Mode {
 #[derive(Debug, Clone)]
 pub struct RunConfig {
     pub node_name: String,
-    pub control_plane: String,
+    pub control_plane: ControlPlane,
     pub state_dir: PathBuf,
     pub sync: SyncPeriods,
     pub listen: Listen,
@@ -203,8 +208,16 @@ impl AgentConfig {
                 ],
             });
         };
-        if let Err(e) = tonic::transport::Endpoint::from_shared(control_plane.clone()) {
-            return Err(ConfigError::ControlPlaneUrl { url: control_plane, reason: e.to_string() });
+        let insecure = flags.insecure || kpx.insecure.unwrap_or(false);
+        let tls = client_tls(
+            flags.tls_ca.or(kpx.tls_ca),
+            flags.tls_cert.or(kpx.tls_cert),
+            flags.tls_key.or(kpx.tls_key),
+        )?;
+        let control_plane =
+            control_plane_of(control_plane, tls, flags.node_token_file.or(kpx.node_token_file), insecure)?;
+        if !insecure && !listen.admin.ip().is_loopback() {
+            return Err(ConfigError::Plaintext { flag: "--admin-listen", address: listen.admin.to_string() });
         }
         let run = RunConfig { node_name, control_plane, state_dir, sync, listen };
         Ok(AgentConfig { backend, proxy, mode: Mode::Run(run) })
@@ -250,6 +263,79 @@ impl AgentConfig {
     }
 }
 
+fn client_tls(
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+) -> Result<Option<ClientTls>, ConfigError> {
+    let identity = match (cert, key) {
+        (Some(cert), Some(key)) => Some(ClientIdentity { cert, key }),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(ConfigError::Tls { flag: "--tls-key", reason: "needed with --tls-cert".into() })
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::Tls { flag: "--tls-cert", reason: "needed with --tls-key".into() })
+        }
+    };
+    match ca {
+        Some(ca) => {
+            for path in std::iter::once(&ca).chain(identity.iter().flat_map(|i| [&i.cert, &i.key])) {
+                std::fs::metadata(path).map_err(|e| ConfigError::Tls {
+                    flag: "--tls-ca/--tls-cert/--tls-key",
+                    reason: format!("{}: {e}", path.display()),
+                })?;
+            }
+            Ok(Some(ClientTls { ca, identity }))
+        }
+        None if identity.is_some() => Err(ConfigError::Tls {
+            flag: "--tls-ca",
+            reason: "needed with --tls-cert: the CA that signs the control plane's certificate".into(),
+        }),
+        None => Ok(None),
+    }
+}
+
+/// Whether a URL's host is this machine's loopback.
+fn loopback_host(uri: &tonic::codegen::http::Uri) -> bool {
+    let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+fn control_plane_of(
+    url: String,
+    tls: Option<ClientTls>,
+    token_file: Option<PathBuf>,
+    insecure: bool,
+) -> Result<ControlPlane, ConfigError> {
+    let uri: tonic::codegen::http::Uri =
+        url.parse().map_err(|e: tonic::codegen::http::uri::InvalidUri| ConfigError::ControlPlaneUrl {
+            url: url.clone(),
+            reason: e.to_string(),
+        })?;
+    if let Err(e) = tonic::transport::Endpoint::from_shared(url.clone()) {
+        return Err(ConfigError::ControlPlaneUrl { url, reason: e.to_string() });
+    }
+    match (uri.scheme_str(), &tls) {
+        (Some("https"), Some(_)) => {}
+        (Some("https"), None) => {
+            return Err(ConfigError::Tls { flag: "--tls-ca", reason: format!("needed for {url}") })
+        }
+        (Some("http"), Some(_)) => {
+            return Err(ConfigError::ControlPlaneUrl {
+                url,
+                reason: "TLS is configured: use https://".into(),
+            })
+        }
+        (Some("http"), None) if !insecure && !loopback_host(&uri) => {
+            return Err(ConfigError::Plaintext { flag: "--control-plane", address: url })
+        }
+        (Some("http"), None) => {}
+        _ => return Err(ConfigError::ControlPlaneUrl { url, reason: "expected http:// or https://".into() }),
+    }
+    Ok(ControlPlane { url, tls, token_file })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,10 +372,11 @@ mod tests {
         let text = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\n\
                     hostnameOverride: node-a\nclusterCIDR: 10.244.0.0/16,fd00:10::/56\nnodePortAddresses: [10.0.0.0/24]\n\
                     metricsBindAddress: 127.0.0.1:9100\niptables: {masqueradeAll: true, syncPeriod: 1m30s, minSyncPeriod: 500ms}\n\
-                    kpx: {controlPlane: 'http://cp:18000', stateDir: /var/lib/kpx, iptablesMode: legacy}\n";
+                    kpx: {controlPlane: 'http://cp:18000', stateDir: /var/lib/kpx, iptablesMode: legacy, insecure: true}\n";
         let c = with_file(text, Flags::default()).expect("valid");
         assert_eq!(c.backend, BackendConfig::Iptables { mode: IptablesMode::Legacy });
         assert_eq!(run(&c).node_name, "node-a");
+        assert_eq!(run(&c).control_plane, ControlPlane::plaintext("http://cp:18000"));
         assert!(c.proxy.masquerade_all);
         assert_eq!(c.proxy.cluster_cidrs.len(), 2);
         assert_eq!(run(&c).sync.full, Some(Duration::from_secs(90)));
@@ -334,6 +421,56 @@ mod tests {
         assert!(err.starts_with("--control-plane \"not a url\": not a URL"), "{err}");
         let cleaning = AgentConfig::resolve(cleanup()).expect("cleanup needs none of them");
         assert!(matches!(cleaning.mode, Mode::Cleanup));
+    }
+
+    #[test]
+    fn tls_and_plaintext_rules() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let file = |name: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, "pem").expect("write");
+            Some(path)
+        };
+        let remote = |url: &str| Flags { control_plane: Some(url.into()), ..running() };
+        let err = AgentConfig::resolve(remote("http://10.0.0.5:18000")).expect_err("plaintext").to_string();
+        assert!(err.contains("--control-plane http://10.0.0.5:18000") && err.contains("--insecure"), "{err}");
+        AgentConfig::resolve(Flags { insecure: true, ..remote("http://10.0.0.5:18000") })
+            .expect("with --insecure");
+        AgentConfig::resolve(remote("http://[::1]:18000")).expect("loopback needs nothing");
+        AgentConfig::resolve(remote("http://localhost:18000")).expect("loopback needs nothing");
+        let err = AgentConfig::resolve(remote("https://cp:18000")).expect_err("no CA").to_string();
+        assert!(err.starts_with("--tls-ca"), "{err}");
+        let mtls = Flags {
+            tls_ca: file("ca.crt"),
+            tls_cert: file("tls.crt"),
+            tls_key: file("tls.key"),
+            ..remote("https://cp:18000")
+        };
+        let c = AgentConfig::resolve(mtls.clone()).expect("mutual TLS");
+        assert!(run(&c).control_plane.tls.as_ref().is_some_and(|t| t.identity.is_some()));
+        let err =
+            AgentConfig::resolve(Flags { tls_key: None, ..mtls.clone() }).expect_err("half").to_string();
+        assert!(err.starts_with("--tls-key"), "{err}");
+        let err =
+            AgentConfig::resolve(Flags { tls_ca: Some(dir.path().join("missing.crt")), ..mtls.clone() })
+                .expect_err("missing file")
+                .to_string();
+        assert!(err.contains("missing.crt"), "{err}");
+        let err =
+            AgentConfig::resolve(Flags { control_plane: Some("http://cp:18000".into()), ..mtls.clone() })
+                .expect_err("scheme")
+                .to_string();
+        assert!(err.contains("use https://"), "{err}");
+        let token = Flags { tls_cert: None, tls_key: None, node_token_file: file("token"), ..mtls };
+        let c = AgentConfig::resolve(token).expect("server TLS and a token");
+        assert!(run(&c).control_plane.token_file.is_some());
+        let err = AgentConfig::resolve(Flags {
+            admin_listen: Some("0.0.0.0:18001".parse().expect("addr")),
+            ..running()
+        })
+        .expect_err("admin")
+        .to_string();
+        assert!(err.starts_with("--admin-listen 0.0.0.0:18001") && err.contains("--insecure"), "{err}");
     }
 
     #[test]
