@@ -46,7 +46,7 @@ fn main() -> ExitCode {
     let mut backend = backend(&config.backend, &conntrack);
     let result = match config.mode {
         Mode::Cleanup => cleanup(backend.as_mut()),
-        Mode::Run(run_config) => run(run_config, config.proxy, backend, conntrack),
+        Mode::Run(run_config) => run(*run_config, config.proxy, backend, conntrack),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -85,7 +85,7 @@ pub enum Mode {
     /// `--cleanup`: remove everything kpx programmed with the backend, then exit.
     Cleanup,
     /// Follow a control plane and program the kernel.
-    Run(RunConfig),
+    Run(Box<RunConfig>),
 }
 
 /// What following a control plane needs.
@@ -220,7 +220,7 @@ impl AgentConfig {
             return Err(ConfigError::Plaintext { flag: "--admin-listen", address: listen.admin.to_string() });
         }
         let run = RunConfig { node_name, control_plane, state_dir, sync, listen };
-        Ok(AgentConfig { backend, proxy, mode: Mode::Run(run) })
+        Ok(AgentConfig { backend, proxy, mode: Mode::Run(Box::new(run)) })
     }
 
     fn backend(
