@@ -94,8 +94,14 @@ fn run(
     conntrack: SharedConntrack,
 ) -> anyhow::Result<()> {
     let store = Store::open(&config.state_dir)?;
-    let agent =
-        Agent::start(config.node_name, settings, backend, store, conntrack, config.control_plane.url.clone())?;
+    let agent = Agent::start(
+        config.node_name,
+        settings,
+        backend,
+        store,
+        conntrack,
+        config.control_plane.url.clone(),
+    )?;
     let agent = SharedAgent::new(agent);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {

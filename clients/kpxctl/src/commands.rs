@@ -15,10 +15,26 @@ use tonic::transport::Channel;
 use crate::table;
 use crate::{Cli, Command, Output};
 
-async fn connect(url: &str, what: &str) -> anyhow::Result<Channel> {
-    let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
+fn read(path: &std::path::Path, flag: &str) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("{flag} {}: cannot read", path.display()))
+}
+
+async fn connect(cli: &Cli, url: &str, what: &str) -> anyhow::Result<Channel> {
+    let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
         .with_context(|| format!("{url:?} is not a URL (like http://127.0.0.1:18000)"))?
         .connect_timeout(std::time::Duration::from_secs(5));
+    if url.starts_with("https://") {
+        let ca = cli.tls_ca.as_ref().ok_or_else(|| anyhow!("{url}: --tls-ca is needed for https://"))?;
+        let mut tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(read(ca, "--tls-ca")?));
+        if let (Some(cert), Some(key)) = (&cli.tls_cert, &cli.tls_key) {
+            tls = tls.identity(tonic::transport::Identity::from_pem(
+                read(cert, "--tls-cert")?,
+                read(key, "--tls-key")?,
+            ));
+        }
+        endpoint = endpoint.tls_config(tls).with_context(|| format!("TLS towards {url}"))?;
+    }
     endpoint.connect().await.map_err(|e| anyhow!("cannot reach the {what} at {url}: {e}"))
 }
 
@@ -26,6 +42,9 @@ fn call_error(what: &str) -> impl Fn(tonic::Status) -> anyhow::Error + '_ {
     move |s| match s.code() {
         tonic::Code::Unavailable => anyhow!("the {what} is unavailable: {}", s.message()),
         tonic::Code::Unimplemented => anyhow!("this server is not a {what} (no such admin API)"),
+        tonic::Code::PermissionDenied | tonic::Code::Unauthenticated => {
+            anyhow!("the {what} refused this client: {}", s.message())
+        }
         _ => anyhow!("{}", s.message()),
     }
 }
@@ -36,7 +55,7 @@ pub async fn run(cli: &Cli) -> anyhow::Result<String> {
     let json = cli.output == Output::Json;
     match &cli.command {
         Command::Services => {
-            let mut c = ControlPlaneAdminClient::new(connect(&cli.control_plane, CP).await?);
+            let mut c = ControlPlaneAdminClient::new(connect(cli, &cli.control_plane, CP).await?);
             let r = c.list_services(ListServicesRequest {}).await.map_err(call_error(CP))?.into_inner();
             if json {
                 let list: Vec<Value> = r
@@ -62,7 +81,7 @@ pub async fn run(cli: &Cli) -> anyhow::Result<String> {
             Ok(table::render(&["SERVICE", "CLUSTER-IPS", "PORTS", "ENDPOINTS", "NODE-VARIANTS"], &rows))
         }
         Command::Endpoints { service, node } => {
-            let mut c = ControlPlaneAdminClient::new(connect(&cli.control_plane, CP).await?);
+            let mut c = ControlPlaneAdminClient::new(connect(cli, &cli.control_plane, CP).await?);
             let views: Vec<(String, String, pb::ServiceView)> = match node {
                 Some(node) => {
                     let r = c
@@ -130,7 +149,7 @@ pub async fn run(cli: &Cli) -> anyhow::Result<String> {
             Ok(table::render(&["VIEW-FOR", "PORT", "ENDPOINT", "NODE", "CLUSTER", "SET", "STATE"], &rows))
         }
         Command::Nodes { node: Some(node) } => {
-            let mut c = ControlPlaneAdminClient::new(connect(&cli.control_plane, CP).await?);
+            let mut c = ControlPlaneAdminClient::new(connect(cli, &cli.control_plane, CP).await?);
             let r = c
                 .get_node_resources(GetNodeResourcesRequest { node: node.clone() })
                 .await
@@ -172,7 +191,7 @@ pub async fn run(cli: &Cli) -> anyhow::Result<String> {
             Ok(table::render(&["TYPE", "NAME", "ACKED", "CURRENT", "STATE"], &rows))
         }
         Command::Nodes { node: None } => {
-            let mut c = ControlPlaneAdminClient::new(connect(&cli.control_plane, CP).await?);
+            let mut c = ControlPlaneAdminClient::new(connect(cli, &cli.control_plane, CP).await?);
             let r = c.list_nodes(ListNodesRequest {}).await.map_err(call_error(CP))?.into_inner();
             if json {
                 let list: Vec<Value> = r
@@ -206,7 +225,7 @@ pub async fn run(cli: &Cli) -> anyhow::Result<String> {
             Ok(table::render(&["NODE", "PEER", "TYPE", "ACKED", "PENDING", "LAG", "LAST-NACK"], &rows))
         }
         Command::Sources => {
-            let mut c = ControlPlaneAdminClient::new(connect(&cli.control_plane, CP).await?);
+            let mut c = ControlPlaneAdminClient::new(connect(cli, &cli.control_plane, CP).await?);
             let r = c.list_sources(ListSourcesRequest {}).await.map_err(call_error(CP))?.into_inner();
             if json {
                 let list: Vec<Value> = r.sources.iter().map(|s| json!({"cluster": s.cluster, "spec": s.spec, "synced": s.synced, "services": s.services, "endpointSlices": s.endpoint_slices, "nodes": s.nodes})).collect();
@@ -229,7 +248,7 @@ pub async fn run(cli: &Cli) -> anyhow::Result<String> {
             Ok(table::render(&["CLUSTER", "SOURCE", "SYNCED", "SERVICES", "SLICES", "NODES"], &rows))
         }
         Command::Rules => {
-            let mut c = NodeAdminClient::new(connect(&cli.agent, AGENT).await?);
+            let mut c = NodeAdminClient::new(connect(cli, &cli.agent, AGENT).await?);
             let r = c.get_rules(GetRulesRequest {}).await.map_err(call_error(AGENT))?.into_inner();
             if json {
                 return pretty(json!({"backend": r.backend, "text": r.text}));
@@ -237,7 +256,7 @@ pub async fn run(cli: &Cli) -> anyhow::Result<String> {
             Ok(r.text)
         }
         Command::State => {
-            let mut c = NodeAdminClient::new(connect(&cli.agent, AGENT).await?);
+            let mut c = NodeAdminClient::new(connect(cli, &cli.agent, AGENT).await?);
             let r = c.get_state(GetStateRequest {}).await.map_err(call_error(AGENT))?.into_inner();
             if json {
                 let list: Vec<Value> = r
@@ -261,7 +280,7 @@ pub async fn run(cli: &Cli) -> anyhow::Result<String> {
             Ok(table::render(&["SERVICE", "VERSION", "ENDPOINTS"], &rows))
         }
         Command::Status => {
-            let mut c = NodeAdminClient::new(connect(&cli.agent, AGENT).await?);
+            let mut c = NodeAdminClient::new(connect(cli, &cli.agent, AGENT).await?);
             let s = c.get_status(GetStatusRequest {}).await.map_err(call_error(AGENT))?.into_inner();
             let v = json!({"node": s.node, "backend": s.backend, "controlPlane": s.control_plane, "connected": s.connected, "connectedSinceUnixMs": s.connected_since_unix_ms, "lastError": s.last_error, "lastApplySeconds": s.last_apply_seconds, "lastApplyUnixMs": s.last_apply_unix_ms, "applies": s.applies, "nacks": s.nacks});
             if json {
@@ -292,13 +311,13 @@ pub async fn run(cli: &Cli) -> anyhow::Result<String> {
             let packet = TraceRequest { destination, protocol, source: source.clone().unwrap_or_default() };
             let r = match node {
                 Some(node) => {
-                    let mut c = ControlPlaneAdminClient::new(connect(&cli.control_plane, CP).await?);
+                    let mut c = ControlPlaneAdminClient::new(connect(cli, &cli.control_plane, CP).await?);
                     c.trace(NodeTraceRequest { node: node.clone(), packet: Some(packet) })
                         .await
                         .map_err(call_error(CP))?
                 }
                 None => {
-                    let mut c = NodeAdminClient::new(connect(&cli.agent, AGENT).await?);
+                    let mut c = NodeAdminClient::new(connect(cli, &cli.agent, AGENT).await?);
                     c.trace(packet).await.map_err(call_error(AGENT))?
                 }
             }

@@ -26,6 +26,16 @@ pub struct Cli {
     /// Output format.
     #[arg(short = 'o', long, global = true, value_enum, default_value = "table")]
     pub output: Output,
+    /// For https:// URLs: the CA (PEM) that signs the server's certificate.
+    #[arg(long = "tls-ca", global = true)]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// For https:// URLs: this client's certificate (PEM), e.g. one carrying the control
+    /// plane's `--admin-identity`.
+    #[arg(long = "tls-cert", global = true, requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The key of `--tls-cert` (PEM).
+    #[arg(long = "tls-key", global = true, requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
