@@ -79,6 +79,9 @@ impl NodeAdmin for NodeAdminService {
                     last_apply_unix_ms: unix_ms(s.last_apply_at),
                     applies: s.applies,
                     nacks: s.nacks,
+                    last_nack_type_url: s.last_nack.as_ref().map(|n| n.0.clone()).unwrap_or_default(),
+                    last_nack: s.last_nack.as_ref().map(|n| n.1.clone()).unwrap_or_default(),
+                    last_nack_unix_ms: unix_ms(s.last_nack.as_ref().map(|n| n.2)),
                 }
             })
             .await?;

@@ -8,8 +8,10 @@ pub struct AgentStatus {
     pub control_plane: String,
     pub connected: bool,
     pub connected_since: Option<SystemTime>,
-    /// The last refused update or connection failure.
+    /// The last connection or sync failure.
     pub last_error: String,
+    /// The last refused update: its type URL, the reason sent back, when.
+    pub last_nack: Option<(String, String, SystemTime)>,
     pub last_apply: Option<Duration>,
     pub last_apply_at: Option<SystemTime>,
     /// The last time the kernel was made to match the accepted state.

@@ -93,6 +93,8 @@ fn endpoints(field: &str, list: Vec<pb::Endpoint>, families: Families) -> Result
             let at = format!("{field}[{j}]");
             let address = ip(&format!("{at}.address"), &e.address)?;
             families.check_one(&format!("{at}.address"), &address)?;
+            name(&format!("{at}.node_name"), &e.node_name, true)?;
+            name(&format!("{at}.cluster"), &e.cluster, true)?;
             Ok(Endpoint {
                 address,
                 port: port(&format!("{at}.port"), e.port)?,
@@ -104,9 +106,23 @@ fn endpoints(field: &str, list: Vec<pb::Endpoint>, families: Families) -> Result
         .collect()
 }
 
-fn non_empty(field: &str, value: &str) -> Result<()> {
+/// The longest name kpx takes (a DNS subdomain).
+pub const MAX_NAME: usize = 253;
+
+/// A name that is safe in every text kpx writes: letters, digits, `-`, `.` and `_`, at
+/// most [`MAX_NAME`] bytes; `""` only where `optional`.
+fn name(field: &str, value: &str, optional: bool) -> Result<()> {
     if value.is_empty() {
-        return Err(InvalidResource::new(field, "must not be empty"));
+        return if optional { Ok(()) } else { Err(InvalidResource::new(field, "must not be empty")) };
+    }
+    if value.len() > MAX_NAME {
+        return Err(InvalidResource::new(field, format!("{} bytes: at most {MAX_NAME}", value.len())));
+    }
+    if let Some(bad) = value.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))) {
+        return Err(InvalidResource::new(
+            field,
+            format!("{bad:?} is not allowed (letters, digits, '-', '.' and '_' only)"),
+        ));
     }
     Ok(())
 }
@@ -131,9 +147,9 @@ impl ServiceView {
 
     /// Validates a `kpx.v1.ServiceView`.
     pub fn from_proto(msg: pb::ServiceView) -> Result<Self> {
-        non_empty("cluster", &msg.cluster)?;
-        non_empty("namespace", &msg.namespace)?;
-        non_empty("name", &msg.name)?;
+        name("cluster", &msg.cluster, false)?;
+        name("namespace", &msg.namespace, false)?;
+        name("name", &msg.name, false)?;
         let cluster_ips = ips("cluster_ips", &msg.cluster_ips)?;
         if cluster_ips.len() > 2
             || (cluster_ips.len() == 2 && cluster_ips[0].is_ipv4() == cluster_ips[1].is_ipv4())
@@ -175,6 +191,7 @@ impl ServiceView {
         let mut ports = Vec::with_capacity(msg.ports.len());
         for (i, p) in msg.ports.into_iter().enumerate() {
             let at = format!("ports[{i}]");
+            name(&format!("{at}.name"), &p.name, true)?;
             ports.push(ServicePort {
                 protocol: protocol(&format!("{at}.protocol"), p.protocol)?,
                 port: port(&format!("{at}.port"), p.port)?,
@@ -260,7 +277,10 @@ impl NodeConfig {
     }
 
     pub fn from_proto(msg: pb::NodeConfig) -> Result<Self> {
-        non_empty("name", &msg.name)?;
+        name("name", &msg.name, false)?;
+        if msg.zone.len() > MAX_NAME || msg.zone.chars().any(|c| c.is_control()) {
+            return Err(InvalidResource::new("zone", "at most 253 bytes, no control characters"));
+        }
         let addresses = msg
             .addresses
             .iter()
@@ -385,5 +405,34 @@ mod tests {
         let mut bad = valid();
         bad.cluster_ips.push("10.96.0.11".into());
         assert_eq!(ServiceView::from_proto(bad).expect_err("two v4").field, "cluster_ips");
+    }
+
+    #[test]
+    fn names_that_could_inject_syntax_are_refused() {
+        for evil in ["web\"; drop", "a\nb", "x } flush ruleset", "a;b", "quo\"te", "sp ace", &"n".repeat(300)]
+        {
+            let mut bad = valid();
+            bad.name = evil.to_owned();
+            assert_eq!(ServiceView::from_proto(bad).expect_err(evil).field, "name", "{evil:?}");
+            let mut bad = valid();
+            bad.ports[0].name = evil.to_owned();
+            assert_eq!(ServiceView::from_proto(bad).expect_err(evil).field, "ports[0].name", "{evil:?}");
+            let mut bad = valid();
+            bad.ports[0].endpoints[0].node_name = evil.to_owned();
+            assert_eq!(
+                ServiceView::from_proto(bad).expect_err(evil).field,
+                "ports[0].endpoints[0].node_name",
+                "{evil:?}"
+            );
+            let node = pb::NodeConfig { name: evil.to_owned(), ..Default::default() };
+            assert_eq!(NodeConfig::from_proto(node).expect_err(evil).field, "name", "{evil:?}");
+        }
+        let err =
+            ServiceView::from_proto(pb::ServiceView { name: "a b".into(), ..valid() }).expect_err("space");
+        assert_eq!(err.to_string(), "name: ' ' is not allowed (letters, digits, '-', '.' and '_' only)");
+        let mut fine = valid();
+        fine.ports[0].name = String::new();
+        fine.name = "web-1.v2_x".into();
+        ServiceView::from_proto(fine).expect("valid");
     }
 }

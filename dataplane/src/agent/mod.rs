@@ -334,7 +334,7 @@ impl Agent {
             }
             Err(e) => {
                 self.status.nacks += 1;
-                self.status.last_error = e.to_string();
+                self.status.last_nack = Some((type_url.to_owned(), e.to_string(), SystemTime::now()));
             }
         }
         result

@@ -155,6 +155,12 @@ fn an_invalid_resource_refuses_the_whole_response_before_the_kernel() {
     assert!(agent.state().services.is_empty(), "not even the valid one");
     let err = agent.apply("type.googleapis.com/kpx.v1.Other", vec![], vec![]).expect_err("unknown type");
     assert!(err.to_string().contains("kpx.v1.Other"), "{err}");
+    // The last NACK is kept apart from connection errors.
+    agent.set_connected(false, Some("connect: connection refused".into()));
+    let (type_url, reason, _) = agent.status.last_nack.clone().expect("a NACK is remembered");
+    assert_eq!(type_url, "type.googleapis.com/kpx.v1.Other");
+    assert!(reason.contains("unknown resource type"), "{reason}");
+    assert_eq!(agent.status.last_error, "connect: connection refused");
 }
 
 #[test]
