@@ -455,4 +455,6 @@ impl Agent {
 }
 
 #[cfg(test)]
+mod protocol_tests;
+#[cfg(test)]
 mod tests;

@@ -19,19 +19,19 @@ use crate::store::Store;
 const WEB: &str = "c/ns/web";
 const SERVICES: &str = "type.googleapis.com/kpx.v1.ServiceView";
 
-struct Node {
+pub(super) struct Node {
     dir: tempfile::TempDir,
     nft: FakeNft,
     conntrack: FakeConntrack,
 }
 
 impl Node {
-    fn new() -> Node {
+    pub(super) fn new() -> Node {
         Node { dir: tempfile::tempdir().expect("tmp"), nft: FakeNft::new(), conntrack: FakeConntrack::new() }
     }
 
     /// An agent over this node's store and kernel (a restart when called again).
-    fn agent(&self) -> Agent {
+    pub(super) fn agent(&self) -> Agent {
         self.agent_with(ProxySettings::default())
     }
 
