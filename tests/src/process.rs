@@ -30,14 +30,27 @@ pub struct KpxProcess {
 }
 
 impl KpxProcess {
-    /// Starts `program args…` inside `ns`, logging JSON to `log`.
+    /// Starts kpx's `program args…` inside `ns`, logging JSON to `log`.
     pub fn start(ns: &Netns, program: &str, args: &[String], log: PathBuf) -> KpxProcess {
+        let mut args = args.to_vec();
+        args.push("--log-format=json".into());
+        Self::start_path(ns, &binary(program), program, &args, log)
+    }
+
+    /// Starts any program inside `ns` (as `name` in messages), its output to `log`.
+    pub fn start_path(
+        ns: &Netns,
+        path: &std::path::Path,
+        name: &str,
+        args: &[String],
+        log: PathBuf,
+    ) -> KpxProcess {
+        let program = name;
         let file = File::options().create(true).append(true).open(&log).expect("log file");
         let child = Command::new("ip")
             .args(["netns", "exec", &ns.name])
-            .arg(binary(program))
+            .arg(path)
             .args(args)
-            .arg("--log-format=json")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("log file"))
