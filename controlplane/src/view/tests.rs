@@ -1,7 +1,7 @@
 //! Views built from manifests: the selection rules themselves are table-tested in `select`.
 
 use super::*;
-use crate::model::{ClusterState, ObjectKey};
+use crate::model::{Cluster, ClusterState, ObjectKey};
 use crate::source::manifest::state_of;
 
 /// A Service `ns/web` with `spec` (YAML flow mapping entries) and its slices.
@@ -22,9 +22,9 @@ fn web(state: &ClusterState) -> &Service {
 }
 
 fn view_at(state: &ClusterState, at: Locality<'_>) -> ServiceView {
-    let index = state.slices_by_service();
+    let cluster = Cluster::new(state.clone());
     let svc = web(state);
-    view_for("c", svc, index.get(&svc.key).map_or(&[][..], Vec::as_slice), at)
+    view_for("c", svc, &cluster.slices_of(&svc.key), at)
 }
 
 fn addrs(endpoints: &[kpx_proto::types::Endpoint]) -> Vec<String> {
@@ -214,9 +214,9 @@ fn localities_name_every_node_and_zone_whose_view_differs() {
     ];
     for (spec, endpoints, nodes, zones) in cases {
         let state = state_of(&manifests(&spec, &[("IPv4", endpoints)]));
-        let index = state.slices_by_service();
-        let builder =
-            ViewBuilder::new("c", web(&state), index.get(&web(&state).key).map_or(&[][..], Vec::as_slice));
+        let cluster = Cluster::new(state.clone());
+        let slices = cluster.slices_of(&web(&state).key);
+        let builder = ViewBuilder::new("c", web(&state), &slices);
         let localities = builder.localities();
         assert_eq!(localities.nodes.iter().copied().collect::<Vec<_>>(), nodes, "{spec} / {endpoints}");
         assert_eq!(localities.zones.iter().copied().collect::<Vec<_>>(), zones, "{spec} / {endpoints}");

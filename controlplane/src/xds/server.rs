@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
-use tonic::{Status, Streaming};
+use tonic::Status;
 
 use std::time::{Instant, SystemTime};
 
@@ -39,7 +40,17 @@ pub const WALKS_IN_FLIGHT: usize = 128;
 
 impl AdsServer {
     pub fn new(snapshots: SnapshotReceiver, nodes: NodeRegistry, metrics: Arc<ControlPlaneMetrics>) -> Self {
-        AdsServer { snapshots, nodes, metrics, walks: Arc::new(Semaphore::new(WALKS_IN_FLIGHT)) }
+        Self::with_walks(snapshots, nodes, metrics, WALKS_IN_FLIGHT)
+    }
+
+    /// A server that lets at most `walks` walk chunks be in flight at once.
+    pub fn with_walks(
+        snapshots: SnapshotReceiver,
+        nodes: NodeRegistry,
+        metrics: Arc<ControlPlaneMetrics>,
+        walks: usize,
+    ) -> Self {
+        AdsServer { snapshots, nodes, metrics, walks: Arc::new(Semaphore::new(walks)) }
     }
 }
 
@@ -114,11 +125,11 @@ impl Reporter {
 impl AdsServer {
     /// Serves one delta ADS stream: responses come out of the returned channel, in order,
     /// ending with an error status if the stream fails.
-    pub fn open(
-        &self,
-        peer: Option<SocketAddr>,
-        inbound: Streaming<DeltaDiscoveryRequest>,
-    ) -> mpsc::Receiver<Outbound> {
+    /// (`inbound` is tonic's `Streaming` of the request body, or any stream of requests.)
+    pub fn open<S>(&self, peer: Option<SocketAddr>, inbound: S) -> mpsc::Receiver<Outbound>
+    where
+        S: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Send + 'static,
+    {
         // At most one response per type is in flight, so this never fills.
         let (tx, rx) = mpsc::channel(4);
         let snapshots = self.snapshots.clone();
@@ -150,13 +161,14 @@ impl AdsServer {
 
 async fn serve_stream(
     state: &mut StreamState,
-    mut inbound: Streaming<DeltaDiscoveryRequest>,
+    inbound: impl Stream<Item = Result<DeltaDiscoveryRequest, Status>>,
     tx: &mpsc::Sender<Outbound>,
     mut snapshots: SnapshotReceiver,
     reporter: &Reporter,
     mut queries: mpsc::Receiver<tokio::sync::oneshot::Sender<super::nodes::Versions>>,
     walks: &Arc<Semaphore>,
 ) -> Result<(), Status> {
+    let mut inbound = std::pin::pin!(inbound);
     let mut opened: Vec<_> = Vec::new();
     // Walk chunks in flight hold a permit each, so initial syncs of many nodes at once take
     // bounded memory; a permit is given back at the chunk's ACK.
@@ -210,8 +222,8 @@ async fn serve_stream(
             }
         }
         tokio::select! {
-            request = inbound.message() => {
-                let Some(request) = request? else { return Ok(()) };
+            request = inbound.next() => {
+                let Some(request) = request.transpose()? else { return Ok(()) };
                 let kind = state.on_request(request).map_err(|e| Status::invalid_argument(e.to_string()))?;
                 let node = state.node().unwrap_or_default();
                 match kind {
