@@ -57,7 +57,7 @@ pub async fn run(
                         cluster,
                         dir = %dir.display(),
                         changed,
-                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        elapsed_us = started.elapsed().as_micros() as u64,
                         "manifests read"
                     );
                     (!changes.is_empty()).then_some(SourceEvent::Apply(changes))
