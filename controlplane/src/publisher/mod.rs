@@ -62,6 +62,10 @@ pub fn withdrawn_at<'a>(
     (withdrawn, next)
 }
 
+/// How many Services' views are computed before they are taken into the snapshot (the
+/// first snapshot need not hold every view at once).
+const PART: usize = 512;
+
 pub struct Publisher {
     tracker: Tracker,
     grace: Duration,
@@ -175,13 +179,22 @@ impl Publisher {
         }
         let started = Instant::now();
         let changes = if self.published { changes } else { self.tracker.everything() };
-        let views = self.tracker.views(&changes);
-        let computed = started.elapsed();
-        let Some(snapshot) = Snapshot::next(&self.snapshot, views) else {
+        let mut builder = Snapshot::builder(&self.snapshot);
+        let mut interning = Duration::ZERO;
+        self.tracker.views_in_parts(&changes, PART, |part| {
+            let at = Instant::now();
+            builder.apply(part);
+            interning += at.elapsed();
+        });
+        let at = Instant::now();
+        let next = builder.finish();
+        interning += at.elapsed();
+        let elapsed = started.elapsed();
+        let computed = elapsed.saturating_sub(interning);
+        let Some(snapshot) = next else {
             tracing::debug!(services = changes.services.len(), "views computed again, nothing differs");
             return;
         };
-        let elapsed = started.elapsed();
         self.metrics.snapshot_build.observe(elapsed.as_secs_f64());
         self.metrics.services.set(snapshot.service_count() as i64);
         self.metrics.node_variants.set(snapshot.variant_count() as i64);
@@ -192,7 +205,7 @@ impl Publisher {
             touched_services = changes.services.len(),
             touched_nodes = changes.nodes.len(),
             views_us = computed.as_micros() as u64,
-            snapshot_us = (elapsed - computed).as_micros() as u64,
+            snapshot_us = interning.as_micros() as u64,
             elapsed_ms = elapsed.as_millis() as u64,
             "snapshot published"
         );

@@ -291,3 +291,25 @@ async fn an_unreachable_clusters_endpoints_are_withdrawn_after_the_grace_period_
     let back = p.next().await;
     assert_eq!(endpoints(&back, "ne", "east/ns/web"), ["10.1.0.1", "10.2.0.1"]);
 }
+
+#[test]
+fn views_in_parts_are_the_views_of_everything() {
+    let yaml: String = (0..5).map(|i| service(&format!("s{i}"), "", &["10.0.0.1"], "n1")).collect::<String>()
+        + &node("n1", None, "192.0.2.1");
+    let mut t = tracker(&[("c", &yaml)]);
+    let all = t.everything();
+    let whole = t.views(&all);
+    let mut parts = Vec::new();
+    t.views_in_parts(&all, 2, |part| parts.push(part));
+    assert_eq!(parts.iter().map(|p| p.services.len()).collect::<Vec<_>>(), [2, 2, 1]);
+    assert_eq!(parts.iter().map(|p| p.node_configs.len()).collect::<Vec<_>>(), [1, 0, 0], "nodes once");
+    let names = |services: &[(String, Option<crate::view::ServiceViews>)]| -> Vec<String> {
+        services.iter().map(|(n, _)| n.clone()).collect()
+    };
+    let joined: Vec<String> = parts.iter().flat_map(|p| names(&p.services)).collect();
+    assert_eq!(joined, names(&whole.services));
+    let mut nodes_only = Vec::new();
+    let touched = ChangeSet { nodes: ["n1".to_owned()].into(), ..Default::default() };
+    t.views_in_parts(&touched, 2, |part| nodes_only.push(part));
+    assert_eq!((nodes_only.len(), nodes_only[0].node_configs.len()), (1, 1), "a part even without Services");
+}

@@ -139,6 +139,19 @@ impl Tracker {
 
     /// The views of what `changes` touched.
     pub fn views(&mut self, changes: &ChangeSet) -> ViewChanges {
+        let mut all = ViewChanges::default();
+        self.views_in_parts(changes, usize::MAX, |part| {
+            all.services.extend(part.services);
+            all.node_configs.extend(part.node_configs);
+            all.moved.extend(part.moved);
+            all.placement = part.placement;
+        });
+        all
+    }
+
+    /// The views of what `changes` touched, handed to `each` in parts of at most `size`
+    /// Services (the first part also has the nodes), so that not all are held at once.
+    pub fn views_in_parts(&mut self, changes: &ChangeSet, size: usize, mut each: impl FnMut(ViewChanges)) {
         let mut services: Vec<&ServiceRef> = changes.services.iter().collect();
         if changes.zones_moved {
             services.extend(self.varying.difference(&changes.services));
@@ -149,24 +162,31 @@ impl Tracker {
             withdrawn: &self.withdrawn,
             cluster_cidrs: &self.cluster_cidrs,
         };
-        let mut out = inputs.changes(
-            services.iter().map(|(cluster, key)| (cluster.as_str(), key)),
-            changes.nodes.iter().map(String::as_str),
-        );
-        out.moved = changes.moved.iter().cloned().collect();
-        let varies: Vec<(ServiceRef, bool)> = services
-            .into_iter()
-            .zip(&out.services)
-            .map(|(service, (_, views))| (service.clone(), views.as_ref().is_some_and(|v| v.varies)))
-            .collect();
-        for (service, varies) in varies {
+        let mut flipped: Vec<(ServiceRef, bool)> = Vec::new();
+        // At least one part, for the nodes.
+        let parts: Vec<&[&ServiceRef]> =
+            if services.is_empty() { vec![&[]] } else { services.chunks(size.max(1)).collect() };
+        for (i, part) in parts.into_iter().enumerate() {
+            let nodes = changes.nodes.iter().filter(|_| i == 0).map(String::as_str);
+            let mut out = inputs.changes(part.iter().map(|(c, key)| (c.as_str(), key)), nodes);
+            if i == 0 {
+                out.moved = changes.moved.iter().cloned().collect();
+            }
+            for (service, (_, views)) in part.iter().zip(&out.services) {
+                let varies = views.as_ref().is_some_and(|v| v.varies);
+                if self.varying.contains(*service) != varies {
+                    flipped.push(((*service).clone(), varies));
+                }
+            }
+            each(out);
+        }
+        for (service, varies) in flipped {
             if varies {
                 self.varying.insert(service);
             } else {
                 self.varying.remove(&service);
             }
         }
-        out
     }
 
     /// What each source has given so far.

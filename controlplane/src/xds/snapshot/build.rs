@@ -58,7 +58,9 @@ impl Snapshot {
         let mut nodes: BTreeSet<String> = placement.nodes().map(str::to_owned).collect();
         nodes.extend(previous.placement.nodes().map(str::to_owned));
         changes.moved = nodes.into_iter().collect();
-        let (snapshot, changed) = Snapshot::apply(previous, changes);
+        let mut builder = Snapshot::builder(previous);
+        builder.apply(changes);
+        let (snapshot, changed) = builder.done();
         snapshot.recorded(previous, changed)
     }
 }

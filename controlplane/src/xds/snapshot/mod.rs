@@ -112,38 +112,66 @@ fn encode(name: &str, view: &ServiceView) -> Resource {
     Resource::new(ResourceType::ServiceView, name.to_owned(), view.encode())
 }
 
-impl Snapshot {
-    /// The snapshot after `changes`; `None` when no resource differs from `previous` for
-    /// any node (and `previous` is not the empty start).
-    pub fn next(previous: &Snapshot, changes: ViewChanges) -> Option<Snapshot> {
-        let (snapshot, changed) = Snapshot::apply(previous, changes);
+/// The next snapshot being made from the previous one, one part of the changes at a time
+/// (so a large change, like the first snapshot, need not hold every view at once).
+pub struct SnapshotBuilder<'p> {
+    previous: &'p Snapshot,
+    next: Snapshot,
+    changed: Changes,
+    moved: Vec<String>,
+}
+
+impl SnapshotBuilder<'_> {
+    /// Takes one part of the changes in; the placement of the last part is kept.
+    pub fn apply(&mut self, changes: ViewChanges) {
+        for (name, views) in changes.services {
+            self.next.set_service(name, views, &mut self.changed);
+        }
+        for (node, config) in changes.node_configs {
+            self.next.set_node_config(node, config, &mut self.changed);
+        }
+        self.next.placement = changes.placement;
+        self.moved.extend(changes.moved);
+    }
+
+    /// The next snapshot; `None` when no resource differs from the previous one for any
+    /// node (and that is not the empty start).
+    pub fn finish(self) -> Option<Snapshot> {
+        let previous = self.previous;
+        let (next, changed) = self.done();
         if changed.is_empty() && previous.generation > 0 {
             return None;
         }
-        Some(snapshot.recorded(previous, changed))
+        Some(next.recorded(previous, changed))
     }
 
-    /// The snapshot after `changes`, and what differs from `previous`.
-    fn apply(previous: &Snapshot, changes: ViewChanges) -> (Snapshot, Changes) {
-        let mut next = previous.clone();
-        let mut changed = Changes::default();
-        for (name, views) in changes.services {
-            next.set_service(name, views, &mut changed);
-        }
-        for (node, config) in changes.node_configs {
-            next.set_node_config(node, config, &mut changed);
-        }
-        next.placement = changes.placement;
+    fn done(mut self) -> (Snapshot, Changes) {
+        let (previous, next) = (self.previous, &self.next);
         // Which variants a node gets follows its zone (where that zone has variants) and its
         // home; when that changes, or a zone gains or loses its variants, any name may differ
         // for some node.
         let zones = |s: &Snapshot| s.zone_variants.keys().cloned().collect::<HashSet<String>>();
-        changed.everything = zones(previous) != zones(&next)
-            || changes.moved.iter().any(|node| {
+        self.changed.everything = zones(previous) != zones(next)
+            || self.moved.iter().any(|node| {
                 previous.placement.home(node) != next.placement.home(node)
                     || previous.variant_zone(node) != next.variant_zone(node)
             });
-        (next, changed)
+        (self.next, self.changed)
+    }
+}
+
+impl Snapshot {
+    /// The snapshot after `changes`; `None` when no resource differs from `previous` for
+    /// any node (and `previous` is not the empty start).
+    pub fn next(previous: &Snapshot, changes: ViewChanges) -> Option<Snapshot> {
+        let mut builder = Snapshot::builder(previous);
+        builder.apply(changes);
+        builder.finish()
+    }
+
+    /// Starts the snapshot after `previous`.
+    pub fn builder(previous: &Snapshot) -> SnapshotBuilder<'_> {
+        SnapshotBuilder { previous, next: previous.clone(), changed: Changes::default(), moved: Vec::new() }
     }
 
     /// Takes `changed` into the history, as the snapshot after `previous`.
@@ -175,13 +203,21 @@ impl Snapshot {
             }
             return;
         };
-        let mut interner =
-            Interner::new(old_default.iter().chain(old_variants.iter().flat_map(|v| v.resources())));
-        let default = interner.intern(encode(&name, &views.default));
-        let mut intern_all = |list: &[(String, ServiceView)]| -> Vec<(String, Arc<Resource>)> {
-            list.iter().map(|(who, view)| (who.clone(), interner.intern(encode(&name, view)))).collect()
+        let fresh = encode(&name, &views.default);
+        let default = match &old_default {
+            Some(old) if old.version == fresh.version => Arc::clone(old),
+            _ => Arc::new(fresh),
         };
-        let variants = Variants { zones: intern_all(&views.zones), nodes: intern_all(&views.nodes) };
+        let variants = if views.zones.is_empty() && views.nodes.is_empty() {
+            Variants::default()
+        } else {
+            let known = old_variants.iter().flat_map(|v| v.resources());
+            let mut interner = Interner::new(known.chain([&default]));
+            let mut intern_all = |list: &[(String, ServiceView)]| -> Vec<(String, Arc<Resource>)> {
+                list.iter().map(|(who, view)| (who.clone(), interner.intern(encode(&name, view)))).collect()
+            };
+            Variants { zones: intern_all(&views.zones), nodes: intern_all(&views.nodes) }
+        };
         let same_default = old_default.as_ref().is_some_and(|d| d.version == default.version);
         let same_variants = match &old_variants {
             Some(old) => old.same_as(&variants),
@@ -202,10 +238,14 @@ impl Snapshot {
     }
 
     fn resize(&mut self, name: &str, by: isize) {
-        let size = self.cluster_sizes.entry(cluster_of(name).to_owned()).or_default();
-        *size = size.saturating_add_signed(by);
-        if *size == 0 {
-            self.cluster_sizes.remove(cluster_of(name));
+        let cluster = cluster_of(name);
+        let size = self.cluster_sizes.get(cluster).copied().unwrap_or(0).saturating_add_signed(by);
+        if size == 0 {
+            self.cluster_sizes.remove(cluster);
+        } else if let Some(known) = self.cluster_sizes.get_mut(cluster) {
+            *known = size;
+        } else {
+            self.cluster_sizes.insert(cluster.to_owned(), size);
         }
     }
 
