@@ -32,6 +32,18 @@ impl ObjectChanges {
         self.nodes.extend(later.nodes);
     }
 
+    /// The objects upserted, as a state (deletions have nothing to add).
+    pub fn into_state(self) -> ClusterState {
+        fn upserts<K: Ord, V>(changes: BTreeMap<K, Option<V>>) -> BTreeMap<K, V> {
+            changes.into_iter().filter_map(|(k, v)| Some((k, v?))).collect()
+        }
+        ClusterState {
+            services: upserts(self.services),
+            slices: upserts(self.slices),
+            nodes: upserts(self.nodes),
+        }
+    }
+
     /// What turns `old` into `new`: O(size of both), for a whole state read again.
     pub fn between(old: &ClusterState, new: &ClusterState) -> ObjectChanges {
         ObjectChanges {
@@ -80,6 +92,8 @@ mod tests {
             changes.nodes.iter().map(|(k, v)| (k.as_str(), v.as_ref().map(|n| n.zone.as_deref()))).collect();
         assert_eq!(got, [("a", None), ("b", Some(Some("z1"))), ("d", Some(None))]);
         assert!(ObjectChanges::between(&new, &new).is_empty(), "identical: nothing");
+        let rebuilt = ObjectChanges::between(&ClusterState::default(), &new).into_state();
+        assert_eq!(rebuilt, new, "from nothing, the upserts are the state");
     }
 
     #[test]

@@ -4,6 +4,22 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+/// A set kept as a sorted `Vec`: most Services have one or two slices, and a `Vec` of one
+/// costs far less than a tree.
+type SortedSet<T> = Vec<T>;
+
+fn insert_sorted<T: Ord>(set: &mut SortedSet<T>, item: T) {
+    if let Err(at) = set.binary_search(&item) {
+        set.insert(at, item);
+    }
+}
+
+fn remove_sorted<T: Ord>(set: &mut SortedSet<T>, item: &T) {
+    if let Ok(at) = set.binary_search(item) {
+        set.remove(at);
+    }
+}
+
 use super::{ClusterState, EndpointSlice, Node, ObjectChanges, ObjectKey, Service};
 
 /// A cluster's objects and its index of slices by Service.
@@ -11,7 +27,7 @@ use super::{ClusterState, EndpointSlice, Node, ObjectChanges, ObjectKey, Service
 pub struct Cluster {
     state: ClusterState,
     /// Service key → the keys of its EndpointSlices.
-    slices_of: HashMap<ObjectKey, BTreeSet<ObjectKey>>,
+    slices_of: HashMap<ObjectKey, SortedSet<ObjectKey>>,
 }
 
 /// What a change touched.
@@ -38,10 +54,11 @@ fn owner(slice: &EndpointSlice) -> ObjectKey {
     ObjectKey { namespace: slice.namespace.clone(), name: slice.service_name.clone() }
 }
 
-fn index(state: &ClusterState) -> HashMap<ObjectKey, BTreeSet<ObjectKey>> {
-    let mut index: HashMap<ObjectKey, BTreeSet<ObjectKey>> = HashMap::new();
+fn index(state: &ClusterState) -> HashMap<ObjectKey, SortedSet<ObjectKey>> {
+    let mut index: HashMap<ObjectKey, SortedSet<ObjectKey>> = HashMap::new();
     for (key, slice) in &state.slices {
-        index.entry(owner(slice)).or_default().insert(key.clone());
+        // In key order: each list stays sorted.
+        index.entry(owner(slice)).or_default().push(key.clone());
     }
     index
 }
@@ -110,7 +127,7 @@ impl Cluster {
             let owners: BTreeSet<ObjectKey> = old.into_iter().chain(new.as_ref()).map(owner).collect();
             if let Some(old) = old.map(owner) {
                 if let Some(set) = self.slices_of.get_mut(&old) {
-                    set.remove(&key);
+                    remove_sorted(set, &key);
                     if set.is_empty() {
                         self.slices_of.remove(&old);
                     }
@@ -118,7 +135,7 @@ impl Cluster {
             }
             match new {
                 Some(slice) => {
-                    self.slices_of.entry(owner(&slice)).or_default().insert(key.clone());
+                    insert_sorted(self.slices_of.entry(owner(&slice)).or_default(), key.clone());
                     self.state.slices.insert(key, slice);
                 }
                 None => {

@@ -41,7 +41,8 @@ pub async fn run(
                 let changes = folder.update(&print, |path| parse_file(&cluster, path));
                 let changed = changes.len();
                 let event = if !sent_first {
-                    let state = folder.state();
+                    // Read into an empty folder: the changes are every object it defines.
+                    let state = changes.into_state();
                     tracing::info!(
                         cluster,
                         dir = %dir.display(),

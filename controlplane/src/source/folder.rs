@@ -39,8 +39,8 @@ impl ObjectId {
 pub struct Folder {
     /// Each file as read: its print then, and the objects it defines.
     files: BTreeMap<PathBuf, (Print, HashMap<ObjectId, Object>)>,
-    /// The files that define each object; the last in path order wins.
-    definers: HashMap<ObjectId, BTreeSet<PathBuf>>,
+    /// The files that define each object, sorted (nearly always one); the last wins.
+    definers: HashMap<ObjectId, Vec<PathBuf>>,
 }
 
 impl Folder {
@@ -54,7 +54,7 @@ impl Folder {
         let Some((_, objects)) = self.files.remove(path) else { return };
         for id in objects.keys() {
             if let Some(files) = self.definers.get_mut(id) {
-                files.remove(path);
+                files.retain(|f| f != path);
                 if files.is_empty() {
                     self.definers.remove(id);
                 }
@@ -94,7 +94,10 @@ impl Folder {
         for (path, print, objects) in fresh {
             self.forget(&path);
             for id in objects.keys() {
-                self.definers.entry(id.clone()).or_default().insert(path.clone());
+                let files = self.definers.entry(id.clone()).or_default();
+                if let Err(at) = files.binary_search(&path) {
+                    files.insert(at, path.clone());
+                }
             }
             self.files.insert(path, (print, objects));
         }
@@ -129,7 +132,8 @@ impl Folder {
     }
 
     /// Everything the folder defines.
-    pub fn state(&self) -> ClusterState {
+    #[cfg(test)]
+    fn state(&self) -> ClusterState {
         let mut state = ClusterState::default();
         for id in self.definers.keys() {
             match self.winner(id) {
@@ -210,7 +214,7 @@ mod tests {
         fx.write("b.yaml", &service("three", "10.96.0.3"));
         let first = fx.update(&mut folder);
         assert_eq!(upserts(&first), ["one=10.96.0.1", "three=10.96.0.3", "two=10.96.0.2"]);
-        assert_eq!(folder.state().services.len(), 3);
+        assert_eq!(first.into_state(), folder.state(), "the first read's changes are the whole state");
 
         fx.reads.clear();
         fx.write("a.yaml", &format!("{}{}", service("one", "10.96.0.1"), service("two", "10.96.0.9")));
