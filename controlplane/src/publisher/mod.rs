@@ -51,8 +51,8 @@ pub fn withdrawn_at<'a>(
     let mut withdrawn = BTreeSet::new();
     let mut next: Option<Instant> = None;
     for (cluster, since) in unreachable_since {
-        let Some(since) = since else { continue };
-        let at = since + grace;
+        // A grace period too long to add up never ends.
+        let Some(at) = since.and_then(|since| since.checked_add(grace)) else { continue };
         if at <= now {
             withdrawn.insert(cluster.to_owned());
         } else {

@@ -162,6 +162,8 @@ fn withdrawal_is_due_after_the_grace_period() {
     let (withdrawn, next) = withdrawn_at(since, grace, now);
     assert_eq!(withdrawn.into_iter().collect::<Vec<_>>(), ["b"]);
     assert_eq!(next, Some(now + Duration::from_secs(50)), "c's turn comes next");
+    let (withdrawn, next) = withdrawn_at([("b", Some(now))], Duration::MAX, now);
+    assert!(withdrawn.is_empty() && next.is_none(), "an endless grace period never ends");
 }
 
 /// A publisher of `clusters`, its event sender and reachability senders.

@@ -211,7 +211,7 @@ impl Snapshot {
         let variants = if views.zones.is_empty() && views.nodes.is_empty() {
             Variants::default()
         } else {
-            let known = old_variants.iter().flat_map(|v| v.resources());
+            let known = old_default.iter().chain(old_variants.iter().flat_map(|v| v.resources()));
             let mut interner = Interner::new(known.chain([&default]));
             let mut intern_all = |list: &[(String, ServiceView)]| -> Vec<(String, Arc<Resource>)> {
                 list.iter().map(|(who, view)| (who.clone(), interner.intern(encode(&name, view)))).collect()
