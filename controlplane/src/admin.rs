@@ -17,7 +17,8 @@ use kpx_proto::trace::{self, Packet};
 use kpx_proto::types::{NodeConfig, ServiceView};
 use tonic::{Request, Response, Status};
 
-use crate::source::{SourceSpec, StateReceiver};
+use crate::publisher::StatusReceiver;
+use crate::source::SourceSpec;
 use crate::xds::nodes::NodeRegistry;
 use crate::xds::server::SnapshotReceiver;
 use crate::xds::{ResourceType, Snapshot};
@@ -25,16 +26,18 @@ use crate::xds::{ResourceType, Snapshot};
 pub struct ControlPlaneAdminService {
     snapshots: SnapshotReceiver,
     nodes: NodeRegistry,
-    sources: Vec<(SourceSpec, StateReceiver)>,
+    sources: Vec<SourceSpec>,
+    status: StatusReceiver,
 }
 
 impl ControlPlaneAdminService {
     pub fn new(
         snapshots: SnapshotReceiver,
         nodes: NodeRegistry,
-        sources: Vec<(SourceSpec, StateReceiver)>,
+        sources: Vec<SourceSpec>,
+        status: StatusReceiver,
     ) -> Self {
-        ControlPlaneAdminService { snapshots, nodes, sources }
+        ControlPlaneAdminService { snapshots, nodes, sources, status }
     }
 
     fn snapshot(&self) -> Result<Arc<Snapshot>, Status> {
@@ -212,18 +215,19 @@ impl ControlPlaneAdmin for ControlPlaneAdminService {
         &self,
         _: Request<ListSourcesRequest>,
     ) -> Result<Response<ListSourcesResponse>, Status> {
+        let status = self.status.borrow();
         let sources = self
             .sources
             .iter()
-            .map(|(spec, rx)| {
-                let state = rx.borrow().clone();
+            .map(|spec| {
+                let known = status.get(&spec.cluster).cloned().unwrap_or_default();
                 SourceStatus {
                     cluster: spec.cluster.clone(),
                     spec: spec.to_string(),
-                    synced: state.is_some(),
-                    services: state.as_ref().map_or(0, |s| s.services.len() as u32),
-                    endpoint_slices: state.as_ref().map_or(0, |s| s.slices.len() as u32),
-                    nodes: state.as_ref().map_or(0, |s| s.nodes.len() as u32),
+                    synced: known.synced,
+                    services: known.services as u32,
+                    endpoint_slices: known.endpoint_slices as u32,
+                    nodes: known.nodes as u32,
                 }
             })
             .collect();

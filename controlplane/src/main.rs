@@ -10,14 +10,14 @@ use clap::Parser;
 use ipnet::IpNet;
 use kpx_controlplane::admin::ControlPlaneAdminService;
 use kpx_controlplane::metrics::ControlPlaneMetrics;
+use kpx_controlplane::publisher::Publisher;
 use kpx_controlplane::source::{self, SourceSpec};
+use kpx_controlplane::xds;
 use kpx_controlplane::xds::nodes::NodeRegistry;
 use kpx_controlplane::xds::snapshot::BuildOptions;
-use kpx_controlplane::{publisher, xds};
 use kpx_proto::admin::control_plane_admin_server::ControlPlaneAdminServer;
 use kpx_proto::cli::LogFormat;
 use std::sync::Arc;
-use tokio::sync::watch;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -84,7 +84,7 @@ fn main() -> ExitCode {
         match runtime.block_on(source::prepare(spec)) {
             Ok(p) => prepared.push(p),
             Err(e) => {
-                eprintln!("kpx-controlplane: {e}");
+                eprintln!("kpx-controlplane: {}", causes(&e));
                 return ExitCode::from(2);
             }
         }
@@ -98,28 +98,42 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args, prepared: Vec<source::Prepared>) -> anyhow::Result<()> {
-    let mut sources = BTreeMap::new();
-    let mut source_list = Vec::new();
-    for (spec, prepared) in args.sources.iter().zip(prepared) {
-        let (rx, reachability) = source::spawn(&spec.cluster, prepared);
-        source_list.push((spec.clone(), rx.clone()));
-        sources.insert(spec.cluster.clone(), (rx, reachability));
+/// An error and its causes, each once: `a: b: c` (kube's errors repeat their cause in
+/// their own message, so a cause already said is not said again).
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let said = e.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = e.source();
     }
+    text
+}
+
+/// How many source events may wait for the publisher before a source waits too.
+const EVENTS_QUEUED: usize = 64;
+
+async fn run(args: Args, prepared: Vec<source::Prepared>) -> anyhow::Result<()> {
+    let (events_tx, events) = tokio::sync::mpsc::channel(EVENTS_QUEUED);
+    let mut reachability = BTreeMap::new();
+    for (spec, prepared) in args.sources.iter().zip(prepared) {
+        reachability.insert(spec.cluster.clone(), source::spawn(&spec.cluster, prepared, events_tx.clone()));
+    }
+    drop(events_tx);
     let metrics = Arc::new(ControlPlaneMetrics::default());
     let nodes = NodeRegistry::default();
-    let (snapshot_tx, snapshot_rx) = watch::channel(None);
     let mut cluster_cidrs = args.cluster_cidrs.clone();
     cluster_cidrs.sort();
     cluster_cidrs.dedup();
     let options = BuildOptions { cluster_cidrs, ..Default::default() };
-    tokio::spawn(publisher::run(
-        sources,
-        options,
-        args.cluster_grace_period,
-        snapshot_tx,
-        Arc::clone(&metrics),
-    ));
+    let clusters = args.sources.iter().map(|s| s.cluster.clone());
+    let (publisher, snapshot_rx, status_rx) =
+        Publisher::new(clusters, options, args.cluster_grace_period, Arc::clone(&metrics));
+    tokio::spawn(publisher.run(events, reachability));
     let metrics_listener = tokio::net::TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("cannot listen on {} (--metrics-listen)", args.metrics_listen))?;
@@ -136,7 +150,8 @@ async fn run(args: Args, prepared: Vec<source::Prepared>) -> anyhow::Result<()> 
     let admin = ControlPlaneAdminServer::new(ControlPlaneAdminService::new(
         snapshot_rx.clone(),
         nodes.clone(),
-        source_list,
+        args.sources.clone(),
+        status_rx,
     ));
     let ads = xds::transport::AdsService::new(xds::server::AdsServer::new(snapshot_rx, nodes, metrics));
     let reflection = kpx_proto::grpc::reflection_routes(kpx_proto::grpc::Server::ControlPlane)

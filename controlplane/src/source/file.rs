@@ -1,37 +1,32 @@
-//! The file source: a folder of Kubernetes manifests, read whole at start and
-//! again whenever a file in it changes (polled; a change is seen within
-//! [`POLL_PERIOD`]). Unusable documents are logged with file, document and
-//! field, and skipped.
+//! The file source: a folder of Kubernetes manifests, read whole at start; then,
+//! whenever files in it change (polled; a change is seen within [`POLL_PERIOD`]), those
+//! files are read again and the objects that changed are sent ([`super::folder`]).
+//! Unusable documents are logged with file, document and field, and skipped.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
+use super::folder::{Folder, Listing};
 use super::manifest::{self, Object};
-use crate::model::{ClusterState, ObjectKey};
+use super::{EventSender, SourceEvent};
 
 pub const POLL_PERIOD: Duration = Duration::from_millis(250);
 /// How long a changed folder must stay unchanged before it is read.
 const SETTLE: Duration = Duration::from_millis(100);
 
-/// What identifies a folder's content without reading it: each file's path, size and mtime.
-type Fingerprint = BTreeMap<PathBuf, (u64, Option<SystemTime>)>;
-
-/// The objects read from each file, with the size and mtime they were read at: a change
-/// re-parses only the files that changed.
-type ParsedFiles = BTreeMap<PathBuf, ((u64, Option<SystemTime>), Arc<Vec<Object>>)>;
-
+/// Polls `dir` until the process ends (or nobody listens): the whole state once first
+/// read, then the objects that changed.
 pub async fn run(
     cluster: String,
     dir: PathBuf,
-    tx: watch::Sender<Option<Arc<ClusterState>>>,
+    tx: EventSender,
     reachability: watch::Sender<super::Reachability>,
 ) {
-    let mut last: Option<Fingerprint> = None;
-    let mut parsed = ParsedFiles::new();
+    let mut last: Option<Listing> = None;
+    let mut folder = Folder::default();
+    let mut sent_first = false;
     loop {
         let listed = fingerprint(&dir);
         reachability.send_if_modified(|r| r.observe(&cluster, listed.is_ok()));
@@ -43,28 +38,42 @@ pub async fn run(
                     continue;
                 }
                 let started = std::time::Instant::now();
-                let state = read_files(&cluster, &print, &mut parsed);
-                tracing::info!(
-                    cluster,
-                    dir = %dir.display(),
-                    services = state.services.len(),
-                    endpoint_slices = state.slices.len(),
-                    nodes = state.nodes.len(),
-                    elapsed_ms = started.elapsed().as_millis() as u64,
-                    "manifests read"
-                );
-                tx.send_if_modified(|current| {
-                    let changed = current.as_deref() != Some(&state);
-                    if changed {
-                        *current = Some(Arc::new(state));
+                let changes = folder.update(&print, |path| parse_file(&cluster, path));
+                let changed = changes.len();
+                let event = if !sent_first {
+                    // Read into an empty folder: the changes are every object it defines.
+                    let state = changes.into_state();
+                    tracing::info!(
+                        cluster,
+                        dir = %dir.display(),
+                        services = state.services.len(),
+                        endpoint_slices = state.slices.len(),
+                        nodes = state.nodes.len(),
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "manifests read"
+                    );
+                    Some(SourceEvent::Replace(state))
+                } else {
+                    tracing::info!(
+                        cluster,
+                        dir = %dir.display(),
+                        changed,
+                        elapsed_us = started.elapsed().as_micros() as u64,
+                        "manifests read"
+                    );
+                    (!changes.is_empty()).then_some(SourceEvent::Apply(changes))
+                };
+                if let Some(event) = event {
+                    if !tx.send(event).await {
+                        return;
                     }
-                    changed
-                });
+                    sent_first = true;
+                }
                 last = Some(print);
             }
             Ok(_) => {}
             Err(e) => {
-                if last.is_some() || tx.borrow().is_none() {
+                if last.is_some() || !sent_first {
                     tracing::warn!(cluster, dir = %dir.display(), error = %e, "cannot list manifest folder");
                 }
                 last = None;
@@ -78,8 +87,8 @@ fn is_manifest(path: &Path) -> bool {
     matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json"))
 }
 
-fn fingerprint(dir: &Path) -> std::io::Result<Fingerprint> {
-    let mut print = Fingerprint::new();
+fn fingerprint(dir: &Path) -> std::io::Result<Listing> {
+    let mut print = Listing::new();
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
         if !is_manifest(&path) {
@@ -120,36 +129,4 @@ fn parse_file(cluster: &str, path: &Path) -> Vec<Object> {
         }
     }
     objects
-}
-
-/// Reads every manifest of the folder into one state (later definitions of the same object
-/// win), parsing only the files whose size or mtime changed since `parsed` saw them.
-fn read_files(cluster: &str, files: &Fingerprint, parsed: &mut ParsedFiles) -> ClusterState {
-    parsed.retain(|path, _| files.contains_key(path));
-    let mut state = ClusterState::default();
-    for (path, print) in files {
-        let objects = match parsed.get(path) {
-            Some((seen, objects)) if seen == print => Arc::clone(objects),
-            _ => {
-                let objects = Arc::new(parse_file(cluster, path));
-                parsed.insert(path.clone(), (*print, Arc::clone(&objects)));
-                objects
-            }
-        };
-        for object in objects.iter() {
-            match object {
-                Object::Service(s) => {
-                    state.services.insert(s.key.clone(), s.clone());
-                }
-                Object::EndpointSlice(s) => {
-                    let key = ObjectKey { namespace: s.namespace.clone(), name: s.name.clone() };
-                    state.slices.insert(key, s.clone());
-                }
-                Object::Node(n) => {
-                    state.nodes.insert(n.name.clone(), n.clone());
-                }
-            }
-        }
-    }
-    state
 }

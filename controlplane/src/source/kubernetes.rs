@@ -3,15 +3,16 @@
 //!
 //! Each object is turned into the model as soon as it arrives (the same
 //! reading, and the same errors naming the field, as the file source), so only
-//! what the control plane uses is kept. Nothing is published until all three
-//! initial lists are complete; after that a whole [`ClusterState`] is published
-//! per batch of events. A relist (a watch that expired with 410 Gone, an API
-//! server that restarted) is gathered aside and swapped in when complete, and an
-//! identical relist publishes nothing: nodes see no churn.
+//! what the control plane uses is kept. Nothing is sent until all three
+//! initial lists are complete: then the whole [`ClusterState`] once
+//! ([`SourceEvent::Replace`]), and after that the objects that changed, per batch of
+//! events ([`SourceEvent::Apply`]). A relist (a watch that expired with 410 Gone, an API
+//! server that restarted) is gathered aside and, when complete, swapped in as what
+//! differs from the objects known before: an identical relist sends nothing, and nodes
+//! see no churn.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -23,8 +24,8 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::watch;
 
 use super::manifest::{self, Object};
-use super::Reachability;
-use crate::model::{ClusterState, ObjectKey};
+use super::{EventSender, Reachability, SourceEvent};
+use crate::model::{diff_by_key, ClusterState, ObjectChanges, ObjectKey};
 
 /// Where the API server is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,32 +48,33 @@ impl std::fmt::Display for KubeTarget {
     }
 }
 
+/// Why a Kubernetes source cannot start; the cause is kube's own error.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeSourceError {
-    #[error("cannot read kubeconfig {path}: {reason}")]
-    Kubeconfig { path: PathBuf, reason: String },
-    #[error("in-cluster configuration: {0}")]
-    InCluster(String),
-    #[error("cannot make a Kubernetes client: {0}")]
-    Client(String),
+    #[error("cannot read kubeconfig {path}")]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("in-cluster configuration")]
+    InCluster(#[source] kube::config::InClusterError),
+    #[error("cannot make a Kubernetes client")]
+    Client(#[source] kube::Error),
 }
 
 /// Loads the target's configuration and makes a client (no request is made yet).
 pub async fn client(target: &KubeTarget) -> Result<Client, KubeSourceError> {
     let config = match target {
         KubeTarget::Kubeconfig { path, context } => {
-            let fail = |reason: String| KubeSourceError::Kubeconfig { path: path.clone(), reason };
-            let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| fail(e.to_string()))?;
+            let fail = |source| KubeSourceError::Kubeconfig { path: path.clone(), source };
+            let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(fail)?;
             let options = kube::config::KubeConfigOptions { context: context.clone(), ..Default::default() };
-            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
-                .await
-                .map_err(|e| fail(e.to_string()))?
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options).await.map_err(fail)?
         }
-        KubeTarget::InCluster => {
-            kube::Config::incluster().map_err(|e| KubeSourceError::InCluster(e.to_string()))?
-        }
+        KubeTarget::InCluster => kube::Config::incluster().map_err(KubeSourceError::InCluster)?,
     };
-    Client::try_from(config).map_err(|e| KubeSourceError::Client(e.to_string()))
+    Client::try_from(config).map_err(KubeSourceError::Client)
 }
 
 /// One kind's objects, in the model, by key.
@@ -89,36 +91,52 @@ impl<T> Default for Kind<T> {
     }
 }
 
-impl<T> Kind<T> {
+impl<T: Clone + PartialEq> Kind<T> {
     /// Applies one watch event; `object` is the event's object read into the model
-    /// (`None`: unusable, already logged). True when what is live changed.
-    fn apply(&mut self, event: Event<()>, key: Option<ObjectKey>, object: Option<T>) -> bool {
+    /// (`None`: unusable, already logged). Records in `changes` what changed in `live`.
+    fn apply(
+        &mut self,
+        event: Event<()>,
+        key: Option<ObjectKey>,
+        object: Option<T>,
+        changes: &mut BTreeMap<ObjectKey, Option<T>>,
+    ) {
         match event {
-            Event::Init => {
-                self.listing = Some(BTreeMap::new());
-                false
-            }
+            Event::Init => self.listing = Some(BTreeMap::new()),
             Event::InitApply(()) => {
                 if let (Some(listing), Some(key), Some(object)) = (self.listing.as_mut(), key, object) {
                     listing.insert(key, object);
                 }
-                false
             }
             Event::InitDone => {
-                self.live = self.listing.take().unwrap_or_default();
+                let listed = self.listing.take().unwrap_or_default();
+                // O(objects), at relists only; nothing before the first list is complete.
+                if self.synced {
+                    changes.extend(diff_by_key(&self.live, &listed));
+                }
+                self.live = listed;
                 self.synced = true;
-                true
             }
             Event::Apply(()) => match (key, object) {
-                (Some(key), Some(object)) => {
-                    self.live.insert(key, object);
-                    true
+                (Some(key), Some(object)) if self.live.get(&key) != Some(&object) => {
+                    self.live.insert(key.clone(), object.clone());
+                    changes.insert(key, Some(object));
                 }
                 // An object that became unusable is no longer served.
-                (Some(key), None) => self.live.remove(&key).is_some(),
-                _ => false,
+                (Some(key), None) => self.delete(key, changes),
+                _ => {}
             },
-            Event::Delete(()) => key.is_some_and(|key| self.live.remove(&key).is_some()),
+            Event::Delete(()) => {
+                if let Some(key) = key {
+                    self.delete(key, changes);
+                }
+            }
+        }
+    }
+
+    fn delete(&mut self, key: ObjectKey, changes: &mut BTreeMap<ObjectKey, Option<T>>) {
+        if self.live.remove(&key).is_some() {
+            changes.insert(key, None);
         }
     }
 }
@@ -131,11 +149,30 @@ struct Objects {
     nodes: Kind<crate::model::Node>,
 }
 
+/// What changed in [`Objects`] since the last event sent (nodes by their key, of no namespace).
+#[derive(Default)]
+struct Pending {
+    services: BTreeMap<ObjectKey, Option<crate::model::Service>>,
+    slices: BTreeMap<ObjectKey, Option<crate::model::EndpointSlice>>,
+    nodes: BTreeMap<ObjectKey, Option<crate::model::Node>>,
+}
+
+impl Pending {
+    fn into_changes(self) -> ObjectChanges {
+        ObjectChanges {
+            services: self.services,
+            slices: self.slices,
+            nodes: self.nodes.into_iter().map(|(k, n)| (k.name, n)).collect(),
+        }
+    }
+}
+
 impl Objects {
     fn synced(&self) -> bool {
         self.services.synced && self.slices.synced && self.nodes.synced
     }
 
+    /// Everything known (once, when the initial lists are complete).
     fn state(&self) -> ClusterState {
         ClusterState {
             services: self.services.live.clone(),
@@ -195,14 +232,14 @@ fn read<K: serde::Serialize + Resource<DynamicType = ()>>(cluster: &str, object:
     }
 }
 
-/// How long events are gathered before one state is published.
+/// How long events are gathered before what changed is sent.
 const BATCH: Duration = Duration::from_millis(50);
 
-/// Watches the cluster until the process ends, publishing on `tx`.
+/// Watches the cluster until the process ends (or nobody listens), sending on `tx`.
 pub async fn run(
     cluster: String,
     client: Client,
-    tx: watch::Sender<Option<Arc<ClusterState>>>,
+    tx: EventSender,
     reachability: watch::Sender<Reachability>,
 ) {
     let config = watcher::Config::default();
@@ -219,13 +256,15 @@ pub async fn run(
     tokio::spawn(probe(cluster.clone(), client, reachability));
     let mut objects = Objects::default();
     let mut waiting_logged = false;
+    let mut sent_first = false;
     loop {
         let Some(first) = changes.next().await else { return };
-        let mut changed = handle(&cluster, &mut objects, first);
-        // Gather what else arrives right away, so a burst becomes one state.
+        let mut pending = Pending::default();
+        handle(&cluster, &mut objects, &mut pending, first);
+        // Gather what else arrives right away, so a burst becomes one event.
         let deadline = tokio::time::Instant::now() + BATCH;
         while let Ok(Some(next)) = tokio::time::timeout_at(deadline, changes.next()).await {
-            changed |= handle(&cluster, &mut objects, next);
+            handle(&cluster, &mut objects, &mut pending, next);
         }
         if !objects.synced() {
             if !waiting_logged {
@@ -237,53 +276,73 @@ pub async fn run(
             }
             continue;
         }
-        if !changed && tx.borrow().is_some() {
-            continue;
-        }
-        let state = objects.state();
-        tx.send_if_modified(|current| {
-            let differs = current.as_deref() != Some(&state);
-            if differs {
-                tracing::info!(
-                    cluster,
-                    services = state.services.len(),
-                    endpoint_slices = state.slices.len(),
-                    nodes = state.nodes.len(),
-                    "cluster state updated"
-                );
-                *current = Some(Arc::new(state));
+        let event = if sent_first {
+            let changes = pending.into_changes();
+            if changes.is_empty() {
+                continue;
             }
-            differs
-        });
+            tracing::info!(cluster, changed = changes.len(), "cluster state updated");
+            SourceEvent::Apply(changes)
+        } else {
+            let state = objects.state();
+            tracing::info!(
+                cluster,
+                services = state.services.len(),
+                endpoint_slices = state.slices.len(),
+                nodes = state.nodes.len(),
+                "initial lists complete"
+            );
+            SourceEvent::Replace(state)
+        };
+        if !tx.send(event).await {
+            return;
+        }
+        sent_first = true;
     }
 }
 
-fn handle(cluster: &str, objects: &mut Objects, change: Result<Change, watcher::Error>) -> bool {
+fn handle(
+    cluster: &str,
+    objects: &mut Objects,
+    pending: &mut Pending,
+    change: Result<Change, watcher::Error>,
+) {
     match change {
-        Ok(Change::Service(event)) => apply(cluster, &mut objects.services, *event, |o| match o {
-            Object::Service(s) => Some(s),
-            _ => None,
-        }),
-        Ok(Change::Slice(event)) => apply(cluster, &mut objects.slices, *event, |o| match o {
-            Object::EndpointSlice(s) => Some(s),
-            _ => None,
-        }),
-        Ok(Change::Node(event)) => apply(cluster, &mut objects.nodes, *event, |o| match o {
-            Object::Node(n) => Some(n),
-            _ => None,
-        }),
+        Ok(Change::Service(event)) => {
+            apply(cluster, &mut objects.services, *event, &mut pending.services, |o| match o {
+                Object::Service(s) => Some(s),
+                _ => None,
+            })
+        }
+        Ok(Change::Slice(event)) => {
+            apply(cluster, &mut objects.slices, *event, &mut pending.slices, |o| match o {
+                Object::EndpointSlice(s) => Some(s),
+                _ => None,
+            })
+        }
+        Ok(Change::Node(event)) => {
+            apply(cluster, &mut objects.nodes, *event, &mut pending.nodes, |o| match o {
+                Object::Node(n) => Some(n),
+                _ => None,
+            })
+        }
         Err(e) => {
             // The watcher retries with backoff (and relists after 410 Gone) by itself.
             tracing::warn!(cluster, error = %e, "watch failed; retrying");
-            false
         }
     }
 }
 
 /// Applies one event of a kind, reading its object into the model (not for deletions).
-fn apply<K, T>(cluster: &str, kind: &mut Kind<T>, event: Event<K>, pick: fn(Object) -> Option<T>) -> bool
-where
+fn apply<K, T>(
+    cluster: &str,
+    kind: &mut Kind<T>,
+    event: Event<K>,
+    changes: &mut BTreeMap<ObjectKey, Option<T>>,
+    pick: fn(Object) -> Option<T>,
+) where
     K: serde::Serialize + Resource<DynamicType = ()>,
+    T: Clone + PartialEq,
 {
     let (event, object) = split(event);
     let key = object.as_ref().map(key_of);
@@ -291,7 +350,7 @@ where
         (Event::Delete(()), _) | (_, None) => None,
         (_, Some(o)) => read(cluster, o).and_then(pick),
     };
-    kind.apply(event, key, model)
+    kind.apply(event, key, model, changes);
 }
 
 /// How often the API server is asked whether it answers.
@@ -304,5 +363,79 @@ async fn probe(cluster: String, client: Client, reachability: watch::Sender<Reac
         let ok = matches!(answered, Ok(Ok(_)));
         reachability.send_if_modified(|r| r.observe(&cluster, ok));
         tokio::time::sleep(PROBE_PERIOD).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> ObjectKey {
+        ObjectKey { namespace: "ns".into(), name: name.into() }
+    }
+
+    /// Feeds `events` (`init`, `+name=value` listed, `done`, `name=value` applied,
+    /// `-name` deleted, `?name` unusable) and returns what changed.
+    fn feed(kind: &mut Kind<u32>, events: &[&str]) -> Vec<String> {
+        let mut changes = BTreeMap::new();
+        for e in events {
+            let parse = |s: &str| {
+                let (name, value) = s.split_once('=').unwrap_or((s, "0"));
+                (key(name), value.parse::<u32>().ok())
+            };
+            match *e {
+                "init" => kind.apply(Event::Init, None, None, &mut changes),
+                "done" => kind.apply(Event::InitDone, None, None, &mut changes),
+                e if e.starts_with('+') => {
+                    let (k, v) = parse(&e[1..]);
+                    kind.apply(Event::InitApply(()), Some(k), v, &mut changes)
+                }
+                e if e.starts_with('-') => {
+                    kind.apply(Event::Delete(()), Some(key(&e[1..])), None, &mut changes)
+                }
+                e if e.starts_with('?') => {
+                    kind.apply(Event::Apply(()), Some(key(&e[1..])), None, &mut changes)
+                }
+                e => {
+                    let (k, v) = parse(e);
+                    kind.apply(Event::Apply(()), Some(k), v, &mut changes)
+                }
+            }
+        }
+        changes
+            .into_iter()
+            .map(|(k, v)| format!("{}={}", k.name, v.map_or("gone".to_owned(), |v| v.to_string())))
+            .collect()
+    }
+
+    #[test]
+    fn the_first_list_changes_nothing_and_later_events_only_what_differs() {
+        let mut kind = Kind::default();
+        assert!(feed(&mut kind, &["init", "+a=1", "+b=2"]).is_empty());
+        assert!(!kind.synced);
+        assert!(feed(&mut kind, &["done"]).is_empty(), "the first list is sent whole, not as changes");
+        assert!(kind.synced);
+        assert_eq!(feed(&mut kind, &["a=1", "b=3", "c=4", "-d"]), ["b=3", "c=4"], "no-op updates dropped");
+        assert_eq!(feed(&mut kind, &["?a", "-c"]), ["a=gone", "c=gone"]);
+        assert_eq!(kind.live.keys().map(|k| k.name.as_str()).collect::<Vec<_>>(), ["b"]);
+    }
+
+    #[test]
+    fn a_relist_is_gathered_aside_and_swapped_in_as_its_differences() {
+        let mut kind = Kind::default();
+        feed(&mut kind, &["init", "+a=1", "+b=2", "done"]);
+        assert!(feed(&mut kind, &["init", "+a=1", "+b=2", "done"]).is_empty(), "identical relist");
+        assert_eq!(feed(&mut kind, &["init", "+a=1"]), Vec::<String>::new(), "nothing until complete");
+        assert_eq!(kind.live.len(), 2, "the old objects stay live meanwhile");
+        assert_eq!(feed(&mut kind, &["+c=5", "done"]), ["b=gone", "c=5"]);
+    }
+
+    #[tokio::test]
+    async fn a_missing_kubeconfig_names_the_file_and_keeps_kubes_error_as_source() {
+        let target = KubeTarget::Kubeconfig { path: "/nonexistent/kubeconfig".into(), context: None };
+        let Err(err) = client(&target).await else { panic!("no such file, yet a client") };
+        assert_eq!(err.to_string(), "cannot read kubeconfig /nonexistent/kubeconfig");
+        let source = std::error::Error::source(&err).expect("kube's error");
+        assert!(source.downcast_ref::<kube::config::KubeconfigError>().is_some(), "{source:?}");
     }
 }

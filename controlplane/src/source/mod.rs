@@ -1,18 +1,19 @@
-//! Sources of cluster state. Each named source publishes whole, consistent
-//! [`ClusterState`] snapshots on a watch channel; `None` until its first
-//! complete read, so nothing partial is ever served.
+//! Sources of cluster state. Each named source sends [`SourceEvent`]s: one
+//! [`SourceEvent::Replace`] with its whole state once its first read is complete (so
+//! nothing partial is ever served), then [`SourceEvent::Apply`] with what changed, per
+//! object. Each also publishes whether its cluster answers ([`Reachability`]).
 
 pub mod file;
+mod folder;
 pub mod kubernetes;
 pub mod manifest;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
-use crate::model::ClusterState;
+use crate::model::{ClusterState, ObjectChanges};
 
 /// The name a source gets when `--source` does not give one.
 pub const DEFAULT_CLUSTER: &str = "default";
@@ -87,8 +88,40 @@ impl std::fmt::Display for SourceSpec {
     }
 }
 
-/// What a running source publishes.
-pub type StateReceiver = watch::Receiver<Option<Arc<ClusterState>>>;
+/// What a source says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceEvent {
+    /// Everything the cluster has: its first complete read (or a complete re-read). The
+    /// receiver swaps it in whole and finds what differs from what it had.
+    Replace(ClusterState),
+    /// What changed since the previous event, per object.
+    Apply(ObjectChanges),
+}
+
+/// A source's event, with the cluster it is about.
+#[derive(Debug)]
+pub struct Update {
+    pub cluster: String,
+    pub event: SourceEvent,
+}
+
+/// Where one source sends its events.
+#[derive(Debug, Clone)]
+pub struct EventSender {
+    cluster: String,
+    tx: mpsc::Sender<Update>,
+}
+
+impl EventSender {
+    pub fn new(cluster: &str, tx: mpsc::Sender<Update>) -> Self {
+        EventSender { cluster: cluster.to_owned(), tx }
+    }
+
+    /// Sends one event; false once nobody listens (the control plane is stopping).
+    pub async fn send(&self, event: SourceEvent) -> bool {
+        self.tx.send(Update { cluster: self.cluster.clone(), event }).await.is_ok()
+    }
+}
 
 /// Whether a source's cluster answers (its API server, its folder).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -128,8 +161,12 @@ pub enum Prepared {
 pub enum PrepareError {
     #[error("--source {0}: not a folder")]
     NotAFolder(String),
-    #[error("--source {0}: {1}")]
-    Kube(String, kubernetes::KubeSourceError),
+    #[error("--source {spec}")]
+    Kube {
+        spec: String,
+        #[source]
+        source: kubernetes::KubeSourceError,
+    },
 }
 
 /// Checks a source's configuration (the folder exists, the kubeconfig reads).
@@ -140,13 +177,14 @@ pub async fn prepare(spec: &SourceSpec) -> Result<Prepared, PrepareError> {
         SourceKind::Kube(target) => kubernetes::client(target)
             .await
             .map(Prepared::Kube)
-            .map_err(|e| PrepareError::Kube(spec.to_string(), e)),
+            .map_err(|source| PrepareError::Kube { spec: spec.to_string(), source }),
     }
 }
 
-/// Starts a source's tasks; they run until the process ends.
-pub fn spawn(cluster: &str, prepared: Prepared) -> (StateReceiver, ReachabilityReceiver) {
-    let (tx, rx) = watch::channel(None);
+/// Starts a source's tasks, sending their events to `events`; they run until the process
+/// ends (or nobody listens).
+pub fn spawn(cluster: &str, prepared: Prepared, events: mpsc::Sender<Update>) -> ReachabilityReceiver {
+    let tx = EventSender::new(cluster, events);
     let (reach_tx, reach_rx) = watch::channel(Reachability::default());
     match prepared {
         Prepared::File(dir) => {
@@ -156,7 +194,7 @@ pub fn spawn(cluster: &str, prepared: Prepared) -> (StateReceiver, ReachabilityR
             tokio::spawn(kubernetes::run(cluster.to_owned(), client, tx, reach_tx));
         }
     }
-    (rx, reach_rx)
+    reach_rx
 }
 
 #[cfg(test)]

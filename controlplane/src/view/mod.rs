@@ -1,6 +1,12 @@
-//! Per-node views: kube-proxy's endpoint selection, done centrally.
+//! Per-node views: kube-proxy's endpoint selection, done centrally, and what it is
+//! done on: which clusters' slices a Service gets and where nodes are.
 //!
-//! Pure functions of the cluster model. A Service means the same on every node
+//! Pure functions of the cluster model: [`select`] (kube-proxy's CategorizeEndpoints
+//! for one port and family), [`ViewBuilder`] (one Service's view for one locality),
+//! [`ServiceViews`] (its default view and the zone and node variants that differ),
+//! [`Placement`] (each node's zone and home cluster) and [`Inputs`] (composition across
+//! clusters: a global Service's remote slices, node configs, the views of the Services
+//! and nodes a change touched). A Service means the same on every node
 //! unless locality matters: `internalTrafficPolicy: Local`, an effective
 //! `externalTrafficPolicy: Local`, or topology hints on its endpoints. Even then
 //! it differs only for the nodes and zones its endpoints name
@@ -14,9 +20,16 @@
 //! Auto` annotation on the Service: the EndpointSlice controller only writes
 //! hints for such Services anyway.
 
+mod compose;
+mod placement;
 mod select;
 #[cfg(test)]
 mod tests;
+mod variants;
+
+pub use compose::{Inputs, ViewChanges};
+pub use placement::{Moved, Placement};
+pub use variants::ServiceViews;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -64,7 +77,7 @@ impl Localities<'_> {
 }
 
 /// The view of one Service for a node at `at`; `slices` are the Service's
-/// EndpointSlices (see [`crate::model::ClusterState::slices_by_service`]).
+/// EndpointSlices (see [`crate::model::Cluster::slices_of`]).
 pub fn view_for(cluster: &str, svc: &Service, slices: &[&EndpointSlice], at: Locality<'_>) -> ServiceView {
     ViewBuilder::new(cluster, svc, slices).view(at)
 }

@@ -1,7 +1,7 @@
 //! Views built from manifests: the selection rules themselves are table-tested in `select`.
 
 use super::*;
-use crate::model::{ClusterState, ObjectKey};
+use crate::model::{Cluster, ClusterState, ObjectKey};
 use crate::source::manifest::state_of;
 
 /// A Service `ns/web` with `spec` (YAML flow mapping entries) and its slices.
@@ -22,9 +22,9 @@ fn web(state: &ClusterState) -> &Service {
 }
 
 fn view_at(state: &ClusterState, at: Locality<'_>) -> ServiceView {
-    let index = state.slices_by_service();
+    let cluster = Cluster::new(state.clone());
     let svc = web(state);
-    view_for("c", svc, index.get(&svc.key).map_or(&[][..], Vec::as_slice), at)
+    view_for("c", svc, &cluster.slices_of(&svc.key), at)
 }
 
 fn addrs(endpoints: &[kpx_proto::types::Endpoint]) -> Vec<String> {
@@ -214,9 +214,9 @@ fn localities_name_every_node_and_zone_whose_view_differs() {
     ];
     for (spec, endpoints, nodes, zones) in cases {
         let state = state_of(&manifests(&spec, &[("IPv4", endpoints)]));
-        let index = state.slices_by_service();
-        let builder =
-            ViewBuilder::new("c", web(&state), index.get(&web(&state).key).map_or(&[][..], Vec::as_slice));
+        let cluster = Cluster::new(state.clone());
+        let slices = cluster.slices_of(&web(&state).key);
+        let builder = ViewBuilder::new("c", web(&state), &slices);
         let localities = builder.localities();
         assert_eq!(localities.nodes.iter().copied().collect::<Vec<_>>(), nodes, "{spec} / {endpoints}");
         assert_eq!(localities.zones.iter().copied().collect::<Vec<_>>(), zones, "{spec} / {endpoints}");
@@ -242,4 +242,94 @@ fn node_config_carries_the_cluster_cidrs() {
     let config = node_config(&state.nodes["n1"], &cidrs);
     assert_eq!((config.zone.as_str(), config.cluster_cidrs.as_slice()), ("a", cidrs.as_slice()));
     assert_eq!(config.local_traffic_cidrs(), cidrs.as_slice());
+}
+
+/// What, spec, endpoints, nodes (`name@zone`), zones with a variant, nodes with a variant.
+type VariantCase<'a> = (&'a str, &'a str, &'a str, &'a [&'a str], &'a [&'a str], &'a [&'a str]);
+
+/// Which zones and nodes get a variant of their own: only where the view differs from
+/// what they would get otherwise, and zones only where some node is.
+#[test]
+fn service_views_keep_only_the_variants_that_differ() {
+    let zoned = "{addresses: [10.0.0.1], nodeName: n1, hints: {forZones: [{name: a}]}}, \
+                 {addresses: [10.0.0.2], nodeName: n2, hints: {forZones: [{name: b}]}}";
+    let local = "{addresses: [10.0.0.1], nodeName: n1}, {addresses: [10.0.0.2], nodeName: n2}";
+    let same_zone = "{addresses: [10.0.0.1], nodeName: n1, hints: {forZones: [{name: a}], forNodes: [{name: n1}]}}, \
+                     {addresses: [10.0.0.2], nodeName: n1, hints: {forZones: [{name: a}], forNodes: [{name: n1}]}}";
+    let itp = format!("clusterIP: 10.96.0.1, internalTrafficPolicy: Local, {PORTS}");
+    let plain = format!("clusterIP: 10.96.0.1, {PORTS}");
+    #[rustfmt::skip]
+    let cases: Vec<VariantCase<'_>> = vec![
+        // (what, spec, endpoints, nodes as name@zone, zones with a variant, nodes with a variant)
+        ("no locality", &plain, local, &["n1@a", "n2@b"], &[], &[]),
+        ("zone hints, both zones have nodes", &plain, zoned, &["n1@a", "n2@b"], &["a", "b"], &[]),
+        ("zone hints, zone b has no node", &plain, zoned, &["n1@a"], &["a"], &[]),
+        ("node-local: each node with endpoints", &itp, local, &["n1@a", "n2@b", "n3@b"], &[], &["n1", "n2"]),
+        ("node hints equal to the zone's view: no node variant", &plain, same_zone, &["n1@a"], &[], &[]),
+    ];
+    for (what, spec, endpoints, nodes, zones, node_variants) in cases {
+        let mut yaml = manifests(spec, &[("IPv4", endpoints)]);
+        for n in nodes {
+            let (name, zone) = n.split_once('@').expect("name@zone");
+            yaml.push_str(&format!(
+                "---\nkind: Node\nmetadata: {{name: {name}, labels: {{topology.kubernetes.io/zone: {zone}}}}}\n"
+            ));
+        }
+        let state = state_of(&yaml);
+        let clusters: std::collections::BTreeMap<String, Cluster> =
+            [("c".to_owned(), Cluster::new(state))].into();
+        let placement = Placement::of(&clusters, false);
+        let inputs = Inputs {
+            clusters: &clusters,
+            placement: &placement,
+            withdrawn: &Default::default(),
+            cluster_cidrs: &[],
+        };
+        let views = inputs
+            .service_views("c", &ObjectKey { namespace: "ns".into(), name: "web".into() })
+            .expect("served");
+        let got_zones: Vec<&str> = views.zones.iter().map(|(z, _)| z.as_str()).collect();
+        let got_nodes: Vec<&str> = views.nodes.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!((got_zones.as_slice(), got_nodes.as_slice()), (zones, node_variants), "{what}");
+        assert_eq!(views.varies, what != "no locality", "{what}");
+    }
+}
+
+/// A global Service gets the slices of the other clusters that mark it global too and are
+/// not withdrawn.
+#[test]
+fn a_global_service_draws_on_the_clusters_that_share_it() {
+    let global = "service.kpx.io/global: 'true'";
+    let cluster = |annotations: &str, address: &str| {
+        let yaml = manifests(
+            &format!("clusterIP: 10.96.0.1, {PORTS}"),
+            &[("IPv4", &format!("{{addresses: [{address}]}}"))],
+        )
+        .replace(
+            "metadata: {name: web, namespace: ns}",
+            &format!("metadata: {{name: web, namespace: ns, annotations: {{{annotations}}}}}"),
+        );
+        Cluster::new(state_of(&yaml))
+    };
+    let clusters: std::collections::BTreeMap<String, Cluster> = [
+        ("a".to_owned(), cluster(global, "10.1.0.1")),
+        ("b".to_owned(), cluster(global, "10.2.0.1")),
+        ("c".to_owned(), cluster("", "10.3.0.1")),
+        ("d".to_owned(), cluster(global, "10.4.0.1")),
+    ]
+    .into();
+    let placement = Placement::of(&clusters, true);
+    let withdrawn = ["d".to_owned()].into();
+    let inputs =
+        Inputs { clusters: &clusters, placement: &placement, withdrawn: &withdrawn, cluster_cidrs: &[] };
+    let key = ObjectKey { namespace: "ns".into(), name: "web".into() };
+    let remote = |c: &str| -> Vec<&str> {
+        let svc = clusters[c].service(&key).expect("web");
+        inputs.remote_slices(c, svc).into_iter().map(|(peer, _)| peer).collect()
+    };
+    assert_eq!(remote("a"), ["b"], "c does not mark it global, d is withdrawn");
+    assert_eq!(remote("d"), ["a", "b"], "a withdrawn cluster's own nodes still get the others'");
+    assert!(remote("c").is_empty(), "not global: its own endpoints only");
+    let views = inputs.service_views("a", &key).expect("served");
+    assert_eq!(addrs(&views.default.ports[0].endpoints), ["10.1.0.1:8080", "10.2.0.1:8080"]);
 }

@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
-use tonic::{Status, Streaming};
+use tonic::Status;
 
 use std::time::{Instant, SystemTime};
 
@@ -39,7 +40,17 @@ pub const WALKS_IN_FLIGHT: usize = 128;
 
 impl AdsServer {
     pub fn new(snapshots: SnapshotReceiver, nodes: NodeRegistry, metrics: Arc<ControlPlaneMetrics>) -> Self {
-        AdsServer { snapshots, nodes, metrics, walks: Arc::new(Semaphore::new(WALKS_IN_FLIGHT)) }
+        Self::with_walks(snapshots, nodes, metrics, WALKS_IN_FLIGHT)
+    }
+
+    /// A server that lets at most `walks` walk chunks be in flight at once.
+    pub fn with_walks(
+        snapshots: SnapshotReceiver,
+        nodes: NodeRegistry,
+        metrics: Arc<ControlPlaneMetrics>,
+        walks: usize,
+    ) -> Self {
+        AdsServer { snapshots, nodes, metrics, walks: Arc::new(Semaphore::new(walks)) }
     }
 }
 
@@ -114,11 +125,11 @@ impl Reporter {
 impl AdsServer {
     /// Serves one delta ADS stream: responses come out of the returned channel, in order,
     /// ending with an error status if the stream fails.
-    pub fn open(
-        &self,
-        peer: Option<SocketAddr>,
-        inbound: Streaming<DeltaDiscoveryRequest>,
-    ) -> mpsc::Receiver<Outbound> {
+    /// (`inbound` is tonic's `Streaming` of the request body, or any stream of requests.)
+    pub fn open<S>(&self, peer: Option<SocketAddr>, inbound: S) -> mpsc::Receiver<Outbound>
+    where
+        S: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Send + 'static,
+    {
         // At most one response per type is in flight, so this never fills.
         let (tx, rx) = mpsc::channel(4);
         let snapshots = self.snapshots.clone();
@@ -150,13 +161,14 @@ impl AdsServer {
 
 async fn serve_stream(
     state: &mut StreamState,
-    mut inbound: Streaming<DeltaDiscoveryRequest>,
+    inbound: impl Stream<Item = Result<DeltaDiscoveryRequest, Status>>,
     tx: &mpsc::Sender<Outbound>,
     mut snapshots: SnapshotReceiver,
     reporter: &Reporter,
     mut queries: mpsc::Receiver<tokio::sync::oneshot::Sender<super::nodes::Versions>>,
     walks: &Arc<Semaphore>,
 ) -> Result<(), Status> {
+    let mut inbound = std::pin::pin!(inbound);
     let mut opened: Vec<_> = Vec::new();
     // Walk chunks in flight hold a permit each, so initial syncs of many nodes at once take
     // bounded memory; a permit is given back at the chunk's ACK.
@@ -210,8 +222,8 @@ async fn serve_stream(
             }
         }
         tokio::select! {
-            request = inbound.message() => {
-                let Some(request) = request? else { return Ok(()) };
+            request = inbound.next() => {
+                let Some(request) = request.transpose()? else { return Ok(()) };
                 let kind = state.on_request(request).map_err(|e| Status::invalid_argument(e.to_string()))?;
                 let node = state.node().unwrap_or_default();
                 match kind {
@@ -245,5 +257,178 @@ async fn serve_stream(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use envoy_types::pb::envoy::config::core::v3::Node;
+    use tokio_stream::wrappers::ReceiverStream;
+
+    use super::*;
+    use crate::source::manifest::state_of;
+    use crate::xds::snapshot::BuildOptions;
+    use crate::xds::stream::MAX_RESOURCES_PER_RESPONSE;
+
+    /// `n` Services `s0000…`, the one numbered `changed` on port 81.
+    fn services(n: usize, changed: Option<usize>) -> String {
+        (0..n)
+            .map(|i| {
+                let port = if Some(i) == changed { 81 } else { 80 };
+                format!(
+                    "kind: Service\nmetadata: {{name: s{i:04}}}\nspec: {{clusterIP: 10.96.{}.{}, ports: [{{port: {port}}}]}}\n---\n",
+                    i / 250,
+                    i % 250 + 1
+                )
+            })
+            .collect()
+    }
+
+    fn build(yaml: &str, previous: &Snapshot) -> Arc<Snapshot> {
+        let clusters: BTreeMap<_, _> = [("c".to_owned(), Arc::new(state_of(yaml)))].into();
+        Arc::new(Snapshot::build(&clusters, previous, &BuildOptions::default()))
+    }
+
+    type Requests = mpsc::Sender<Result<DeltaDiscoveryRequest, Status>>;
+
+    struct Fixture {
+        snapshots: watch::Sender<Option<Arc<Snapshot>>>,
+        nodes: NodeRegistry,
+        metrics: Arc<ControlPlaneMetrics>,
+        server: AdsServer,
+    }
+
+    fn fixture(walks: usize) -> Fixture {
+        let (snapshots, rx) = watch::channel(None);
+        let nodes = NodeRegistry::default();
+        let metrics = Arc::new(ControlPlaneMetrics::default());
+        let server = AdsServer::with_walks(rx, nodes.clone(), Arc::clone(&metrics), walks);
+        Fixture { snapshots, nodes, metrics, server }
+    }
+
+    impl Fixture {
+        /// A stream of node `node`, subscribed to Service views.
+        async fn subscribe(&self, node: &str) -> (Requests, mpsc::Receiver<Outbound>) {
+            let (tx, rx) = mpsc::channel(8);
+            let out = self.server.open(None, ReceiverStream::new(rx));
+            let request = DeltaDiscoveryRequest {
+                node: Some(Node { id: node.into(), ..Default::default() }),
+                type_url: ResourceType::ServiceView.type_url().into(),
+                ..Default::default()
+            };
+            tx.send(Ok(request)).await.expect("stream open");
+            (tx, out)
+        }
+    }
+
+    async fn response(out: &mut mpsc::Receiver<Outbound>) -> Box<Response> {
+        let next =
+            tokio::time::timeout(Duration::from_secs(5), out.recv()).await.expect("a response in time");
+        next.expect("stream open").expect("a response, not an error")
+    }
+
+    /// Nothing arrives for a moment.
+    async fn quiet(out: &mut mpsc::Receiver<Outbound>) -> bool {
+        tokio::time::timeout(Duration::from_millis(200), out.recv()).await.is_err()
+    }
+
+    async fn ack(tx: &Requests, r: &Response) {
+        let ack = DeltaDiscoveryRequest {
+            type_url: r.type_url.into(),
+            response_nonce: r.nonce.clone(),
+            ..Default::default()
+        };
+        tx.send(Ok(ack)).await.expect("stream open");
+    }
+
+    fn names(r: &Response) -> Vec<&str> {
+        r.resources.iter().map(|r| r.name.as_str()).collect()
+    }
+
+    #[tokio::test]
+    async fn nothing_before_the_first_snapshot_then_everything_then_only_changes() {
+        let f = fixture(WALKS_IN_FLIGHT);
+        let (tx, mut out) = f.subscribe("n1").await;
+        assert!(quiet(&mut out).await, "no snapshot yet: nothing is served");
+        let first = build(&services(2, None), &Snapshot::default());
+        f.snapshots.send_replace(Some(Arc::clone(&first)));
+        let all = response(&mut out).await;
+        assert_eq!(names(&all), ["c/default/s0000", "c/default/s0001"]);
+        ack(&tx, &all).await;
+        let second = build(&services(2, Some(1)), &first);
+        f.snapshots.send_replace(Some(second));
+        let change = response(&mut out).await;
+        assert_eq!(names(&change), ["c/default/s0001"]);
+        ack(&tx, &change).await;
+        assert!(quiet(&mut out).await, "in sync");
+    }
+
+    #[tokio::test]
+    async fn the_registry_and_metrics_follow_the_stream_until_it_closes() {
+        let f = fixture(WALKS_IN_FLIGHT);
+        f.snapshots.send_replace(Some(build(&services(3, None), &Snapshot::default())));
+        let (tx, mut out) = f.subscribe("n1").await;
+        let all = response(&mut out).await;
+        ack(&tx, &all).await;
+        let acked = || {
+            let entry = f.nodes.snapshot().into_iter().find(|e| e.node == "n1")?;
+            entry.types.get(&ResourceType::ServiceView).map(|p| (p.acked, p.in_flight))
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while acked() != Some((3, false)) {
+            assert!(tokio::time::Instant::now() < deadline, "the ACK is reported: {:?}", acked());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let versions = tokio::time::timeout(Duration::from_secs(5), f.nodes.versions("n1"))
+            .await
+            .expect("in time")
+            .expect("n1 answers");
+        assert_eq!(versions.iter().filter(|(_, _, acked, _)| acked.is_some()).count(), 3);
+        assert!(f.metrics.render().contains("kpx_xds_streams 1"));
+        drop(tx);
+        assert!(tokio::time::timeout(Duration::from_secs(5), out.recv()).await.expect("closes").is_none());
+        assert!(!f.nodes.has_node("n1"), "forgotten once closed");
+        assert!(f.metrics.render().contains("kpx_xds_streams 0"));
+    }
+
+    #[tokio::test]
+    async fn a_bad_request_or_an_inbound_error_ends_the_stream_with_a_status() {
+        let f = fixture(WALKS_IN_FLIGHT);
+        f.snapshots.send_replace(Some(build(&services(1, None), &Snapshot::default())));
+        let (tx, rx) = mpsc::channel(8);
+        let mut out = f.server.open(None, ReceiverStream::new(rx));
+        tx.send(Ok(DeltaDiscoveryRequest::default())).await.expect("open");
+        let ended = tokio::time::timeout(Duration::from_secs(5), out.recv()).await.expect("in time");
+        let status = ended.expect("an item").expect_err("an error status");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().contains("node.id"), "{}", status.message());
+
+        let (tx, mut out) = f.subscribe("n1").await;
+        response(&mut out).await;
+        tx.send(Err(Status::data_loss("broken body"))).await.expect("open");
+        let ended = tokio::time::timeout(Duration::from_secs(5), out.recv()).await.expect("in time");
+        assert_eq!(ended.expect("an item").expect_err("the inbound error").code(), tonic::Code::DataLoss);
+    }
+
+    #[tokio::test]
+    async fn walk_chunks_in_flight_are_bounded_across_streams() {
+        let f = fixture(1);
+        let many = MAX_RESOURCES_PER_RESPONSE + 100;
+        f.snapshots.send_replace(Some(build(&services(many, None), &Snapshot::default())));
+        let (tx1, mut out1) = f.subscribe("n1").await;
+        let chunk = response(&mut out1).await;
+        assert_eq!(chunk.resources.len(), MAX_RESOURCES_PER_RESPONSE);
+        let (tx2, mut out2) = f.subscribe("n2").await;
+        assert!(quiet(&mut out2).await, "the one permit is n1's until its chunk is ACKed");
+        ack(&tx1, &chunk).await;
+        let chunk2 = response(&mut out2).await;
+        assert_eq!(chunk2.resources.len(), MAX_RESOURCES_PER_RESPONSE);
+        assert!(quiet(&mut out1).await, "now n1 waits for n2's ACK");
+        ack(&tx2, &chunk2).await;
+        let rest = response(&mut out1).await;
+        assert_eq!(rest.resources.len(), 100);
     }
 }

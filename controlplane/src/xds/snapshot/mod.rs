@@ -1,105 +1,85 @@
 //! What every node should have, as one immutable [`Snapshot`].
 //!
-//! Each resource is encoded once and versioned by its content hash. Most
-//! Services mean the same on every node: one default view, one `Arc<Resource>`
-//! for all. A Service whose meaning depends on locality (see [`crate::view`])
-//! may also have variants: per zone, for the nodes of a zone its topology
-//! hints name, and per node, for the nodes its endpoints or hints name. A
-//! variant is stored only when it differs from what the node would get
-//! without it (its zone's variant, else the default), so memory grows with the
-//! variants that differ, not with Services × nodes.
+//! Each resource is encoded once and versioned by its content hash. Most Services mean
+//! the same on every node: one default view, one `Arc<Resource>` for all. A Service
+//! whose meaning depends on locality also has the zone and node variants that differ
+//! ([`crate::view::ServiceViews`]). Resources are interned by version among the
+//! resources of their name: identical variants share one `Arc`, and content that did
+//! not change keeps the `Arc` of the previous snapshot, so streams compare pointers first.
 //!
-//! Resources are interned by version: identical variants share one `Arc`, and
-//! a new snapshot reuses the `Arc`s of the previous one for unchanged content,
-//! so streams compare pointers first.
-//!
-//! Node names are taken to be unique across clusters (as for node configs).
-//! A node's zone comes from its Node object; a node whose Node object is
-//! unknown has no zone, but still gets its own variant where the Service's
-//! endpoints or `forNodes` hints name it (kube-proxy's locality is the node
-//! name, not the Node object).
+//! A snapshot is made from the previous one and the views of what changed
+//! ([`Snapshot::next`]): the maps are persistent (`imbl`), so the new snapshot shares all
+//! the rest with the previous one and building it costs O(changed · log n), not
+//! O(Services). What changed is recorded as it is applied, for [`Snapshot::changed_since`].
 
+mod build;
+mod resource;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
 
-use ipnet::IpNet;
-use kpx_proto::version::content_version;
+pub use build::BuildOptions;
+use kpx_proto::types::{NodeConfig, ServiceView};
 pub use kpx_proto::ResourceType;
+use resource::Interner;
+pub use resource::Resource;
 
-use crate::model::{ClusterState, EndpointSlice, ObjectKey};
-use crate::view::{self, Locality, ViewBuilder};
-use crate::xds::wire::{HasEntry, ResourceEntry};
+use crate::view::{Placement, ServiceViews, ViewChanges};
 
-/// One encoded resource, with its encoding as it goes on the wire (shared by every stream).
-#[derive(Debug, PartialEq, Eq)]
-pub struct Resource {
-    pub name: String,
-    pub version: String,
-    entry: ResourceEntry,
-}
+/// Resource name → resource, shared between snapshots.
+type Resources = imbl::HashMap<String, Arc<Resource>>;
 
-impl Resource {
-    fn new(ty: ResourceType, name: String, body: Vec<u8>) -> Self {
-        let version = content_version(&body);
-        let entry = ResourceEntry::new(&name, &version, ty.type_url(), &body);
-        Resource { version, name, entry }
-    }
+/// Resource name → resource in name order (what nodes walk), shared between snapshots.
+type OrderedResources = imbl::OrdMap<String, Arc<Resource>>;
 
-    /// The resource's protobuf encoding.
-    pub fn body(&self) -> &[u8] {
-        self.entry.body()
-    }
-}
-
-impl HasEntry for Resource {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn entry(&self) -> &ResourceEntry {
-        &self.entry
-    }
-}
-
-/// What the control plane adds to the cluster state when building snapshots.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct BuildOptions {
-    /// `--cluster-cidr`: goes into every node config.
-    pub cluster_cidrs: Vec<IpNet>,
-    /// Clusters unreachable for longer than the grace period: their endpoints are no longer
-    /// offered to the other clusters' nodes (global Services).
-    pub withdrawn: BTreeSet<String>,
-}
-
-/// Resource name → resource.
-type Resources = BTreeMap<String, Arc<Resource>>;
-
+/// One Service's variants as stored: who gets each (a zone, a node) and the resource.
 #[derive(Debug, Default)]
+struct Variants {
+    zones: Vec<(String, Arc<Resource>)>,
+    nodes: Vec<(String, Arc<Resource>)>,
+}
+
+impl Variants {
+    fn len(&self) -> usize {
+        self.zones.len() + self.nodes.len()
+    }
+
+    fn resources(&self) -> impl Iterator<Item = &Arc<Resource>> {
+        self.zones.iter().chain(&self.nodes).map(|(_, r)| r)
+    }
+
+    /// Whether both give every zone and node the same versions.
+    fn same_as(&self, other: &Variants) -> bool {
+        let same = |a: &[(String, Arc<Resource>)], b: &[(String, Arc<Resource>)]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.0 == y.0 && x.1.version == y.1.version)
+        };
+        same(&self.zones, &other.zones) && same(&self.nodes, &other.nodes)
+    }
+}
+
+#[derive(Debug, Default, Clone)]
 pub struct Snapshot {
     /// The default view of every Service, by resource name.
-    services: Resources,
+    services: OrderedResources,
+    /// The variants of each Service that has some, by resource name.
+    variants: imbl::HashMap<String, Arc<Variants>>,
     /// Zone → the views that differ from the default for that zone's nodes.
-    zone_variants: HashMap<String, Resources>,
+    zone_variants: imbl::HashMap<String, Resources>,
     /// Node → the views that differ for it from its zone's variant or the default.
-    node_variants: HashMap<String, Resources>,
-    /// The zone of every node whose zone has variants.
-    node_zones: HashMap<String, String>,
-    /// With several clusters: each known node's cluster (its home: it gets that
-    /// cluster's Services only). With one cluster every node gets everything.
-    node_homes: HashMap<String, String>,
-    /// With several clusters: how many Services each has.
-    cluster_sizes: HashMap<String, usize>,
-    several_clusters: bool,
+    node_variants: imbl::HashMap<String, Resources>,
+    variant_count: usize,
+    /// Each node's zone and (several clusters) home cluster: with several clusters a node
+    /// gets its home cluster's Services only; with one every node gets everything.
+    placement: Placement,
+    /// How many Services each cluster has.
+    cluster_sizes: BTreeMap<String, usize>,
     /// Node configs by node name.
-    node_configs: Resources,
+    node_configs: OrderedResources,
     /// 1 for the first snapshot, +1 for each next one.
     generation: u64,
-    /// Per Service name: a hash over its default view's and all its variants' versions.
-    signatures: HashMap<String, u64>,
     /// What changed in this snapshot and the ones before it (newest last), so a stream
     /// that had an older snapshot examines only the names that changed since.
     history: VecDeque<(u64, Arc<Changes>)>,
@@ -110,172 +90,212 @@ pub struct Snapshot {
 pub struct Changes {
     services: HashSet<String>,
     node_configs: HashSet<String>,
-    /// Something changed that may alter any node's resources (nodes moved zones).
+    /// Something changed that may alter any node's resources (nodes moved zones or homes).
     everything: bool,
+}
+
+impl Changes {
+    fn is_empty(&self) -> bool {
+        self.services.is_empty() && self.node_configs.is_empty() && !self.everything
+    }
 }
 
 /// How many snapshots' changes are kept.
 const HISTORY: usize = 32;
 
-/// Hands out one `Arc` per content version.
-struct Interner {
-    by_version: HashMap<String, Arc<Resource>>,
+/// The cluster of a Service resource name (`<cluster>/<namespace>/<name>`).
+fn cluster_of(name: &str) -> &str {
+    name.split_once('/').map_or(name, |(cluster, _)| cluster)
 }
 
-impl Interner {
-    fn new<'a>(known: impl Iterator<Item = &'a Arc<Resource>>) -> Self {
-        Interner { by_version: known.map(|r| (r.version.clone(), Arc::clone(r))).collect() }
+fn encode(name: &str, view: &ServiceView) -> Resource {
+    Resource::new(ResourceType::ServiceView, name.to_owned(), view.encode())
+}
+
+/// The next snapshot being made from the previous one, one part of the changes at a time
+/// (so a large change, like the first snapshot, need not hold every view at once).
+pub struct SnapshotBuilder<'p> {
+    previous: &'p Snapshot,
+    next: Snapshot,
+    changed: Changes,
+    moved: Vec<String>,
+}
+
+impl SnapshotBuilder<'_> {
+    /// Takes one part of the changes in; the placement of the last part is kept.
+    pub fn apply(&mut self, changes: ViewChanges) {
+        for (name, views) in changes.services {
+            self.next.set_service(name, views, &mut self.changed);
+        }
+        for (node, config) in changes.node_configs {
+            self.next.set_node_config(node, config, &mut self.changed);
+        }
+        self.next.placement = changes.placement;
+        self.moved.extend(changes.moved);
     }
 
-    fn intern(&mut self, fresh: Resource) -> Arc<Resource> {
-        match self.by_version.get(&fresh.version) {
-            Some(known) if known.name == fresh.name => Arc::clone(known),
-            _ => {
-                let fresh = Arc::new(fresh);
-                self.by_version.insert(fresh.version.clone(), Arc::clone(&fresh));
-                fresh
-            }
+    /// The next snapshot; `None` when no resource differs from the previous one for any
+    /// node (and that is not the empty start).
+    pub fn finish(self) -> Option<Snapshot> {
+        let previous = self.previous;
+        let (next, changed) = self.done();
+        if changed.is_empty() && previous.generation > 0 {
+            return None;
         }
+        Some(next.recorded(previous, changed))
     }
-}
 
-/// Where nodes are: each known node's zone (from Node objects; a later cluster wins).
-struct Zones<'a> {
-    of_node: HashMap<&'a str, &'a str>,
-    known: HashSet<&'a str>,
-}
-
-impl<'a> Zones<'a> {
-    fn new(clusters: &'a BTreeMap<String, Arc<ClusterState>>) -> Self {
-        let mut of_node = HashMap::new();
-        for node in clusters.values().flat_map(|state| state.nodes.values()) {
-            match node.zone.as_deref() {
-                Some(zone) => of_node.insert(node.name.as_str(), zone),
-                None => of_node.remove(node.name.as_str()),
-            };
-        }
-        let known = of_node.values().copied().collect();
-        Zones { of_node, known }
+    fn done(mut self) -> (Snapshot, Changes) {
+        let (previous, next) = (self.previous, &self.next);
+        // Which variants a node gets follows its zone (where that zone has variants) and its
+        // home; when that changes, or a zone gains or loses its variants, any name may differ
+        // for some node.
+        let zones = |s: &Snapshot| s.zone_variants.keys().cloned().collect::<HashSet<String>>();
+        self.changed.everything = zones(previous) != zones(next)
+            || self.moved.iter().any(|node| {
+                previous.placement.home(node) != next.placement.home(node)
+                    || previous.variant_zone(node) != next.variant_zone(node)
+            });
+        (self.next, self.changed)
     }
 }
 
 impl Snapshot {
-    /// Builds the snapshot of all clusters, reusing the resources of `previous` that did not change.
-    pub fn build(
-        clusters: &BTreeMap<String, Arc<ClusterState>>,
-        previous: &Snapshot,
-        options: &BuildOptions,
-    ) -> Snapshot {
-        let mut views = Interner::new(previous.all_services());
-        let mut configs = Interner::new(previous.node_configs.values());
-        let zones = Zones::new(clusters);
-        let mut snapshot = Snapshot::default();
-        let slices: BTreeMap<&str, HashMap<ObjectKey, Vec<&EndpointSlice>>> =
-            clusters.iter().map(|(c, state)| (c.as_str(), state.slices_by_service())).collect();
-        // Global Services: namespace/name → the clusters that mark it global.
-        let mut globals: HashMap<&ObjectKey, Vec<&str>> = HashMap::new();
-        for (cluster, state) in clusters {
-            for svc in state.services.values().filter(|s| s.global && view::is_proxied(s)) {
-                globals.entry(&svc.key).or_default().push(cluster);
-            }
-        }
-        snapshot.several_clusters = clusters.len() > 1;
-        for (cluster, state) in clusters {
-            let own_slices = &slices[cluster.as_str()];
-            for svc in state.services.values().filter(|s| view::is_proxied(s)) {
-                let own = own_slices.get(&svc.key).map_or(&[][..], Vec::as_slice);
-                let remote: Vec<(&str, &EndpointSlice)> = match globals.get(&svc.key).filter(|_| svc.global) {
-                    Some(peers) => peers
-                        .iter()
-                        .filter(|peer| **peer != cluster.as_str() && !options.withdrawn.contains(**peer))
-                        .flat_map(|peer| {
-                            slices[peer].get(&svc.key).into_iter().flatten().map(move |s| (*peer, *s))
-                        })
-                        .collect(),
-                    None => Vec::new(),
-                };
-                let builder = ViewBuilder::global(cluster, svc, own, &remote);
-                let default = views.intern(encode(&builder, Locality::UNKNOWN));
-                snapshot.add_variants(&builder, &default, &zones, &mut views);
-                snapshot.services.insert(default.name.clone(), default);
-                *snapshot.cluster_sizes.entry(cluster.clone()).or_default() += 1;
-            }
-            for node in state.nodes.values() {
-                if snapshot.several_clusters {
-                    if let Some(first) = snapshot.node_homes.get(&node.name) {
-                        tracing::warn!(
-                            node = node.name,
-                            first,
-                            also = cluster,
-                            "a node of two clusters: the first one is its home"
-                        );
-                        continue;
-                    }
-                    snapshot.node_homes.insert(node.name.clone(), cluster.clone());
-                }
-                let config = view::node_config(node, &options.cluster_cidrs);
-                let resource = configs.intern(Resource::new(
-                    ResourceType::NodeConfig,
-                    config.name.clone(),
-                    config.encode(),
-                ));
-                snapshot.node_configs.insert(resource.name.clone(), resource);
-            }
-        }
-        snapshot.node_zones = zones
-            .of_node
-            .iter()
-            .filter(|(_, zone)| snapshot.zone_variants.contains_key(**zone))
-            .map(|(node, zone)| ((*node).to_owned(), (*zone).to_owned()))
-            .collect();
-        snapshot.record_changes(previous);
-        snapshot
+    /// The snapshot after `changes`; `None` when no resource differs from `previous` for
+    /// any node (and `previous` is not the empty start).
+    pub fn next(previous: &Snapshot, changes: ViewChanges) -> Option<Snapshot> {
+        let mut builder = Snapshot::builder(previous);
+        builder.apply(changes);
+        builder.finish()
     }
 
-    /// Signs every Service and records what differs from `previous`.
-    fn record_changes(&mut self, previous: &Snapshot) {
-        let mut variants: HashMap<&str, Vec<(&str, &str)>> = HashMap::new();
-        for (who, resources) in self.zone_variants.iter().chain(&self.node_variants) {
-            for (name, r) in resources {
-                variants.entry(name.as_str()).or_default().push((who.as_str(), r.version.as_str()));
-            }
-        }
-        let mut signatures = HashMap::with_capacity(self.services.len());
-        for (name, default) in &self.services {
-            let mut text = default.version.clone();
-            if let Some(list) = variants.get_mut(name.as_str()) {
-                list.sort_unstable();
-                for (who, version) in list.iter() {
-                    text.push_str(&format!("|{who}={version}"));
-                }
-            }
-            signatures.insert(name.clone(), xxhash_rust::xxh3::xxh3_64(text.as_bytes()));
-        }
-        let mut changes = Changes {
-            everything: self.node_zones != previous.node_zones || self.node_homes != previous.node_homes,
-            ..Default::default()
-        };
-        for (name, sig) in &signatures {
-            if previous.signatures.get(name) != Some(sig) {
-                changes.services.insert(name.clone());
-            }
-        }
-        changes.services.extend(previous.signatures.keys().filter(|n| !signatures.contains_key(*n)).cloned());
-        for (name, r) in &self.node_configs {
-            if previous.node_configs.get(name).map(|p| &p.version) != Some(&r.version) {
-                changes.node_configs.insert(name.clone());
-            }
-        }
-        changes
-            .node_configs
-            .extend(previous.node_configs.keys().filter(|n| !self.node_configs.contains_key(*n)).cloned());
-        self.signatures = signatures;
+    /// Starts the snapshot after `previous`.
+    pub fn builder(previous: &Snapshot) -> SnapshotBuilder<'_> {
+        SnapshotBuilder { previous, next: previous.clone(), changed: Changes::default(), moved: Vec::new() }
+    }
+
+    /// Takes `changed` into the history, as the snapshot after `previous`.
+    fn recorded(mut self, previous: &Snapshot, changed: Changes) -> Snapshot {
         self.generation = previous.generation + 1;
-        self.history = previous.history.clone();
-        self.history.push_back((self.generation, Arc::new(changes)));
+        self.history.push_back((self.generation, Arc::new(changed)));
         while self.history.len() > HISTORY {
             self.history.pop_front();
         }
+        self
+    }
+
+    /// The zone whose variants `node` gets, if that zone has any.
+    fn variant_zone(&self, node: &str) -> Option<&str> {
+        self.placement.zone(node).filter(|z| self.zone_variants.contains_key(*z))
+    }
+
+    /// Stores the views of Service `name` (`None`: removes it), keeping the `Arc`s of
+    /// content that did not change.
+    fn set_service(&mut self, name: String, views: Option<ServiceViews>, changed: &mut Changes) {
+        let old_default = self.services.get(&name).cloned();
+        let old_variants = self.variants.get(&name).cloned();
+        let Some(views) = views else {
+            if old_default.is_some() {
+                self.remove_variants(&name, old_variants.as_deref());
+                self.services.remove(&name);
+                self.resize(&name, -1);
+                changed.services.insert(name);
+            }
+            return;
+        };
+        let fresh = encode(&name, &views.default);
+        let default = match &old_default {
+            Some(old) if old.version == fresh.version => Arc::clone(old),
+            _ => Arc::new(fresh),
+        };
+        let variants = if views.zones.is_empty() && views.nodes.is_empty() {
+            Variants::default()
+        } else {
+            let known = old_default.iter().chain(old_variants.iter().flat_map(|v| v.resources()));
+            let mut interner = Interner::new(known.chain([&default]));
+            let mut intern_all = |list: &[(String, ServiceView)]| -> Vec<(String, Arc<Resource>)> {
+                list.iter().map(|(who, view)| (who.clone(), interner.intern(encode(&name, view)))).collect()
+            };
+            Variants { zones: intern_all(&views.zones), nodes: intern_all(&views.nodes) }
+        };
+        let same_default = old_default.as_ref().is_some_and(|d| d.version == default.version);
+        let same_variants = match &old_variants {
+            Some(old) => old.same_as(&variants),
+            None => variants.len() == 0,
+        };
+        if same_default && same_variants {
+            return;
+        }
+        if old_default.is_none() {
+            self.resize(&name, 1);
+        }
+        self.services.insert(name.clone(), default);
+        if !same_variants {
+            self.remove_variants(&name, old_variants.as_deref());
+            self.add_variants(&name, variants);
+        }
+        changed.services.insert(name);
+    }
+
+    fn resize(&mut self, name: &str, by: isize) {
+        let cluster = cluster_of(name);
+        let size = self.cluster_sizes.get(cluster).copied().unwrap_or(0).saturating_add_signed(by);
+        if size == 0 {
+            self.cluster_sizes.remove(cluster);
+        } else if let Some(known) = self.cluster_sizes.get_mut(cluster) {
+            *known = size;
+        } else {
+            self.cluster_sizes.insert(cluster.to_owned(), size);
+        }
+    }
+
+    fn remove_variants(&mut self, name: &str, old: Option<&Variants>) {
+        let Some(old) = old else { return };
+        for (maps, list) in [(&mut self.zone_variants, &old.zones), (&mut self.node_variants, &old.nodes)] {
+            for (who, _) in list {
+                if let Some(map) = maps.get_mut(who) {
+                    map.remove(name);
+                    if map.is_empty() {
+                        maps.remove(who);
+                    }
+                }
+            }
+        }
+        self.variant_count -= old.len();
+        self.variants.remove(name);
+    }
+
+    fn add_variants(&mut self, name: &str, variants: Variants) {
+        if variants.len() == 0 {
+            return;
+        }
+        for (maps, list) in
+            [(&mut self.zone_variants, &variants.zones), (&mut self.node_variants, &variants.nodes)]
+        {
+            for (who, resource) in list {
+                maps.entry(who.clone()).or_default().insert(name.to_owned(), Arc::clone(resource));
+            }
+        }
+        self.variant_count += variants.len();
+        self.variants.insert(name.to_owned(), Arc::new(variants));
+    }
+
+    fn set_node_config(&mut self, node: String, config: Option<NodeConfig>, changed: &mut Changes) {
+        match config {
+            Some(config) => {
+                let fresh = Resource::new(ResourceType::NodeConfig, config.name.clone(), config.encode());
+                if self.node_configs.get(&node).is_some_and(|known| known.version == fresh.version) {
+                    return;
+                }
+                self.node_configs.insert(node.clone(), Arc::new(fresh));
+            }
+            None => {
+                if self.node_configs.remove(&node).is_none() {
+                    return;
+                }
+            }
+        }
+        changed.node_configs.insert(node);
     }
 
     pub fn generation(&self) -> u64 {
@@ -341,7 +361,7 @@ impl Snapshot {
     /// How many resources of `ty` a node gets (without walking them).
     pub fn count_for_node(&self, ty: ResourceType, node: &str) -> usize {
         match ty {
-            ResourceType::ServiceView => match self.home(node) {
+            ResourceType::ServiceView => match self.placement.home(node) {
                 Some(None) => self.services.len(),
                 Some(Some(cluster)) => self.cluster_sizes.get(cluster).copied().unwrap_or(0),
                 None => 0,
@@ -350,51 +370,10 @@ impl Snapshot {
         }
     }
 
-    /// Stores the zone and node views of one Service that differ from what those nodes would get otherwise.
-    fn add_variants(
-        &mut self,
-        builder: &ViewBuilder<'_>,
-        default: &Arc<Resource>,
-        zones: &Zones<'_>,
-        views: &mut Interner,
-    ) {
-        let localities = builder.localities();
-        let name = &default.name;
-        for &zone in localities.zones.iter().filter(|z| zones.known.contains(*z)) {
-            let fresh = encode(builder, Locality { node: None, zone: Some(zone) });
-            if fresh.version != default.version {
-                self.zone_variants
-                    .entry(zone.to_owned())
-                    .or_default()
-                    .insert(name.clone(), views.intern(fresh));
-            }
-        }
-        for &node in &localities.nodes {
-            let zone = zones.of_node.get(node).copied();
-            let fallback =
-                zone.and_then(|z| self.zone_variants.get(z)).and_then(|v| v.get(name)).unwrap_or(default);
-            let fresh = encode(builder, Locality { node: Some(node), zone });
-            if fresh.version != fallback.version {
-                self.node_variants
-                    .entry(node.to_owned())
-                    .or_default()
-                    .insert(name.clone(), views.intern(fresh));
-            }
-        }
-    }
-
-    fn all_services(&self) -> impl Iterator<Item = &Arc<Resource>> {
-        let variants = self.zone_variants.values().chain(self.node_variants.values());
-        self.services.values().chain(variants.flat_map(BTreeMap::values))
-    }
-
     /// `node`'s variant of the Service view `name`, if it has one.
     fn variant(&self, node: &str, name: &str) -> Option<&Arc<Resource>> {
         let own = self.node_variants.get(node).and_then(|v| v.get(name));
-        own.or_else(|| {
-            let zone = self.node_zones.get(node)?;
-            self.zone_variants.get(zone)?.get(name)
-        })
+        own.or_else(|| self.zone_variants.get(self.placement.zone(node)?)?.get(name))
     }
 
     /// The resources of one type that `node` should have.
@@ -406,19 +385,10 @@ impl Snapshot {
         self.for_node_after(ty, node, None)
     }
 
-    /// The cluster whose Services `node` gets: `Some(None)` for all (one cluster),
-    /// `None` for none (several clusters, and no Node object names it).
-    fn home(&self, node: &str) -> Option<Option<&str>> {
-        if !self.several_clusters {
-            return Some(None);
-        }
-        self.node_homes.get(node).map(|c| Some(c.as_str()))
-    }
-
     /// The names of the Services `node` gets, after `after`, as a key range.
     fn service_range(&self, node: &str, after: Option<&str>) -> Option<(Bound<String>, Bound<String>)> {
         let after = after.map(|a| Bound::Excluded(a.to_owned()));
-        match self.home(node)? {
+        match self.placement.home(node)? {
             None => Some((after.unwrap_or(Bound::Unbounded), Bound::Unbounded)),
             Some(cluster) => {
                 let first = format!("{cluster}/");
@@ -444,9 +414,8 @@ impl Snapshot {
                 let Some(range) = self.service_range(node, after) else {
                     return Box::new(std::iter::empty());
                 };
-                let services = self.services.range::<String, _>(range);
-                let has_variants =
-                    self.node_variants.contains_key(node) || self.node_zones.contains_key(node);
+                let services = self.services.range(range);
+                let has_variants = self.node_variants.contains_key(node) || self.variant_zone(node).is_some();
                 if !has_variants {
                     return Box::new(services.map(|(_, default)| default));
                 }
@@ -468,7 +437,7 @@ impl Snapshot {
     pub fn get(&self, ty: ResourceType, node: &str, name: &str) -> Option<&Arc<Resource>> {
         match ty {
             ResourceType::ServiceView => {
-                let at_home = match self.home(node) {
+                let at_home = match self.placement.home(node) {
                     Some(None) => true,
                     Some(Some(cluster)) => {
                         name.strip_prefix(cluster).is_some_and(|rest| rest.starts_with('/'))
@@ -482,7 +451,7 @@ impl Snapshot {
         }
     }
 
-    /// The default view of every Service.
+    /// The default view of every Service, in name order.
     pub fn defaults(&self) -> impl Iterator<Item = &Arc<Resource>> {
         self.services.values()
     }
@@ -490,22 +459,14 @@ impl Snapshot {
     /// The variants of Service `name`: for each, who gets it (`zone=<zone>` and the
     /// nodes of that zone, or a node name) and the resource.
     pub fn variants_of(&self, name: &str) -> Vec<(Vec<String>, &Arc<Resource>)> {
+        let Some(variants) = self.variants.get(name) else { return Vec::new() };
         let mut out = Vec::new();
-        let mut zones: Vec<_> =
-            self.zone_variants.iter().filter_map(|(z, v)| v.get(name).map(|r| (z, r))).collect();
-        zones.sort_by(|a, b| a.0.cmp(b.0));
-        for (zone, resource) in zones {
+        for (zone, resource) in &variants.zones {
             let mut who = vec![format!("zone={zone}")];
-            let mut nodes: Vec<String> =
-                self.node_zones.iter().filter(|(_, z)| *z == zone).map(|(n, _)| n.clone()).collect();
-            nodes.sort();
-            who.extend(nodes);
+            who.extend(self.placement.nodes_in(zone).into_iter().map(str::to_owned));
             out.push((who, resource));
         }
-        let mut nodes: Vec<_> =
-            self.node_variants.iter().filter_map(|(n, v)| v.get(name).map(|r| (n, r))).collect();
-        nodes.sort_by(|a, b| a.0.cmp(b.0));
-        out.extend(nodes.into_iter().map(|(node, resource)| (vec![node.clone()], resource)));
+        out.extend(variants.nodes.iter().map(|(node, resource)| (vec![node.clone()], resource)));
         out
     }
 
@@ -520,11 +481,6 @@ impl Snapshot {
 
     /// How many zone and node variants are stored besides the default views.
     pub fn variant_count(&self) -> usize {
-        self.zone_variants.values().chain(self.node_variants.values()).map(BTreeMap::len).sum()
+        self.variant_count
     }
-}
-
-fn encode(builder: &ViewBuilder<'_>, at: Locality<'_>) -> Resource {
-    let view = builder.view(at);
-    Resource::new(ResourceType::ServiceView, view.resource_name(), view.encode())
 }

@@ -1,6 +1,8 @@
 use super::*;
+use crate::model::ClusterState;
 use crate::source::manifest::state_of;
 use kpx_proto::types::{NodeConfig, ServiceView};
+use std::collections::BTreeMap;
 
 const WEB: &str = "c/ns/web";
 

@@ -1,8 +1,16 @@
 //! The cluster model: the parts of Services, EndpointSlices and Nodes that
 //! kpx uses, already validated. Every source (manifest folder, Kubernetes API)
-//! produces a [`ClusterState`]; nothing downstream knows where it came from.
+//! produces a [`ClusterState`] and then [`ObjectChanges`]; nothing downstream knows
+//! where they came from. [`Cluster`] keeps one cluster's state with its slices indexed
+//! by Service, and says which Services and Nodes a change touched.
 
-use std::collections::{BTreeMap, HashMap};
+mod changes;
+mod cluster;
+
+pub use changes::{diff_by_key, ObjectChanges};
+pub use cluster::{Cluster, Touched};
+
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -31,14 +39,9 @@ pub struct ClusterState {
 }
 
 impl ClusterState {
-    /// The EndpointSlices of every Service, found in one pass (not one scan per Service).
-    pub fn slices_by_service(&self) -> HashMap<ObjectKey, Vec<&EndpointSlice>> {
-        let mut index: HashMap<ObjectKey, Vec<&EndpointSlice>> = HashMap::new();
-        for slice in self.slices.values() {
-            let key = ObjectKey { namespace: slice.namespace.clone(), name: slice.service_name.clone() };
-            index.entry(key).or_default().push(slice);
-        }
-        index
+    /// The key of an EndpointSlice in [`ClusterState::slices`].
+    pub fn slice_key(slice: &EndpointSlice) -> ObjectKey {
+        ObjectKey { namespace: slice.namespace.clone(), name: slice.name.clone() }
     }
 }
 

@@ -1,0 +1,289 @@
+//! One cluster's model, kept up to date by changes: its state plus the slices of every
+//! Service, indexed as they come and go (no scan of all slices per Service or per change).
+//! Applying a change says what it touched, so views are recomputed for those only.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// A set kept as a sorted `Vec`: most Services have one or two slices, and a `Vec` of one
+/// costs far less than a tree.
+type SortedSet<T> = Vec<T>;
+
+fn insert_sorted<T: Ord>(set: &mut SortedSet<T>, item: T) {
+    if let Err(at) = set.binary_search(&item) {
+        set.insert(at, item);
+    }
+}
+
+fn remove_sorted<T: Ord>(set: &mut SortedSet<T>, item: &T) {
+    if let Ok(at) = set.binary_search(item) {
+        set.remove(at);
+    }
+}
+
+use super::{ClusterState, EndpointSlice, Node, ObjectChanges, ObjectKey, Service};
+
+/// A cluster's objects and its index of slices by Service.
+#[derive(Debug, Default)]
+pub struct Cluster {
+    state: ClusterState,
+    /// Service key → the keys of its EndpointSlices.
+    slices_of: HashMap<ObjectKey, SortedSet<ObjectKey>>,
+}
+
+/// What a change touched.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Touched {
+    /// Services whose object or EndpointSlices changed; a slice that moved from one
+    /// Service to another touches both.
+    pub services: BTreeSet<ObjectKey>,
+    /// Of those, the ones marked global (before or after the change): the same
+    /// namespace/name in other clusters may draw on them.
+    pub shared: BTreeSet<ObjectKey>,
+    /// Nodes whose object changed, came or went.
+    pub nodes: BTreeSet<String>,
+}
+
+impl Touched {
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty() && self.nodes.is_empty()
+    }
+}
+
+/// The Service an EndpointSlice belongs to.
+fn owner(slice: &EndpointSlice) -> ObjectKey {
+    ObjectKey { namespace: slice.namespace.clone(), name: slice.service_name.clone() }
+}
+
+fn index(state: &ClusterState) -> HashMap<ObjectKey, SortedSet<ObjectKey>> {
+    let mut index: HashMap<ObjectKey, SortedSet<ObjectKey>> = HashMap::new();
+    for (key, slice) in &state.slices {
+        // In key order: each list stays sorted.
+        index.entry(owner(slice)).or_default().push(key.clone());
+    }
+    index
+}
+
+/// The keys whose value differs between `old` and `new` (present in one only, or unequal).
+fn changed_keys<'a, K: Ord, V: PartialEq>(old: &'a BTreeMap<K, V>, new: &'a BTreeMap<K, V>) -> Vec<&'a K> {
+    let mut keys: Vec<&K> = new.iter().filter(|(k, v)| old.get(*k) != Some(*v)).map(|(k, _)| k).collect();
+    keys.extend(old.keys().filter(|k| !new.contains_key(*k)));
+    keys
+}
+
+impl Cluster {
+    pub fn new(state: ClusterState) -> Self {
+        let slices_of = index(&state);
+        Cluster { state, slices_of }
+    }
+
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    pub fn service(&self, key: &ObjectKey) -> Option<&Service> {
+        self.state.services.get(key)
+    }
+
+    pub fn node(&self, name: &str) -> Option<&Node> {
+        self.state.nodes.get(name)
+    }
+
+    /// The EndpointSlices of Service `key`, in slice-key order.
+    pub fn slices_of(&self, key: &ObjectKey) -> Vec<&EndpointSlice> {
+        self.slices_of
+            .get(key)
+            .into_iter()
+            .flatten()
+            .filter_map(|slice| self.state.slices.get(slice))
+            .collect()
+    }
+
+    fn is_global(&self, key: &ObjectKey) -> bool {
+        self.service(key).is_some_and(|s| s.global)
+    }
+
+    /// Applies per-object changes; an upsert equal to what is known touches nothing.
+    pub fn apply(&mut self, changes: ObjectChanges) -> Touched {
+        let mut touched = Touched::default();
+        for (key, new) in changes.services {
+            let old = self.state.services.get(&key);
+            if old == new.as_ref() {
+                continue;
+            }
+            if old.is_some_and(|s| s.global) || new.as_ref().is_some_and(|s| s.global) {
+                touched.shared.insert(key.clone());
+            }
+            touched.services.insert(key.clone());
+            match new {
+                Some(svc) => self.state.services.insert(key, svc),
+                None => self.state.services.remove(&key),
+            };
+        }
+        for (key, new) in changes.slices {
+            let old = self.state.slices.get(&key);
+            if old == new.as_ref() {
+                continue;
+            }
+            let owners: BTreeSet<ObjectKey> = old.into_iter().chain(new.as_ref()).map(owner).collect();
+            if let Some(old) = old.map(owner) {
+                if let Some(set) = self.slices_of.get_mut(&old) {
+                    remove_sorted(set, &key);
+                    if set.is_empty() {
+                        self.slices_of.remove(&old);
+                    }
+                }
+            }
+            match new {
+                Some(slice) => {
+                    insert_sorted(self.slices_of.entry(owner(&slice)).or_default(), key.clone());
+                    self.state.slices.insert(key, slice);
+                }
+                None => {
+                    self.state.slices.remove(&key);
+                }
+            }
+            for svc in owners {
+                if self.is_global(&svc) {
+                    touched.shared.insert(svc.clone());
+                }
+                touched.services.insert(svc);
+            }
+        }
+        for (name, new) in changes.nodes {
+            if self.state.nodes.get(&name) == new.as_ref() {
+                continue;
+            }
+            match new {
+                Some(node) => self.state.nodes.insert(name.clone(), node),
+                None => self.state.nodes.remove(&name),
+            };
+            touched.nodes.insert(name);
+        }
+        touched
+    }
+
+    /// Swaps in a whole state (a relist); touches only what differs from the known one.
+    pub fn replace(&mut self, new: ClusterState) -> Touched {
+        let mut touched = Touched::default();
+        let old = &self.state;
+        let global = |key: &ObjectKey| {
+            old.services.get(key).is_some_and(|s| s.global) || new.services.get(key).is_some_and(|s| s.global)
+        };
+        for key in changed_keys(&old.services, &new.services) {
+            touched.services.insert(key.clone());
+        }
+        for key in changed_keys(&old.slices, &new.slices) {
+            for slice in old.slices.get(key).into_iter().chain(new.slices.get(key)) {
+                touched.services.insert(owner(slice));
+            }
+        }
+        touched.shared = touched.services.iter().filter(|k| global(k)).cloned().collect();
+        touched.nodes = changed_keys(&old.nodes, &new.nodes).into_iter().cloned().collect();
+        *self = Cluster::new(new);
+        touched
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::manifest::state_of;
+
+    fn key(name: &str) -> ObjectKey {
+        ObjectKey { namespace: "ns".into(), name: name.into() }
+    }
+
+    fn service(name: &str, global: bool) -> Service {
+        Service { key: key(name), global, ..Service::default() }
+    }
+
+    fn slice(name: &str, service: &str, address: &str) -> EndpointSlice {
+        EndpointSlice {
+            namespace: "ns".into(),
+            name: name.into(),
+            service_name: service.into(),
+            ports: vec![],
+            endpoints: vec![crate::model::SliceEndpoint {
+                addresses: vec![address.parse().expect("ip")],
+                ready: true,
+                serving: true,
+                terminating: false,
+                node_name: None,
+                zone: None,
+                zone_hints: vec![],
+                node_hints: vec![],
+            }],
+        }
+    }
+
+    fn names(keys: &BTreeSet<ObjectKey>) -> Vec<&str> {
+        keys.iter().map(|k| k.name.as_str()).collect()
+    }
+
+    fn with(f: impl FnOnce(&mut ObjectChanges)) -> ObjectChanges {
+        let mut changes = ObjectChanges::default();
+        f(&mut changes);
+        changes
+    }
+
+    #[test]
+    fn changes_touch_their_services_and_the_index_follows() {
+        let mut cluster = Cluster::default();
+        let touched = cluster.apply(with(|c| {
+            c.services.insert(key("a"), Some(service("a", false)));
+            c.services.insert(key("b"), Some(service("b", true)));
+            c.slices.insert(key("s1"), Some(slice("s1", "a", "10.0.0.1")));
+        }));
+        assert_eq!(names(&touched.services), ["a", "b"]);
+        assert_eq!(names(&touched.shared), ["b"], "only global Services are shared");
+        assert_eq!(cluster.slices_of(&key("a")).len(), 1);
+
+        // The slice moves to b: both are touched, and b is shared.
+        let touched = cluster.apply(with(|c| {
+            c.slices.insert(key("s1"), Some(slice("s1", "b", "10.0.0.1")));
+        }));
+        assert_eq!(names(&touched.services), ["a", "b"]);
+        assert_eq!(names(&touched.shared), ["b"]);
+        assert!(cluster.slices_of(&key("a")).is_empty());
+        assert_eq!(cluster.slices_of(&key("b"))[0].name, "s1");
+
+        // The same again: nothing.
+        let touched = cluster.apply(with(|c| {
+            c.slices.insert(key("s1"), Some(slice("s1", "b", "10.0.0.1")));
+            c.services.insert(key("a"), Some(service("a", false)));
+        }));
+        assert!(touched.is_empty(), "{touched:?}");
+
+        // A Service that stops being global is still shared, once.
+        let touched = cluster.apply(with(|c| {
+            c.services.insert(key("b"), Some(service("b", false)));
+        }));
+        assert_eq!(names(&touched.shared), ["b"]);
+        let touched = cluster.apply(with(|c| {
+            c.slices.insert(key("s1"), None);
+            c.nodes.insert("n1".into(), None);
+        }));
+        assert_eq!((names(&touched.services), names(&touched.shared)), (vec!["b"], vec![]));
+        assert!(touched.nodes.is_empty(), "deleting an unknown node changes nothing");
+        assert!(cluster.slices_of(&key("b")).is_empty());
+    }
+
+    #[test]
+    fn a_replace_touches_only_what_differs_and_rebuilds_the_index() {
+        let yaml = "kind: Service\nmetadata: {name: a, namespace: ns}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n---\n\
+                    kind: EndpointSlice\nmetadata: {name: a-1, namespace: ns, labels: {kubernetes.io/service-name: a}}\n\
+                    addressType: IPv4\nendpoints: [{addresses: [10.0.0.1]}]\n---\n\
+                    kind: Node\nmetadata: {name: n1}\n";
+        let mut cluster = Cluster::default();
+        let first = cluster.replace(state_of(yaml));
+        assert_eq!((names(&first.services), first.nodes.len()), (vec!["a"], 1));
+        assert!(cluster.replace(state_of(yaml)).is_empty(), "an identical relist touches nothing");
+        let moved = yaml.replace("10.0.0.1", "10.0.0.2");
+        let touched = cluster.replace(state_of(&moved));
+        assert_eq!((names(&touched.services), touched.nodes.len()), (vec!["a"], 0));
+        assert_eq!(cluster.slices_of(&key("a"))[0].endpoints[0].addresses[0].to_string(), "10.0.0.2");
+        let touched = cluster.replace(ClusterState::default());
+        assert_eq!((names(&touched.services), touched.nodes.len()), (vec!["a"], 1));
+        assert!(cluster.slices_of(&key("a")).is_empty());
+    }
+}
