@@ -287,3 +287,66 @@ fn reflection_v1alpha_with_python_and_v1_with_tonic_on_both_servers() {
     );
     assert!(!agent.contains("service kpx.admin.v1.ControlPlaneAdmin"), "{agent}");
 }
+
+/// The `grpcurl …` lines of the README's code blocks.
+fn readme_grpcurl_examples() -> Vec<String> {
+    let readme = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+        .expect("README.md");
+    let mut in_code = false;
+    let mut out = Vec::new();
+    for line in readme.lines().map(str::trim) {
+        if line.starts_with("```") {
+            in_code = !in_code;
+        } else if in_code && line.starts_with("grpcurl ") {
+            out.push(line.to_owned());
+        }
+    }
+    out
+}
+
+#[test]
+fn every_grpcurl_example_of_the_readme_works() {
+    let examples = readme_grpcurl_examples();
+    assert!(examples.len() >= 4, "the README shows grpcurl: {examples:?}");
+    let t = Topology::new(1);
+    let _backends = t.start_backends(8080);
+    t.write_node();
+    let web = "  clusterIP: 10.96.0.10\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
+    t.write_manifest(
+        "web.yaml",
+        &documents(&[
+            service("web", web, ""),
+            slice("web", "web-1", false, &[("http", "TCP", 8080)], &[ep(Topology::pod_ip(0))]),
+        ]),
+    );
+    let _cp = t.start_control_plane();
+    let _dp = t.start_dataplane();
+    t.wait_answered_by("10.96.0.10", 80, "pod0");
+    let bin = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/pyenv/bin");
+    assert!(bin.join("grpcurl").exists(), "tests/run.sh installs grpcurl into target/pyenv");
+    for example in examples {
+        let command = format!("PATH={}:$PATH {example}", bin.display());
+        let out = t.node.try_exec("sh", &["-c", &command]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{example}: {}{text}", String::from_utf8_lossy(&out.stderr));
+        let expect: &[&str] = match example.split_whitespace().last().unwrap_or_default() {
+            "list" => &[
+                "envoy.service.discovery.v3.AggregatedDiscoveryService",
+                "kpx.admin.v1.ControlPlaneAdmin",
+                "grpc.health.v1.Health",
+            ],
+            "kpx.admin.v1.ControlPlaneAdmin" => {
+                &["service ControlPlaneAdmin", "rpc ListServices", "rpc Trace"]
+            }
+            "kpx.admin.v1.ControlPlaneAdmin/ListNodes" => &["\"name\": \"node-a\""],
+            "kpx.admin.v1.NodeAdmin/Trace" => &["\"verdict\": \"dnat\"", "10.244.1.2:8080"],
+            _ => &[],
+        };
+        for want in expect {
+            assert!(text.contains(want), "{example}: no {want:?} in\n{text}");
+        }
+        if example.ends_with(" list") {
+            assert!(!text.contains("NodeAdmin"), "the control plane lists only its own services:\n{text}");
+        }
+    }
+}

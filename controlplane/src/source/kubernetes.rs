@@ -63,8 +63,12 @@ pub enum KubeSourceError {
     Client(#[source] kube::Error),
 }
 
+/// A client of one cluster's API server (what the rest of the control plane holds of it).
+#[derive(Clone)]
+pub struct ApiClient(Client);
+
 /// Loads the target's configuration and makes a client (no request is made yet).
-pub async fn client(target: &KubeTarget) -> Result<Client, KubeSourceError> {
+pub async fn client(target: &KubeTarget) -> Result<ApiClient, KubeSourceError> {
     let config = match target {
         KubeTarget::Kubeconfig { path, context } => {
             let fail = |source| KubeSourceError::Kubeconfig { path: path.clone(), source };
@@ -74,7 +78,7 @@ pub async fn client(target: &KubeTarget) -> Result<Client, KubeSourceError> {
         }
         KubeTarget::InCluster => kube::Config::incluster().map_err(KubeSourceError::InCluster)?,
     };
-    Client::try_from(config).map_err(KubeSourceError::Client)
+    Client::try_from(config).map(ApiClient).map_err(KubeSourceError::Client)
 }
 
 /// One kind's objects, in the model, by key.
@@ -238,7 +242,7 @@ const BATCH: Duration = Duration::from_millis(50);
 /// Watches the cluster until the process ends (or nobody listens), sending on `tx`.
 pub async fn run(
     cluster: String,
-    client: Client,
+    ApiClient(client): ApiClient,
     tx: EventSender,
     reachability: watch::Sender<Reachability>,
 ) {

@@ -154,7 +154,7 @@ pub type ReachabilityReceiver = watch::Receiver<Reachability>;
 /// A source checked and ready to run.
 pub enum Prepared {
     File(PathBuf),
-    Kube(::kube::Client),
+    Kube(kubernetes::ApiClient),
 }
 
 #[derive(Debug, thiserror::Error)]
