@@ -1,9 +1,11 @@
 //! kpx control plane: sources → cluster model → per-node views → delta xDS.
 
 pub mod admin;
+pub mod config;
 pub mod metrics;
 pub mod model;
 pub mod publisher;
 pub mod source;
+pub mod trust;
 pub mod view;
 pub mod xds;

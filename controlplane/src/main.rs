@@ -2,76 +2,49 @@
 //! happens in the library.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use ipnet::IpNet;
 use kpx_controlplane::admin::ControlPlaneAdminService;
+use kpx_controlplane::config::{Config, Flags, Security};
 use kpx_controlplane::metrics::ControlPlaneMetrics;
 use kpx_controlplane::publisher::Publisher;
-use kpx_controlplane::source::{self, SourceSpec};
+use kpx_controlplane::source::{self, kubernetes::TokenReviews, Prepared};
+use kpx_controlplane::trust::{self, TokenReviewer, Trust};
 use kpx_controlplane::xds;
 use kpx_controlplane::xds::nodes::NodeRegistry;
 use kpx_controlplane::xds::snapshot::BuildOptions;
 use kpx_proto::admin::control_plane_admin_server::ControlPlaneAdminServer;
-use kpx_proto::cli::LogFormat;
-use std::sync::Arc;
-
-#[derive(Parser, Debug)]
-#[command(
-    name = "kpx-controlplane",
-    version,
-    about = "kpx control plane: serves per-node Service views over delta xDS"
-)]
-struct Args {
-    /// Where cluster state comes from: `[NAME=]file:DIR` (a folder of manifests),
-    /// `[NAME=]kubeconfig:PATH[#CONTEXT]` or `[NAME=]in-cluster` (a Kubernetes API server).
-    /// Repeatable: each NAME is a cluster, the home of its own nodes.
-    #[arg(long = "source", required = true, value_name = "SOURCE")]
-    sources: Vec<SourceSpec>,
-    /// The cluster's pod CIDR(s): traffic from inside them is pod traffic, not
-    /// masqueraded on its way to a ClusterIP. Repeatable (one per IP family).
-    /// Without it, each node uses its own podCIDRs.
-    #[arg(long = "cluster-cidr", value_name = "CIDR", value_parser = cidr)]
-    cluster_cidrs: Vec<IpNet>,
-    /// How long a cluster may be unreachable (API server or folder) before its endpoints
-    /// are withdrawn from the other clusters' global Services (e.g. 90s, 5m).
-    #[arg(long, default_value = "5m", value_parser = kpx_proto::cli::parse_duration)]
-    cluster_grace_period: std::time::Duration,
-    /// gRPC address: delta ADS, the admin API, health and reflection.
-    #[arg(long, default_value = "0.0.0.0:18000")]
-    listen: SocketAddr,
-    /// Prometheus /metrics.
-    #[arg(long, default_value = "127.0.0.1:18002")]
-    metrics_listen: SocketAddr,
-    /// Log format: human or json.
-    #[arg(long, default_value = "human", value_parser = str::parse::<LogFormat>)]
-    log_format: LogFormat,
-}
-
-/// A `--cluster-cidr` value; host bits are cleared, as kube-proxy does.
-fn cidr(text: &str) -> Result<IpNet, String> {
-    text.parse::<IpNet>()
-        .map(|net| net.trunc())
-        .map_err(|_| format!("{text:?} is not a CIDR (e.g. 10.244.0.0/16)"))
-}
+use kpx_proto::tls::ReloadingServerConfig;
 
 fn main() -> ExitCode {
-    let args = match Args::try_parse() {
+    let flags = match Flags::try_parse() {
         Ok(a) => a,
         Err(e) => {
             let _ = e.print();
             return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
         }
     };
-    let mut names = std::collections::BTreeSet::new();
-    if let Some(dup) = args.sources.iter().find(|s| !names.insert(s.cluster.as_str())) {
-        eprintln!("kpx-controlplane: --source: cluster name {:?} given twice", dup.cluster);
-        return ExitCode::from(2);
-    }
-    kpx_proto::cli::init_logs(args.log_format);
+    kpx_proto::cli::init_logs(flags.log_format);
+    let config = match Config::resolve(flags) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("kpx-controlplane: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let tls = match &config.security {
+        Security::Tls(files) => match ReloadingServerConfig::load(files.clone()) {
+            Ok(tls) => Some(Arc::new(tls)),
+            Err(e) => {
+                eprintln!("kpx-controlplane: --tls-cert/--tls-key/--tls-client-ca: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        Security::Plaintext => None,
+    };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -80,7 +53,7 @@ fn main() -> ExitCode {
         }
     };
     let mut prepared = Vec::new();
-    for spec in &args.sources {
+    for spec in &config.sources {
         match runtime.block_on(source::prepare(spec)) {
             Ok(p) => prepared.push(p),
             Err(e) => {
@@ -89,7 +62,7 @@ fn main() -> ExitCode {
             }
         }
     }
-    match runtime.block_on(run(args, prepared)) {
+    match runtime.block_on(run(config, tls, prepared)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -117,19 +90,30 @@ fn causes(error: &dyn std::error::Error) -> String {
 /// How many source events may wait for the publisher before a source waits too.
 const EVENTS_QUEUED: usize = 64;
 
-async fn run(args: Args, prepared: Vec<source::Prepared>) -> anyhow::Result<()> {
+async fn run(
+    args: Config,
+    tls: Option<Arc<ReloadingServerConfig>>,
+    prepared: Vec<Prepared>,
+) -> anyhow::Result<()> {
     let (events_tx, events) = tokio::sync::mpsc::channel(EVENTS_QUEUED);
     let mut reachability = BTreeMap::new();
+    let apis: Vec<_> = args
+        .sources
+        .iter()
+        .zip(&prepared)
+        .filter_map(|(spec, p)| match p {
+            Prepared::Kube(client) => Some((spec.cluster.clone(), client.clone())),
+            Prepared::File(_) => None,
+        })
+        .collect();
+    let reviewer = (!apis.is_empty()).then(|| Arc::new(TokenReviews::new(apis)) as Arc<dyn TokenReviewer>);
     for (spec, prepared) in args.sources.iter().zip(prepared) {
         reachability.insert(spec.cluster.clone(), source::spawn(&spec.cluster, prepared, events_tx.clone()));
     }
     drop(events_tx);
     let metrics = Arc::new(ControlPlaneMetrics::default());
     let nodes = NodeRegistry::default();
-    let mut cluster_cidrs = args.cluster_cidrs.clone();
-    cluster_cidrs.sort();
-    cluster_cidrs.dedup();
-    let options = BuildOptions { cluster_cidrs, ..Default::default() };
+    let options = BuildOptions { cluster_cidrs: args.cluster_cidrs.clone(), ..Default::default() };
     let clusters = args.sources.iter().map(|s| s.cluster.clone());
     let (publisher, snapshot_rx, status_rx) =
         Publisher::new(clusters, options, args.cluster_grace_period, Arc::clone(&metrics));
@@ -147,28 +131,51 @@ async fn run(args: Args, prepared: Vec<source::Prepared>) -> anyhow::Result<()> 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<xds::transport::AdsService>().await;
     health_reporter.set_serving::<ControlPlaneAdminServer<ControlPlaneAdminService>>().await;
-    let admin = ControlPlaneAdminServer::new(ControlPlaneAdminService::new(
-        snapshot_rx.clone(),
-        nodes.clone(),
-        args.sources.clone(),
-        status_rx,
+    let trust = Arc::new(Trust::new(
+        tls.is_some(),
+        reviewer,
+        args.token_audience.clone(),
+        args.admin_identities.clone(),
+        Arc::clone(&metrics),
     ));
-    let ads = xds::transport::AdsService::new(xds::server::AdsServer::new(snapshot_rx, nodes, metrics));
+    let admin_trust = Arc::clone(&trust);
+    let admin = ControlPlaneAdminServer::with_interceptor(
+        ControlPlaneAdminService::new(snapshot_rx.clone(), nodes.clone(), args.sources.clone(), status_rx),
+        move |request: tonic::Request<()>| admin_trust.admit_admin(&request).map(|()| request),
+    );
+    let ads =
+        xds::transport::AdsService::new(xds::server::AdsServer::new(snapshot_rx, nodes, metrics), trust);
     let reflection = kpx_proto::grpc::reflection_routes(kpx_proto::grpc::Server::ControlPlane)
         .context("reflection descriptors")?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
-    tracing::info!(listen = %args.listen, metrics = %args.metrics_listen, "serving delta xDS and the admin API");
-    tonic::transport::Server::builder()
+    tracing::info!(
+        listen = %args.listen,
+        metrics = %args.metrics_listen,
+        tls = tls.is_some(),
+        "serving delta xDS and the admin API"
+    );
+    let router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .add_routes(reflection)
         .add_service(health_service)
         .add_service(admin)
-        .add_service(ads)
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown())
-        .await
-        .context("gRPC server failed")
+        .add_service(ads);
+    match tls {
+        Some(config) => {
+            router.serve_with_incoming_shutdown(trust::listener::incoming(listener, config), shutdown()).await
+        }
+        None => {
+            router
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    shutdown(),
+                )
+                .await
+        }
+    }
+    .context("gRPC server failed")
 }
 
 fn metrics_router(metrics: Arc<ControlPlaneMetrics>) -> axum::Router {
@@ -186,29 +193,4 @@ fn metrics_router(metrics: Arc<ControlPlaneMetrics>) -> axum::Router {
 async fn shutdown() {
     kpx_proto::cli::shutdown_signal().await;
     tracing::info!("shutting down");
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cluster_cidrs_are_repeatable_and_a_bad_one_names_the_flag() {
-        let args = Args::try_parse_from([
-            "kpx-controlplane",
-            "--source=file:/tmp",
-            "--cluster-cidr=10.244.0.1/16",
-            "--cluster-cidr",
-            "fd00:10::/56",
-        ])
-        .expect("valid");
-        let shown: Vec<String> = args.cluster_cidrs.iter().map(ToString::to_string).collect();
-        assert_eq!(shown, ["10.244.0.0/16", "fd00:10::/56"]);
-        let err =
-            Args::try_parse_from(["kpx-controlplane", "--source=file:/tmp", "--cluster-cidr=10.0.0.0/33"])
-                .expect_err("bad CIDR");
-        assert!(err.use_stderr());
-        assert!(err.to_string().contains("--cluster-cidr"), "{err}");
-        assert!(err.to_string().contains("is not a CIDR"), "{err}");
-    }
 }

@@ -22,6 +22,9 @@ pub struct ControlPlaneMetrics {
     pub snapshot_build: Histogram,
     pub services: Gauge,
     pub node_variants: Gauge,
+    /// Streams and admin calls refused, by reason (no credentials, a bad token, a
+    /// `node.id` that is not the caller's identity, admin).
+    pub refused_streams: Family<Labels, Counter>,
 }
 
 impl Default for ControlPlaneMetrics {
@@ -39,6 +42,7 @@ impl Default for ControlPlaneMetrics {
             snapshot_build: seconds(),
             services: Gauge::default(),
             node_variants: Gauge::default(),
+            refused_streams: Family::default(),
         };
         let mut registry = Registry::default();
         registry.register("kpx_xds_streams", "Open delta xDS streams", m.streams.clone());
@@ -75,6 +79,11 @@ impl Default for ControlPlaneMetrics {
             "Per-node and per-zone view variants",
             m.node_variants.clone(),
         );
+        registry.register(
+            "kpx_refused",
+            "Streams and admin calls refused, by reason",
+            m.refused_streams.clone(),
+        );
         ControlPlaneMetrics { registry, ..m }
     }
 }
@@ -90,5 +99,9 @@ impl ControlPlaneMetrics {
 
     pub fn node(node: &str) -> Labels {
         vec![("node".to_owned(), node.to_owned())]
+    }
+
+    pub fn reason(reason: &str) -> Labels {
+        vec![("reason".to_owned(), reason.to_owned())]
     }
 }

@@ -17,8 +17,9 @@ use std::time::{Instant, SystemTime};
 
 use super::nodes::NodeRegistry;
 use super::snapshot::{ResourceType, Snapshot};
-use super::stream::{RequestKind, Response, StreamState};
+use super::stream::{ProtocolError, RequestKind, Response, StreamState};
 use crate::metrics::ControlPlaneMetrics;
+use crate::trust::Caller;
 
 /// What a stream task hands to the response body: boxed, so the channel's slots stay small.
 pub type Outbound = Result<Box<Response>, Box<Status>>;
@@ -126,7 +127,7 @@ impl AdsServer {
     /// Serves one delta ADS stream: responses come out of the returned channel, in order,
     /// ending with an error status if the stream fails.
     /// (`inbound` is tonic's `Streaming` of the request body, or any stream of requests.)
-    pub fn open<S>(&self, peer: Option<SocketAddr>, inbound: S) -> mpsc::Receiver<Outbound>
+    pub fn open<S>(&self, peer: Option<SocketAddr>, caller: Caller, inbound: S) -> mpsc::Receiver<Outbound>
     where
         S: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Send + 'static,
     {
@@ -143,7 +144,10 @@ impl AdsServer {
         self.nodes.update(reporter.id, |e| e.query = Some(query_tx));
         self.metrics.streams.inc();
         tokio::spawn(async move {
-            let mut state = StreamState::default();
+            let mut state = match caller.node() {
+                Some((node, how)) => StreamState::for_node(node.to_owned(), how),
+                None => StreamState::default(),
+            };
             let result = serve_stream(&mut state, inbound, &tx, snapshots, &reporter, queries, &walks).await;
             reporter.closed(state.node().unwrap_or_default());
             let node = state.node().unwrap_or("?").to_owned();
@@ -224,7 +228,12 @@ async fn serve_stream(
         tokio::select! {
             request = inbound.next() => {
                 let Some(request) = request.transpose()? else { return Ok(()) };
-                let kind = state.on_request(request).map_err(|e| Status::invalid_argument(e.to_string()))?;
+                let kind = state.on_request(request).map_err(|e| {
+                    if matches!(e, ProtocolError::NotThisNode { .. }) {
+                        reporter.metrics.refused_streams.get_or_create(&ControlPlaneMetrics::reason("node_id_mismatch")).inc();
+                    }
+                    e.status()
+                })?;
                 let node = state.node().unwrap_or_default();
                 match kind {
                     RequestKind::Subscribe { ty, initial_versions } => {
@@ -313,7 +322,7 @@ mod tests {
         /// A stream of node `node`, subscribed to Service views.
         async fn subscribe(&self, node: &str) -> (Requests, mpsc::Receiver<Outbound>) {
             let (tx, rx) = mpsc::channel(8);
-            let out = self.server.open(None, ReceiverStream::new(rx));
+            let out = self.server.open(None, Caller::Anonymous, ReceiverStream::new(rx));
             let request = DeltaDiscoveryRequest {
                 node: Some(Node { id: node.into(), ..Default::default() }),
                 type_url: ResourceType::ServiceView.type_url().into(),
@@ -399,7 +408,7 @@ mod tests {
         let f = fixture(WALKS_IN_FLIGHT);
         f.snapshots.send_replace(Some(build(&services(1, None), &Snapshot::default())));
         let (tx, rx) = mpsc::channel(8);
-        let mut out = f.server.open(None, ReceiverStream::new(rx));
+        let mut out = f.server.open(None, Caller::Anonymous, ReceiverStream::new(rx));
         tx.send(Ok(DeltaDiscoveryRequest::default())).await.expect("open");
         let ended = tokio::time::timeout(Duration::from_secs(5), out.recv()).await.expect("in time");
         let status = ended.expect("an item").expect_err("an error status");

@@ -45,6 +45,8 @@ pub const MAX_RESOURCES_PER_RESPONSE: usize = 500;
 pub enum ProtocolError {
     #[error("the first request must carry node.id (the node name)")]
     NoNodeId,
+    #[error("node.id is {claimed:?} but the {how} is node {identity:?}")]
+    NotThisNode { claimed: String, identity: String, how: &'static str },
     #[error("node.id changed from {0:?} to {1:?} on one stream")]
     NodeChanged(String, String),
 }
@@ -349,11 +351,29 @@ impl Pending {
 #[derive(Debug, Default)]
 pub struct StreamState {
     node: Option<String>,
+    /// Who the caller proved to be (its certificate or token), and how: `node.id` must be it.
+    identity: Option<(String, &'static str)>,
     types: BTreeMap<ResourceType, TypeState>,
     nonces: u64,
 }
 
+impl ProtocolError {
+    /// The gRPC status that ends the stream.
+    pub fn status(&self) -> tonic::Status {
+        match self {
+            ProtocolError::NotThisNode { .. } => tonic::Status::permission_denied(self.to_string()),
+            _ => tonic::Status::invalid_argument(self.to_string()),
+        }
+    }
+}
+
 impl StreamState {
+    /// A stream whose caller proved to be node `identity` (by `how`: "client certificate",
+    /// "ServiceAccount token"): any other `node.id` ends it.
+    pub fn for_node(identity: String, how: &'static str) -> Self {
+        StreamState { identity: Some((identity, how)), ..Default::default() }
+    }
+
     pub fn node(&self) -> Option<&str> {
         self.node.as_deref()
     }
@@ -361,6 +381,15 @@ impl StreamState {
     /// Takes a request from the node.
     pub fn on_request(&mut self, req: DeltaDiscoveryRequest) -> Result<RequestKind, ProtocolError> {
         let id = req.node.as_ref().map(|n| n.id.as_str()).unwrap_or_default();
+        if let Some((identity, how)) = &self.identity {
+            if !id.is_empty() && id != identity {
+                return Err(ProtocolError::NotThisNode {
+                    claimed: id.to_owned(),
+                    identity: identity.clone(),
+                    how,
+                });
+            }
+        }
         match (&self.node, id) {
             (None, "") => return Err(ProtocolError::NoNodeId),
             (None, id) => self.node = Some(id.to_owned()),

@@ -13,10 +13,10 @@ use http_body::Frame;
 use tokio::sync::mpsc;
 use tonic::codec::{BufferSettings, Streaming};
 use tonic::server::NamedService;
-use tonic::transport::server::TcpConnectInfo;
 use tonic::{Code, Status};
 
 use super::server::{AdsServer, Outbound};
+use crate::trust::{self, Trust};
 
 const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
 const DELTA_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
@@ -31,11 +31,13 @@ const MAX_REQUEST_BYTES: usize = 64 << 20;
 #[derive(Clone)]
 pub struct AdsService {
     server: Arc<AdsServer>,
+    trust: Arc<Trust>,
 }
 
 impl AdsService {
-    pub fn new(server: AdsServer) -> Self {
-        AdsService { server: Arc::new(server) }
+    /// The ADS route over `server`, serving each stream the node its caller proved to be.
+    pub fn new(server: AdsServer, trust: Arc<Trust>) -> Self {
+        AdsService { server: Arc::new(server), trust }
     }
 }
 
@@ -56,7 +58,10 @@ impl tower_service::Service<http::Request<tonic::body::Body>> for AdsService {
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let response = match request.uri().path() {
-            DELTA_PATH => self.delta(request),
+            DELTA_PATH => {
+                let this = self.clone();
+                return Box::pin(async move { Ok(this.delta(request).await) });
+            }
             STATE_OF_THE_WORLD_PATH => Status::unimplemented(
                 "kpx serves the incremental protocol only: use DeltaAggregatedResources",
             )
@@ -68,17 +73,30 @@ impl tower_service::Service<http::Request<tonic::body::Body>> for AdsService {
 }
 
 impl AdsService {
-    fn delta(&self, request: http::Request<tonic::body::Body>) -> http::Response<tonic::body::Body> {
+    async fn delta(&self, request: http::Request<tonic::body::Body>) -> http::Response<tonic::body::Body> {
         if request.headers().get("grpc-encoding").is_some_and(|e| e != "identity") {
             return Status::unimplemented("compressed requests are not accepted").into_http();
         }
-        let peer = request.extensions().get::<TcpConnectInfo>().and_then(TcpConnectInfo::remote_addr);
+        let (peer, certs) = trust::peer(request.extensions());
+        let authorization = request
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let caller =
+            match self.trust.identify(certs.as_deref().map(Vec::as_slice), authorization.as_deref()).await {
+                Ok(caller) => caller,
+                Err(status) => {
+                    tracing::warn!(?peer, reason = status.message(), "stream refused");
+                    return status.into_http();
+                }
+            };
         // Requests are small ACKs, after the first: start with a small buffer.
         let decoder = tonic_prost::ProstCodec::<DeltaDiscoveryResponse, DeltaDiscoveryRequest>::raw_decoder(
             BufferSettings::new(1024, 32 << 10),
         );
         let inbound = Streaming::new_request(decoder, request.into_body(), None, Some(MAX_REQUEST_BYTES));
-        let responses = self.server.open(peer, inbound);
+        let responses = self.server.open(peer, caller, inbound);
         let body = ResponseBody { responses, pieces: Vec::new().into_iter(), done: false };
         let mut response = http::Response::new(tonic::body::Body::new(body));
         response
