@@ -158,11 +158,7 @@ impl Trust {
                 _ => refused("without TLS the admin API answers loopback clients only".into()),
             };
         }
-        let names = certs
-            .as_deref()
-            .and_then(|c| c.first())
-            .map(|leaf| kpx_proto::tls::names(leaf))
-            .unwrap_or_default();
+        let names = certs.and_then(<[_]>::first).map(|leaf| kpx_proto::tls::names(leaf)).unwrap_or_default();
         if names.iter().any(|n| self.admins.contains(n)) {
             return Ok(());
         }
