@@ -87,7 +87,8 @@ async fn stream_once(
 ) -> Result<(), StreamEnd> {
     let full_sync_period = sync.full;
     let fail = |established: bool| move |e: anyhow::Error| StreamEnd { error: e, established };
-    let channel = control_plane.connect().await.map_err(|e| fail(false)(anyhow::anyhow!("connect: {e}")))?;
+    let channel =
+        control_plane.connect().await.map_err(|e| fail(false)(anyhow::anyhow!("connect: {}", causes(&e))))?;
     let mut client = AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(256 << 20);
     let (tx, rx) = mpsc::channel(16);
     for ty in ResourceType::ALL {
@@ -104,7 +105,9 @@ async fn stream_once(
     let mut inbound = client
         .delta_aggregated_resources(request)
         .await
-        .map_err(|e| fail(false)(anyhow::anyhow!("open stream: {}: {}", code_name(e.code()), e.message())))?
+        .map_err(|e| {
+            fail(false)(anyhow::anyhow!("open stream: {}", status_text(&e, control_plane.tls.is_some())))
+        })?
         .into_inner();
     let services = {
         let mut agent = agent.lock();
@@ -142,7 +145,13 @@ async fn stream_once(
         let response = match message {
             Ok(Some(r)) => r,
             Ok(None) => return Ok(()),
-            Err(status) => return Err(fail(true)(anyhow::anyhow!("stream: {}", status.message()))),
+            Err(status) => {
+                // A refusal of who this node is will not change by retrying at once.
+                let refused =
+                    matches!(status.code(), tonic::Code::PermissionDenied | tonic::Code::Unauthenticated);
+                let error = anyhow::anyhow!("stream: {}", status_text(&status, control_plane.tls.is_some()));
+                return Err(fail(!refused)(error));
+            }
         };
         if let Some(wait) = sync.min.checked_sub(last_apply.elapsed()) {
             tokio::time::sleep(wait).await;
@@ -157,6 +166,71 @@ async fn stream_once(
 /// A gRPC status code as operators read it in logs.
 fn code_name(code: tonic::Code) -> String {
     format!("{code:?}")
+}
+
+/// An error and its causes, each once (transport errors say little at the top: the
+/// reason — a refused certificate, a closed connection — is further down).
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let said = e.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = e.source();
+    }
+    text
+}
+
+/// A status as the agent logs it: its code, message and causes, and what they likely mean.
+fn status_text(status: &tonic::Status, tls: bool) -> String {
+    let mut text = format!("{}: {}", code_name(status.code()), status.message());
+    if let Some(source) = std::error::Error::source(status) {
+        let below = causes(source);
+        if below.starts_with(status.message()) {
+            text = format!("{}: {below}", code_name(status.code()));
+        } else if !text.contains(&below) {
+            text.push_str(": ");
+            text.push_str(&below);
+        }
+    }
+    if let Some(hint) = hint(&text, tls) {
+        text.push_str(" (");
+        text.push_str(hint);
+        text.push(')');
+    }
+    text
+}
+
+/// What a transport failure most likely means, for the operator reading the log.
+fn hint(text: &str, tls: bool) -> Option<&'static str> {
+    if text.contains("UnknownCA") || text.contains("BadCertificate") {
+        return Some(
+            "the control plane does not trust this node's certificate: is it signed by its --tls-client-ca?",
+        );
+    }
+    if text.contains("UnknownIssuer") || text.contains("NotValidForName") {
+        return Some(
+            "this node does not trust the control plane's certificate: check --tls-ca and the URL's host",
+        );
+    }
+    if !tls
+        && ["FRAME_SIZE_ERROR", "frame with invalid size", "connection closed"]
+            .iter()
+            .any(|t| text.contains(t))
+    {
+        return Some("does the control plane speak TLS? then use https:// with --tls-ca");
+    }
+    if tls
+        && ["connection closed", "broken pipe", "CertificateExpired", "InvalidContentType", "CorruptMessage"]
+            .iter()
+            .any(|t| text.contains(t))
+    {
+        return Some("the TLS connection was closed: the control plane's log says why (a certificate out of date, or of another CA?); or it does not speak TLS");
+    }
+    None
 }
 
 /// Applies one response and builds its ACK or NACK.

@@ -82,10 +82,14 @@ impl TlsFiles {
             .collect()
     }
 
-    /// A TLS 1.3 server configuration that requires a client certificate signed by the CA.
+    /// A TLS 1.3 server configuration that checks client certificates against the CA.
     pub fn server_config(&self) -> Result<ServerConfig, TlsError> {
         let roots = Arc::new(roots(&self.ca)?);
+        // A client without a certificate is let through TLS (it may carry a ServiceAccount
+        // token instead); what it may do is decided above TLS. One that presents a
+        // certificate must present a valid one.
         let verifier = WebPkiClientVerifier::builder_with_provider(roots, Arc::new(provider()))
+            .allow_unauthenticated()
             .build()
             .map_err(|e| TlsError::BadCa { path: self.ca.clone(), reason: e.to_string() })?;
         let mismatch = |e: rustls::Error| TlsError::Mismatch {

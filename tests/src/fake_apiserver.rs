@@ -1,8 +1,10 @@
 //! A Kubernetes API server for tests: it speaks the list/watch protocol kube-rs
 //! uses (lists with a resourceVersion, chunked watch streams of JSON events,
 //! bookmarks, `410 Gone` for an expired resourceVersion) for Services,
-//! EndpointSlices and Nodes, and lets a test hold lists, expire history, drop
-//! watch connections and restart the server on the same address.
+//! EndpointSlices and Nodes, answers TokenReviews of the tokens a test registered (as a
+//! real kube-apiserver answers them for pod-bound ServiceAccount tokens), and lets a test
+//! hold lists, expire history, drop watch connections and restart the server on the same
+//! address.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -13,7 +15,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -72,6 +74,19 @@ struct ApiState {
     held: BTreeSet<Kind>,
     /// What was asked, in order: ("list" | "watch", kind).
     requests: Vec<(&'static str, Kind)>,
+    tokens: BTreeMap<String, FakeToken>,
+    /// TokenReviews asked for.
+    reviews: usize,
+}
+
+/// A ServiceAccount token the fake API server knows.
+#[derive(Debug, Clone, Default)]
+pub struct FakeToken {
+    /// The audiences it is bound to.
+    pub audiences: Vec<String>,
+    /// The node of the pod it is bound to (`None`: not bound to a pod).
+    pub node: Option<String>,
+    pub expired: bool,
 }
 
 impl ApiState {
@@ -117,6 +132,7 @@ impl FakeApiServer {
             .route("/api/v1/services", get(|s, q| serve(s, q, Kind::Service)))
             .route("/apis/discovery.k8s.io/v1/endpointslices", get(|s, q| serve(s, q, Kind::EndpointSlice)))
             .route("/api/v1/nodes", get(|s, q| serve(s, q, Kind::Node)))
+            .route("/apis/authentication.k8s.io/v1/tokenreviews", post(token_review))
             .with_state(Arc::clone(&self.state));
         self.runtime.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
@@ -196,6 +212,16 @@ impl FakeApiServer {
     /// How many lists and watches of `kind` were asked for.
     pub fn requests(&self, what: &str, kind: Kind) -> usize {
         self.lock().requests.iter().filter(|(w, k)| *w == what && *k == kind).count()
+    }
+
+    /// Registers a token for TokenReviews.
+    pub fn add_token(&self, token: &str, answer: FakeToken) {
+        self.lock().tokens.insert(token.to_owned(), answer);
+    }
+
+    /// How many TokenReviews were asked for.
+    pub fn token_reviews(&self) -> usize {
+        self.lock().reviews
     }
 
     /// Stops serving (the address refuses connections) until [`FakeApiServer::restart`].
@@ -293,4 +319,46 @@ async fn serve(State(state): State<Arc<Mutex<ApiState>>>, RawQuery(query): RawQu
         .header("content-type", "application/json")
         .body(body)
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// `POST tokenreviews`: what a real API server answers for the registered tokens.
+async fn token_review(State(state): State<Arc<Mutex<ApiState>>>, body: Bytes) -> Response {
+    let review: Value = serde_json::from_slice(&body).unwrap_or_default();
+    let token = review["spec"]["token"].as_str().unwrap_or_default().to_owned();
+    let wanted: Vec<String> = review["spec"]["audiences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.as_str().map(str::to_owned))
+        .collect();
+    let known = {
+        let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+        s.reviews += 1;
+        s.tokens.get(&token).cloned()
+    };
+    let refused = |error: String| json!({"authenticated": false, "error": error});
+    let status = match known {
+        None => refused("invalid bearer token".into()),
+        Some(t) if t.expired => refused("[invalid bearer token, service account token has expired]".into()),
+        Some(t) => {
+            let audiences: Vec<&String> = wanted.iter().filter(|a| t.audiences.contains(a)).collect();
+            if !wanted.is_empty() && audiences.is_empty() {
+                refused(format!("[invalid bearer token, token audiences {:?} is invalid for the target audiences {wanted:?}]", t.audiences))
+            } else {
+                let mut user = json!({"username": "system:serviceaccount:kube-system:kpx-node", "uid": "1", "groups": ["system:serviceaccounts"]});
+                if let Some(node) = &t.node {
+                    user["extra"] = json!({
+                        "authentication.kubernetes.io/node-name": [node],
+                        "authentication.kubernetes.io/pod-name": ["kpx-node-1"],
+                    });
+                }
+                json!({"authenticated": true, "user": user, "audiences": audiences})
+            }
+        }
+    };
+    let answer = json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "metadata": {},
+        "spec": review["spec"], "status": status,
+    });
+    (StatusCode::CREATED, [("content-type", "application/json")], answer.to_string()).into_response()
 }

@@ -10,6 +10,7 @@ pub mod fake_control_plane;
 pub mod ipvs_scenarios;
 pub mod manifests;
 pub mod netns;
+pub mod pki;
 pub mod process;
 pub mod scenarios;
 pub mod topology;

@@ -202,6 +202,18 @@ impl Topology {
         KpxProcess::start(&self.node, "kpx-dataplane", &args, self.log_path("dataplane"))
     }
 
+    /// A node agent that says it is `node`, reaching the control plane at `url`, with a
+    /// state directory of its own named `state`, and extra flags (TLS, token).
+    pub fn start_agent(&self, node: &str, url: &str, state: &str, extra: &[String]) -> KpxProcess {
+        let mut args = vec![
+            format!("--node-name={node}"),
+            format!("--control-plane={url}"),
+            format!("--state-dir={}", self.dir.path().join(state).display()),
+        ];
+        args.extend(extra.iter().cloned());
+        KpxProcess::start(&self.node, "kpx-dataplane", &args, self.log_path("dataplane"))
+    }
+
     /// A log file of its own for every process started.
     fn log_path(&self, program: &str) -> PathBuf {
         (0..)
