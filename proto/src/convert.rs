@@ -436,3 +436,155 @@ mod tests {
         ServiceView::from_proto(fine).expect("valid");
     }
 }
+
+#[cfg(test)]
+mod properties {
+    //! For any input: a clear error naming a field, or a value that encodes back to itself.
+
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Strings that are sometimes valid and often not: names, addresses, CIDRs and junk.
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-z0-9.-]{1,20}",
+            "10\\.[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}",
+            "fd00::[0-9a-f]{1,4}",
+            "10\\.[0-9]{1,3}\\.0\\.0/[0-9]{1,2}",
+            ".{0,12}",
+            Just(String::new()),
+            Just("a;b }\n\"x".to_owned()),
+        ]
+    }
+
+    fn endpoint() -> impl Strategy<Value = pb::Endpoint> {
+        (text(), 0u32..70000, text(), any::<bool>(), text()).prop_map(
+            |(address, port, node_name, terminating, cluster)| pb::Endpoint {
+                address,
+                port,
+                node_name,
+                terminating,
+                cluster,
+            },
+        )
+    }
+
+    fn port() -> impl Strategy<Value = pb::ServicePort> {
+        (
+            text(),
+            0i32..5,
+            0u32..70000,
+            prop::collection::vec(endpoint(), 0..4),
+            0u32..70000,
+            prop::collection::vec(endpoint(), 0..2),
+        )
+            .prop_map(|(name, protocol, port, endpoints, node_port, local_endpoints)| {
+                pb::ServicePort { name, protocol, port, endpoints, node_port, local_endpoints }
+            })
+    }
+
+    fn view() -> impl Strategy<Value = pb::ServiceView> {
+        (
+            (
+                text(),
+                text(),
+                text(),
+                prop::collection::vec(text(), 0..3),
+                prop::collection::vec(port(), 0..3),
+            ),
+            (
+                prop::collection::vec(text(), 0..2),
+                prop::collection::vec(text(), 0..2),
+                prop::collection::vec(text(), 0..2),
+            ),
+            (
+                any::<bool>(),
+                any::<bool>(),
+                0u32..70000,
+                0u32..90000,
+                prop_oneof![Just(String::new()), Just("rr".to_owned()), text()],
+            ),
+        )
+            .prop_map(
+                |(
+                    (cluster, namespace, name, cluster_ips, ports),
+                    (external_ips, load_balancer_ips, ranges),
+                    (etl, itl, hc, sa, sched),
+                )| {
+                    pb::ServiceView {
+                        cluster,
+                        namespace,
+                        name,
+                        cluster_ips,
+                        ports,
+                        external_ips,
+                        load_balancer_ips,
+                        load_balancer_source_ranges: ranges,
+                        external_traffic_local: etl,
+                        internal_traffic_local: itl,
+                        health_check_node_port: hc,
+                        session_affinity_timeout_seconds: sa,
+                        ipvs_scheduler: sched,
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn any_bytes_decode_or_say_why(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+            match ServiceView::decode(&bytes) {
+                Ok(view) => prop_assert_eq!(ServiceView::decode(&view.encode()).expect("re-decodes"), view),
+                Err(e) => prop_assert!(!e.field.is_empty() && !e.reason.is_empty()),
+            }
+            match NodeConfig::decode(&bytes) {
+                Ok(config) => prop_assert_eq!(NodeConfig::decode(&config.encode()).expect("re-decodes"), config),
+                Err(e) => prop_assert!(!e.field.is_empty() && !e.reason.is_empty()),
+            }
+        }
+
+        #[test]
+        fn any_view_is_valid_and_round_trips_or_names_its_field(msg in view()) {
+            match ServiceView::from_proto(msg) {
+                Ok(v) => {
+                    prop_assert_eq!(ServiceView::decode(&v.encode()).expect("re-decodes"), v.clone());
+                    for name in [&v.cluster, &v.namespace, &v.name] {
+                        prop_assert!(!name.is_empty() && name.len() <= MAX_NAME);
+                        prop_assert!(name.chars().all(|c| c.is_ascii_alphanumeric() || "-._".contains(c)));
+                    }
+                }
+                Err(e) => {
+                    let top = e.field.split(['[', '.']).next().unwrap_or_default().to_owned();
+                    let known = ["cluster", "namespace", "name", "cluster_ips", "ports", "external_ips",
+                        "load_balancer_ips", "load_balancer_source_ranges", "health_check_node_port",
+                        "session_affinity_timeout_seconds", "ipvs_scheduler"];
+                    prop_assert!(known.contains(&top.as_str()), "unknown field in {}", e);
+                    prop_assert!(!e.reason.is_empty());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod valid_properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn every_valid_view_passes_and_round_trips(view in crate::testing::valid_view()) {
+            let decoded = ServiceView::decode(&view.encode());
+            prop_assert_eq!(decoded, Ok(view));
+        }
+
+        #[test]
+        fn every_valid_node_config_round_trips(config in crate::testing::node_config()) {
+            prop_assert_eq!(NodeConfig::decode(&config.encode()), Ok(config));
+        }
+    }
+}

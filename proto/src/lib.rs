@@ -17,6 +17,8 @@ pub mod family;
 pub mod grpc;
 pub mod node_context;
 pub mod policy;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod tls;
 pub mod trace;
 pub mod types;

@@ -140,8 +140,8 @@ impl PortFamily<'_> {
     }
 
     /// For a load-balancer entry with source ranges: the sources allowed (ranges of the family,
-    /// and the load-balancer IP itself when one of `node_addresses` is inside them). `None`:
-    /// every source is allowed.
+    /// and the load-balancer IP itself when one of `node_addresses` is inside them), as the
+    /// fewest prefixes that cover them. `None`: every source is allowed.
     pub fn allowed_sources(&self, entry: &Entry, node_addresses: &[IpAddr]) -> Option<Vec<IpNet>> {
         let ranges = &self.view.load_balancer_source_ranges;
         if entry.kind != EntryKind::LoadBalancer || ranges.is_empty() {
@@ -152,7 +152,9 @@ impl PortFamily<'_> {
         if node_addresses.iter().any(|n| allowed.iter().any(|r| r.contains(n))) {
             allowed.push(IpNet::from(entry.address));
         }
-        Some(allowed)
+        // The same sources as the fewest prefixes: overlapping ones (a /19 inside a /16) are
+        // one, which interval sets require.
+        Some(IpNet::aggregate(&allowed))
     }
 
     /// Every endpoint this port may send to (both sets), without repeats.
@@ -161,5 +163,26 @@ impl PortFamily<'_> {
         all.sort();
         all.dedup();
         all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlapping_source_ranges_are_one_prefix() {
+        let mut view = ServiceView::new("c", "ns", "lb", vec!["10.96.0.1".parse().expect("ip")], vec![]);
+        view.ports.push(ServicePort::new("http", crate::types::Protocol::Tcp, 80, vec![]));
+        view.load_balancer_ips = vec!["192.0.2.1".parse().expect("ip")];
+        view.load_balancer_source_ranges =
+            ["198.51.0.0/16", "198.51.32.0/19", "203.0.113.0/25", "203.0.113.128/25"]
+                .map(|r| r.parse().expect("cidr"))
+                .to_vec();
+        let pf = &port_families(&view, &[])[0];
+        let entry = pf.entries.iter().find(|e| e.kind == EntryKind::LoadBalancer).expect("lb entry");
+        let allowed: Vec<String> =
+            pf.allowed_sources(entry, &[]).expect("ranges").iter().map(ToString::to_string).collect();
+        assert_eq!(allowed, ["198.51.0.0/16", "203.0.113.0/24"]);
     }
 }
