@@ -36,6 +36,8 @@ struct Args {
     node_services: usize,
     json: Option<PathBuf>,
     skip: Vec<String>,
+    /// Also run the fan-out over mutual TLS and print both side by side.
+    tls: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -48,6 +50,7 @@ fn parse_args() -> Result<Args, String> {
         node_services: 10_000,
         json: None,
         skip: vec![],
+        tls: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -62,7 +65,8 @@ fn parse_args() -> Result<Args, String> {
             "--node-services" => a.node_services = number(value()?)?,
             "--json" => a.json = Some(PathBuf::from(value()?)),
             "--skip" => a.skip.push(value()?),
-            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --changes --node-services --json --skip fanout|node|datapath)")),
+            "--tls" => a.tls = true,
+            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --changes --node-services --json --skip fanout|node|datapath --tls)")),
         }
     }
     Ok(a)
@@ -149,8 +153,17 @@ struct NodeLog {
     service0: Vec<Instant>,
 }
 
+/// How simulated nodes reach the control plane: plaintext, or mutual TLS with a
+/// certificate of their own (`system:node:sim-N`).
+#[derive(Clone)]
+enum Transport {
+    Plain,
+    Tls { ca: tonic::transport::Certificate, identities: Arc<Vec<tonic::transport::Identity>> },
+}
+
 async fn simulated_node(
     addr: String,
+    transport: Transport,
     id: usize,
     services: usize,
     slow: bool,
@@ -159,7 +172,7 @@ async fn simulated_node(
 ) {
     // A node that cannot connect or open its stream (an overloaded accept queue) tries again.
     for attempt in 0..10u64 {
-        match open_stream(&addr, id).await {
+        match open_stream(&addr, &transport, id).await {
             Ok((tx, inbound)) => return run_node(tx, inbound, services, slow, log, started).await,
             Err(_) if attempt < 9 => tokio::time::sleep(Duration::from_millis(200 * (attempt + 1))).await,
             Err(e) => eprintln!("node {id}: giving up: {e}"),
@@ -170,10 +183,16 @@ async fn simulated_node(
 type Outbound = tokio::sync::mpsc::Sender<DeltaDiscoveryRequest>;
 type Inbound = tonic::Streaming<envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryResponse>;
 
-async fn open_stream(addr: &str, id: usize) -> Result<(Outbound, Inbound), String> {
-    let endpoint = tonic::transport::Endpoint::from_shared(addr.to_owned())
+async fn open_stream(addr: &str, transport: &Transport, id: usize) -> Result<(Outbound, Inbound), String> {
+    let mut endpoint = tonic::transport::Endpoint::from_shared(addr.to_owned())
         .map_err(|e| e.to_string())?
         .connect_timeout(Duration::from_secs(60));
+    if let Transport::Tls { ca, identities } = transport {
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(ca.clone())
+            .identity(identities[id].clone());
+        endpoint = endpoint.tls_config(tls).map_err(|e| e.to_string())?;
+    }
     let channel = endpoint.connect().await.map_err(|e| format!("connect: {e}"))?;
     let mut client = AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(256 << 20);
     let (tx, rx) = tokio::sync::mpsc::channel(8);
@@ -228,12 +247,44 @@ async fn run_node(
     }
 }
 
-fn fanout(a: &Args, out: &mut serde_json::Map<String, serde_json::Value>) {
+fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Value>) {
     println!(
-        "\n== fan-out: {} Services × {} endpoints, {} simulated nodes ({}% slow)",
-        a.services, a.endpoints, a.nodes, a.slow_percent
+        "\n== fan-out: {} Services × {} endpoints, {} simulated nodes ({}% slow){}",
+        a.services,
+        a.endpoints,
+        a.nodes,
+        a.slow_percent,
+        if tls { ", mutual TLS" } else { "" }
     );
     let dir = tempfile::tempdir().expect("temp dir");
+    let (transport, url, tls_args) = if tls {
+        let pki = kpx_e2e::pki::Pki::new(dir.path(), "bench");
+        let server = pki.server("server");
+        let started = Instant::now();
+        let identities: Vec<tonic::transport::Identity> = (0..a.nodes)
+            .map(|i| {
+                let issued = pki.issue(
+                    &format!("sim-{i}"),
+                    &format!("system:node:sim-{i}"),
+                    &[],
+                    &[],
+                    kpx_e2e::pki::Validity::Current,
+                );
+                let read = |p: &Path| std::fs::read(p).expect("read certificate");
+                tonic::transport::Identity::from_pem(read(&issued.cert), read(&issued.key))
+            })
+            .collect();
+        println!("{} node certificates made in {:.1} s", a.nodes, started.elapsed().as_secs_f64());
+        let ca = tonic::transport::Certificate::from_pem(std::fs::read(pki.ca()).expect("CA"));
+        let args = vec![
+            format!("--tls-cert={}", server.cert.display()),
+            format!("--tls-key={}", server.key.display()),
+            format!("--tls-client-ca={}", pki.ca().display()),
+        ];
+        (Transport::Tls { ca, identities: Arc::new(identities) }, "https://127.0.0.1:28000", args)
+    } else {
+        (Transport::Plain, "http://127.0.0.1:28000", Vec::new())
+    };
     let manifests = dir.path().join("manifests");
     std::fs::create_dir(&manifests).expect("dir");
     write_manifests(&manifests, a.services, a.endpoints, None, 0);
@@ -255,6 +306,7 @@ fn fanout(a: &Args, out: &mut serde_json::Map<String, serde_json::Value>) {
     let mut cp = command
         .args(["--listen", "127.0.0.1:28000", "--metrics-listen", "127.0.0.1:28002", "--log-format", "json"])
         .arg(format!("--source=file:{}", manifests.display()))
+        .args(&tls_args)
         .env("RUST_LOG", "warn,kpx_controlplane::publisher=info,kpx_controlplane::source::file=info")
         .stdout(log.try_clone().expect("log"))
         .stderr(log)
@@ -284,7 +336,8 @@ fn fanout(a: &Args, out: &mut serde_json::Map<String, serde_json::Value>) {
     let sync_start = Instant::now();
     for (i, log) in logs.iter().enumerate() {
         let fut = simulated_node(
-            "http://127.0.0.1:28000".into(),
+            url.into(),
+            transport.clone(),
             i,
             a.services,
             is_slow(i),
@@ -379,7 +432,7 @@ fn fanout(a: &Args, out: &mut serde_json::Map<String, serde_json::Value>) {
         "per change inside the control plane: file source {read_ms:.2} ms (the changed file read again), views {views_ms:.2} ms, snapshot {snapshot_ms:.2} ms; the rest of its CPU is the streams (gRPC, HTTP/2) and polling"
     );
     out.insert(
-        "fanout".into(),
+        if tls { "fanout_tls" } else { "fanout" }.into(),
         json!({
             "services": a.services, "endpoints": a.endpoints, "nodes": a.nodes, "slow_percent": a.slow_percent,
             "initial_sync_all_s": all_synced.as_secs_f64(),
@@ -400,6 +453,27 @@ fn fanout(a: &Args, out: &mut serde_json::Map<String, serde_json::Value>) {
         unsafe { libc::kill(pid, libc::SIGTERM) };
     }
     let _ = cp.wait();
+}
+
+/// Plaintext and TLS fan-out side by side.
+fn compare_tls(out: &serde_json::Map<String, serde_json::Value>) {
+    let (Some(plain), Some(tls)) = (out.get("fanout"), out.get("fanout_tls")) else { return };
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    println!("\n== plaintext vs mutual TLS");
+    for (what, key, unit) in [
+        ("one endpoint change → every fast node, p99", "change_p99_ms", "ms"),
+        ("one endpoint change → every fast node, p50", "change_p50_ms", "ms"),
+        ("initial sync of every node", "initial_sync_all_s", "s"),
+        ("control plane memory per node", "controlplane_kib_per_stream", "KiB"),
+        ("control plane CPU per change", "controlplane_cpu_s_per_change", "s"),
+    ] {
+        let (p, t) = (f(plain, key), f(tls, key));
+        println!(
+            "{what:<48} {p:>9.1} {unit:<3} vs {t:>9.1} {unit:<3}  (TLS ×{:.2}, {:+.1} {unit})",
+            t / p,
+            t - p
+        );
+    }
 }
 
 /// Rewrites Service 0's file with generation `g` (one endpoint set changed).
@@ -513,7 +587,11 @@ fn main() {
     raise_fd_limit();
     let mut out = serde_json::Map::new();
     if !a.skip.iter().any(|s| s == "fanout") {
-        fanout(&a, &mut out);
+        fanout(&a, false, &mut out);
+        if a.tls {
+            fanout(&a, true, &mut out);
+            compare_tls(&out);
+        }
     }
     if !a.skip.iter().any(|s| s == "node") {
         node_programming(&a, ProxyBackend::Nftables, "nftables", &mut out);
