@@ -52,7 +52,7 @@ fn nothing_is_served_until_every_initial_list_is_complete() {
     c.api.apply_yaml(&web_on_pod0("web", "10.96.0.10"));
     c.api.hold(Kind::EndpointSlice);
     let cp = c.start_control_plane();
-    let _dp = c.t.start_dataplane();
+    let dp = c.t.start_dataplane();
     wait_for("Services and Nodes listed and watched, EndpointSlices listing", DEADLINE, || {
         let watching = c.api.requests("watch", Kind::Service) > 0 && c.api.requests("watch", Kind::Node) > 0;
         (watching && c.api.requests("list", Kind::EndpointSlice) > 0).then_some(())
@@ -74,6 +74,12 @@ fn nothing_is_served_until_every_initial_list_is_complete() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!c.t.ruleset().contains("10.96.0.10"), "nothing may be programmed before the lists are complete");
+    // The control plane accepts the stream (its headers go out) before it has anything to
+    // send: the node counts itself connected without a response.
+    dp.wait_event("the stream to open with nothing served yet", DEADLINE, |e| {
+        e["message"].as_str().is_some_and(|m| m.starts_with("stream open"))
+    });
+    assert_eq!(applied(&dp), 0);
 
     c.api.release(Kind::EndpointSlice);
     c.t.wait_answered_by("10.96.0.10", 80, "pod0");
