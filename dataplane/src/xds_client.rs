@@ -217,16 +217,29 @@ fn hint(text: &str, tls: bool) -> Option<&'static str> {
         );
     }
     if !tls
-        && ["FRAME_SIZE_ERROR", "frame with invalid size", "connection closed"]
-            .iter()
-            .any(|t| text.contains(t))
+        && [
+            "FRAME_SIZE_ERROR",
+            "frame with invalid size",
+            "connection closed",
+            "broken pipe",
+            "reset by peer",
+        ]
+        .iter()
+        .any(|t| text.contains(t))
     {
         return Some("does the control plane speak TLS? then use https:// with --tls-ca");
     }
     if tls
-        && ["connection closed", "broken pipe", "CertificateExpired", "InvalidContentType", "CorruptMessage"]
-            .iter()
-            .any(|t| text.contains(t))
+        && [
+            "connection closed",
+            "broken pipe",
+            "reset by peer",
+            "CertificateExpired",
+            "InvalidContentType",
+            "CorruptMessage",
+        ]
+        .iter()
+        .any(|t| text.contains(t))
     {
         return Some("the TLS connection was closed: the control plane's log says why (a certificate out of date, or of another CA?); or it does not speak TLS");
     }

@@ -302,13 +302,30 @@ pub struct Prober {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// `HH:MM:SS.micros` in UTC, as the processes' log timestamps end.
+fn time_of_day(at: std::time::SystemTime) -> String {
+    let since = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs() % 86_400;
+    format!("{:02}:{:02}:{:02}.{:06}", secs / 3600, secs / 60 % 60, secs % 60, since.subsec_micros())
+}
+
+/// One request a [`Prober`] did not get the expected answer to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeFailure {
+    pub to: SocketAddr,
+    pub answer: Answer,
+    pub at: String,
+    pub took_ms: u128,
+}
+
 /// What a [`Prober`] saw.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProbeResult {
     pub sent: usize,
     pub failed: usize,
-    /// The first failures: target and answer.
-    pub failures: Vec<(SocketAddr, Answer)>,
+    /// The first failures: target, answer, and when the request started (UTC, as in the
+    /// processes' logs) and how long it took.
+    pub failures: Vec<ProbeFailure>,
 }
 
 impl Prober {
@@ -328,13 +345,20 @@ impl Prober {
             let started = std::time::Instant::now();
             while !flag.load(Ordering::Relaxed) && started.elapsed() < limit {
                 for to in &targets {
+                    let (at, began) = (std::time::SystemTime::now(), std::time::Instant::now());
                     let answer = tcp_request(*to);
                     let mut r = shared.lock().unwrap_or_else(|p| p.into_inner());
                     r.sent += 1;
                     if answer != want {
                         r.failed += 1;
                         if r.failures.len() < 10 {
-                            r.failures.push((*to, answer));
+                            let at = time_of_day(at);
+                            r.failures.push(ProbeFailure {
+                                to: *to,
+                                answer,
+                                at,
+                                took_ms: began.elapsed().as_millis(),
+                            });
                         }
                     }
                 }

@@ -78,6 +78,9 @@ fn mutual_tls_identities_rotation_and_the_admin_api() {
         &format!("--tls-client-ca={}", pki.ca().display()),
         "--admin-identity=kpx-admin",
     ]);
+    cp.wait_event("the control plane to listen", DEADLINE, |e| {
+        message(e) == "serving delta xDS and the admin API"
+    });
     let cp_refused = |what: &str, pred: &dyn Fn(&serde_json::Value) -> bool| {
         cp.wait_event(what, DEADLINE, |e| pred(e));
     };
@@ -202,7 +205,7 @@ fn service_account_tokens_are_checked_by_token_review() {
     api.add_token("no-pod", token(&["kpx"], None, false));
     let pki = Pki::new(t.dir.path(), "cluster");
     let server = pki.server("server");
-    let _cp = t.start_control_plane_from(
+    let cp = t.start_control_plane_from(
         &[format!("kubeconfig:{}", kubeconfig.display())],
         &[
             &format!("--tls-cert={}", server.cert.display()),
@@ -210,6 +213,9 @@ fn service_account_tokens_are_checked_by_token_review() {
             &format!("--tls-client-ca={}", pki.ca().display()),
         ],
     );
+    cp.wait_event("the control plane to listen", DEADLINE, |e| {
+        message(e) == "serving delta xDS and the admin API"
+    });
     let with_token = |name: &str| {
         let file = t.dir.path().join(format!("token-{name}"));
         std::fs::write(&file, format!("{name}\n")).expect("token");

@@ -105,13 +105,13 @@ impl Agent {
             Ok(state) => (state, None),
             Err(damaged) => (NodeState::default(), Some(damaged)),
         };
+        let nothing_stored = damaged.is_none() && state.services.is_empty() && state.node.is_none();
+        let kernel_has_rules = nothing_stored && backend.holds_rules()?;
         let damaged = match damaged {
-            None if state.services.is_empty() && state.node.is_none() && backend.holds_rules()? => {
-                Some(Damaged {
-                    what: "store".into(),
-                    reason: "empty, but the kernel holds kpx's rules".into(),
-                })
-            }
+            None if kernel_has_rules => Some(Damaged {
+                what: "store".into(),
+                reason: "empty, but the kernel holds kpx's rules".into(),
+            }),
             other => other,
         };
         let metrics = Arc::new(AgentMetrics::new(backend.name()));
@@ -137,6 +137,13 @@ impl Agent {
             agent.status.last_error =
                 format!("state store damaged ({damaged}): waiting for the control plane's full state");
             agent.recovering = Some(Instant::now());
+            return Ok(agent);
+        }
+        if nothing_stored {
+            // A first start: nothing to program, and the kernel holds nothing of kpx's. The
+            // control plane's first response is programmed whole (one full sync, not two).
+            tracing::info!("nothing stored and nothing of kpx's in the kernel: the control plane's state will be programmed as it arrives");
+            agent.synced(Duration::ZERO, true);
             return Ok(agent);
         }
         let started = Instant::now();

@@ -92,7 +92,8 @@ fn web(endpoints: &[&str]) -> ServiceView {
 fn a_delta_reaches_the_kernel_and_the_store_before_it_is_acked() {
     let node = Node::new();
     let mut agent = node.agent();
-    assert!(node.nft.has_table(), "the (empty) stored state is programmed at start");
+    assert!(!node.nft.has_table(), "a first start has nothing to program");
+    assert_eq!(agent.status.health(std::time::SystemTime::now()).0, 200, "and nothing out of sync");
     let applied = agent.apply(SERVICES, vec![raw(&web(&["10.244.0.1"]))], vec![]).expect("ACK");
     assert_eq!((applied.resources, applied.removed), (1, 0));
     assert_eq!(node.nft.elements("service-ips-v4"), ["10.96.0.10 . tcp . 80 : goto pick-v4-1"]);
@@ -231,10 +232,12 @@ fn an_empty_store_beside_kpxs_rules_is_suspicious_not_truth() {
     assert!(agent.recovering(), "kpx's table is there: the empty store is not the truth");
     assert_eq!(node.table(), kernel);
     drop(agent);
-    // A node where kpx never ran programs its (empty) state at once.
+    // A node where kpx never ran has nothing to program, and programs what comes whole.
     let fresh = Node::new();
-    let agent = fresh.agent();
-    assert!(!agent.recovering() && fresh.nft.has_table());
+    let mut agent = fresh.agent();
+    assert!(!agent.recovering() && !fresh.nft.has_table() && fresh.nft.transactions() == 0);
+    agent.apply(SERVICES, vec![raw(&web(&["10.244.0.1"]))], vec![]).expect("ACK");
+    assert_eq!(fresh.nft.transactions(), 1, "one full sync");
 }
 
 #[test]

@@ -568,7 +568,7 @@ fn node_programming(
     out.insert(
         label.into(),
         json!({
-            "services": a.node_services, "full_sync_s": full.as_secs_f64(),
+            "services": a.node_services, "endpoints_per_service": 1, "full_sync_s": full.as_secs_f64(),
             "change_p50_ms": ms(percentile(&latencies, 0.5)), "change_p99_ms": ms(percentile(&latencies, 0.99)),
             "agent_rss_mib": rss / 1024,
             "connect_first_us": first.as_micros() as u64, "connect_last_us": last.as_micros() as u64,

@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Turns the JSON of tests/bench-scale.sh (--json PATH) into the README's table.
+
+usage: tests/bench-table.py SCALE.json [--readme README.md]
+
+Without --readme it prints the table; with it, it replaces what stands between
+<!-- bench-scale:begin --> and <!-- bench-scale:end --> in that file, so the README's
+figures are the benchmark's, never copied by hand.
+"""
+import json
+import sys
+
+
+def fanout_rows(f, label):
+    n = f"{f['nodes']:,}"
+    yield (f"one endpoint change → all {n} nodes{label} (after the first has it)",
+           f"p50 {f['change_p50_ms']} ms, p99 {f['change_p99_ms']} ms; {f['controlplane_cpu_s_per_change']:.3f} CPU s")
+    yield (f"initial sync of all {n} nodes{label}", f"{f['initial_sync_all_s']:.0f} s")
+    yield (f"control plane RSS per connected node{label}", f"{f['controlplane_kib_per_stream']:.1f} KiB")
+
+
+def table(data):
+    rows = []
+    f = data.get("fanout")
+    if f:
+        rows.append((f"control plane: {f['services']:,} Services × {f['endpoints']} endpoints, "
+                     f"{f['nodes']:,} simulated nodes ({f['slow_percent']} % slow)", ""))
+        rows.extend(fanout_rows(f, ""))
+    t = data.get("fanout_tls")
+    if t:
+        rows.extend(fanout_rows(t, " over mutual TLS"))
+    for backend in ("nftables", "iptables-legacy"):
+        b = data.get(backend)
+        if not b:
+            continue
+        what = f"{b['services']:,} Services × {b.get('endpoints_per_service', '?')} endpoint"
+        rows.append((f"node agent, {backend}, {what}: one endpoint change (validate → kernel → sled)",
+                     f"p50 {b['change_p50_ms']} ms, p99 {b['change_p99_ms']} ms"))
+        rows.append((f"node agent, {backend}, {what}: full sync / RSS", f"{b['full_sync_s']:.2f} s / {b['agent_rss_mib']} MiB"))
+        rows.append((f"TCP connect to the first vs the last Service, {backend}",
+                     f"{b['connect_first_us']} vs {b['connect_last_us']} µs"))
+    out = ["| what | measured |", "|---|---|"]
+    out.extend(f"| {what} | {value} |" for what, value in rows)
+    return "\n".join(out) + "\n"
+
+
+def main():
+    args = sys.argv[1:]
+    if not args:
+        print(__doc__, file=sys.stderr)
+        return 2
+    with open(args[0]) as f:
+        text = table(json.load(f))
+    if len(args) == 3 and args[1] == "--readme":
+        begin, end = "<!-- bench-scale:begin -->\n", "<!-- bench-scale:end -->"
+        with open(args[2]) as f:
+            readme = f.read()
+        head, _, rest = readme.partition(begin)
+        _, _, tail = rest.partition(end)
+        if not rest:
+            print(f"{args[2]} has no {begin.strip()} marker", file=sys.stderr)
+            return 1
+        with open(args[2], "w") as f:
+            f.write(head + begin + text + end + tail)
+        return 0
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
