@@ -708,7 +708,10 @@ pub fn damaged_store(backend: ProxyBackend) {
         });
         let now = prober.result();
         assert_eq!(now.failed, 0, "after {damage:?}: {now:?}");
-        println!("{damage:?}: noticed {damaged}; {} requests so far, none failed", now.sent);
+        println!(
+            "{damage:?}: noticed {damaged}; {} requests so far, none failed ({} slow)",
+            now.sent, now.slow
+        );
     }
     let seen = prober.finish();
     assert!(seen.sent > 100, "{seen:?}");

@@ -12,6 +12,7 @@ use kpx_e2e::topology::ProxyBackend;
 use kpx_e2e::{ipvs_scenarios, scenarios};
 
 fn main() {
+    kpx_e2e::traffic::emulated_cpu();
     let mut backend = ProxyBackend::Ipvs;
     let mut chosen = Vec::new();
     for arg in std::env::args().skip(1) {
