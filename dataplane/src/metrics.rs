@@ -31,6 +31,8 @@ pub struct AgentMetrics {
     /// Responses applied (`result="ack"`) or refused (`result="nack"`).
     pub xds_responses: Family<Labels, Counter>,
     pub services: Gauge,
+    /// Full syncs because the canary found kpx's rules flushed behind its back.
+    pub rules_repaired: Counter,
 }
 
 impl AgentMetrics {
@@ -51,6 +53,7 @@ impl AgentMetrics {
             xds_connected: Gauge::default(),
             xds_responses: Family::default(),
             services: Gauge::default(),
+            rules_repaired: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -115,6 +118,11 @@ impl AgentMetrics {
             m.xds_responses.clone(),
         );
         registry.register("kpx_services", "Services in the accepted state", m.services.clone());
+        registry.register(
+            "kpx_rules_repaired",
+            "Full syncs made because kpx's rules were found flushed or deleted behind its back",
+            m.rules_repaired.clone(),
+        );
         AgentMetrics { registry, ..m }
     }
 

@@ -75,6 +75,11 @@ fn subscription(agent: &Agent, ty: ResourceType) -> DeltaDiscoveryRequest {
 /// How often the backend's timed work runs (drained IPVS destinations are removed).
 const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(5);
 
+/// How often the backend's canary is checked (see [`crate::backend::Backend::intact`]):
+/// kpx's rules flushed behind its back are programmed again within this, not only at the
+/// next `--full-sync-period`. Cheap: one chain listed per table and family.
+const CANARY_PERIOD: Duration = Duration::from_secs(10);
+
 /// A node recovering from a damaged store takes the control plane's state as whole once
 /// the stream has been quiet this long after its last response (a control plane answers
 /// each ACK with the next part of an initial sync at once).
@@ -124,6 +129,8 @@ async fn stream_once(
     let mut last_apply = tokio::time::Instant::now() - sync.min;
     let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
     housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut canary = tokio::time::interval_at(tokio::time::Instant::now() + CANARY_PERIOD, CANARY_PERIOD);
+    canary.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_response = tokio::time::Instant::now();
     loop {
         let recovering = agent.lock().recovering();
@@ -135,6 +142,10 @@ async fn stream_once(
             }
             _ = housekeeping.tick() => {
                 tokio::task::block_in_place(|| agent.lock().housekeeping());
+                continue;
+            }
+            _ = canary.tick() => {
+                tokio::task::block_in_place(|| agent.lock().check_rules());
                 continue;
             }
             _ = resync.tick(), if full_sync_period.is_some() => {

@@ -20,7 +20,8 @@ use crate::topology::{
     sock, ProxyBackend, Topology, CLIENT_IP, CLIENT_IP_2, CLUSTER_CIDR, NODE_IP, NODE_IP_2,
 };
 use crate::traffic::{
-    http_get, tcp_request, tcp_request_from, udp_exchange, udp_request, Answer, Backend, Prober,
+    http_get, http_get_path, tcp_request, tcp_request_from, udp_exchange, udp_request, Answer, Backend,
+    Prober,
 };
 use crate::{wait_for, DEADLINE};
 
@@ -31,7 +32,7 @@ macro_rules! behaviour_suite {
         $crate::behaviour_suite!(@tests $backend;
             node_port, external_and_load_balancer_ips, external_traffic_policy_local,
             internal_traffic_policy_local, topology_hints, session_affinity, terminating_endpoints,
-            masquerade, dual_stack, ports, udp_conntrack, ignored_services, bad_input, damaged_store);
+            masquerade, dual_stack, ports, udp_conntrack, ignored_services, bad_input, damaged_store, flushed_behind_its_back);
     };
     (@tests $backend:expr; $($scenario:ident),*) => {
         $(
@@ -63,6 +64,7 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("ignored_services", ignored_services),
     ("bad_input", bad_input),
     ("damaged_store", damaged_store),
+    ("flushed_behind_its_back", flushed_behind_its_back),
 ];
 
 /// A started topology with backends on 8080 in every pod.
@@ -725,4 +727,67 @@ pub fn damaged_store(backend: ProxyBackend) {
         ]),
     );
     wait_answered_by(&s.t.client, vip, &["pod1"]);
+}
+
+/// kpx's rules flushed behind its back (`nft flush ruleset`; `iptables -F` of nat and
+/// filter, both families): the backend's canary finds it and the agent programs
+/// everything again within its check period (10 s), without a `--full-sync-period`;
+/// `kpx_rules_repaired_total` counts it, and traffic flows again.
+pub fn flushed_behind_its_back(backend: ProxyBackend) {
+    let manifests = [(
+        "web.yaml",
+        documents(&[
+            service(
+                "web",
+                "  clusterIP: 10.96.1.30\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n",
+                "",
+            ),
+            slice("web", "web-1", false, &[("http", "TCP", 8080)], &[ep(pod(0))]),
+        ]),
+    )];
+    let s = Scene::start(backend, 1, &manifests, &[], &[]);
+    let vip = sock("10.96.1.30", 80);
+    wait_answered_by(&s.t.client, vip, &["pod0"]);
+    let repaired = || -> u64 {
+        let (code, body) =
+            s.t.node
+                .run_in(|| http_get_path(sock("127.0.0.1", 10249), "/metrics"))
+                .expect("the agent's metrics");
+        assert_eq!(code, 200, "{body}");
+        body.lines()
+            .find_map(|l| l.strip_prefix("kpx_rules_repaired_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("kpx_rules_repaired_total in {body}"))
+    };
+    assert_eq!(repaired(), 0, "nothing repaired while nothing was touched");
+    let flushed = std::time::Instant::now();
+    match backend {
+        ProxyBackend::Nftables => {
+            s.t.node.exec("nft", &["flush", "ruleset"]);
+        }
+        ProxyBackend::Iptables | ProxyBackend::IptablesLegacy | ProxyBackend::Ipvs => {
+            let flavour = if backend == ProxyBackend::IptablesLegacy { "legacy" } else { "nft" };
+            for tool in ["iptables", "ip6tables"] {
+                for table in ["nat", "filter"] {
+                    s.t.node.exec(&format!("{tool}-{flavour}"), &["-t", table, "-F"]);
+                }
+            }
+        }
+    }
+    wait_for("the agent to find its rules flushed and program them again", DEADLINE, || {
+        (repaired() == 1).then_some(())
+    });
+    let found = flushed.elapsed();
+    assert!(
+        s.dp.events().iter().any(|e| e["message"] == "rules repaired"),
+        "the repair is logged: {}",
+        s.dp.log_text()
+    );
+    wait_answered_by(&s.t.client, vip, &["pod0"]);
+    println!(
+        "flushed: repaired {:.1} s after the flush, traffic again {:.1} s after",
+        found.as_secs_f64(),
+        flushed.elapsed().as_secs_f64()
+    );
+    assert!(s.rules_mention("kpx canary"), "{}", s.rules());
 }

@@ -254,6 +254,42 @@ impl Agent {
         }
     }
 
+    /// Programs everything again when the backend's canary says kpx's rules were flushed
+    /// or deleted behind its back (a firewall reload, `nft flush ruleset`, `iptables -F`);
+    /// counted in `kpx_rules_repaired_total`. Not while recovering: the kernel is kept as
+    /// it is then.
+    pub fn check_rules(&mut self) {
+        if self.recovering() {
+            return;
+        }
+        match self.backend.intact() {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(
+                    backend = self.backend.name(),
+                    "kpx's rules were flushed or deleted behind its back: programming them all again"
+                );
+                self.metrics.rules_repaired.inc();
+                let started = Instant::now();
+                match self.backend.full_sync(&self.state, &self.context) {
+                    Ok(()) => {
+                        self.synced(started.elapsed(), true);
+                        tracing::info!(
+                            services = self.state.services.len(),
+                            elapsed_ms = started.elapsed().as_millis() as u64,
+                            "rules repaired"
+                        );
+                    }
+                    Err(e) => {
+                        self.sync_failed(&e);
+                        tracing::error!(error = %e, "repairing kpx's rules failed; retrying at the next check");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "checking kpx's rules failed; retrying at the next check"),
+        }
+    }
+
     /// Programs the whole state again (the periodic full resync); not while recovering,
     /// when the state may not be whole yet.
     pub fn resync(&mut self) {

@@ -304,3 +304,30 @@ fn an_endpoint_that_goes_away_takes_its_stale_udp_flows_with_it() {
     agent.apply(SERVICES, vec![raw(&dns(&[]))], vec![]).expect_err("NACK");
     assert!(node.conntrack.take().is_empty(), "a refused update deletes no flows");
 }
+
+#[test]
+fn rules_flushed_behind_its_back_are_found_by_the_canary_and_programmed_again() {
+    let node = Node::new();
+    let mut agent = node.agent();
+    agent.check_rules();
+    assert_eq!(node.nft.transactions(), 0, "nothing programmed yet: nothing to check");
+    agent.apply(SERVICES, vec![raw(&web(&["10.244.0.1"]))], vec![]).expect("ACK");
+    let programmed = node.table();
+    let before = node.nft.transactions();
+    agent.check_rules();
+    assert_eq!(node.nft.transactions(), before, "intact rules are left alone");
+    let repaired = |agent: &Agent| {
+        let text = agent.metrics.render();
+        text.lines().find(|l| l.starts_with("kpx_rules_repaired_total ")).map(str::to_owned)
+    };
+    assert_eq!(repaired(&agent).as_deref(), Some("kpx_rules_repaired_total 0"));
+    // `nft flush ruleset`: the table is gone.
+    node.nft.clone().run("delete table inet kpx").expect("delete");
+    agent.check_rules();
+    assert_eq!(node.table(), programmed, "programmed again, whole");
+    // A flush of the table's rules (the canary's among them).
+    node.nft.clone().run("flush chain inet kpx canary").expect("flush");
+    agent.check_rules();
+    assert_eq!(node.table(), programmed);
+    assert_eq!(repaired(&agent).as_deref(), Some("kpx_rules_repaired_total 2"));
+}

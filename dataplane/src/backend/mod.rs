@@ -60,6 +60,14 @@ pub trait Backend: Send {
     /// them is suspicious, not truth.
     fn holds_rules(&mut self) -> Result<bool, BackendError>;
 
+    /// Whether kpx's rules are still in the kernel as it left them, by a cheap canary (a
+    /// rule in each table kpx writes that no packet reaches): false once something flushed
+    /// or deleted them behind kpx's back (`nft flush ruleset`, `iptables -F`, a firewall
+    /// reload), and the agent programs everything again. True before the first sync.
+    fn intact(&mut self) -> Result<bool, BackendError> {
+        Ok(true)
+    }
+
     /// Work that is due with time rather than with a change (the IPVS backend removes
     /// drained destinations); called every few seconds.
     fn housekeeping(&mut self) -> Result<(), BackendError> {

@@ -4,6 +4,11 @@
 
 use std::fmt::Write as _;
 
+use kpx_proto::family::Family;
+
+use crate::exec::iptables::Iptables;
+use crate::exec::ExecError;
+
 /// The mark bit that asks kpx's postrouting chain to masquerade.
 pub const MASQ_MARK: &str = "0x2000";
 
@@ -23,6 +28,35 @@ impl Table {
             Table::Filter => "filter",
         }
     }
+}
+
+/// The one rule of a canary chain: a chain in each table kpx writes that nothing jumps
+/// to. While it holds this rule, nothing flushed or replaced that table behind kpx's back
+/// (see [`crate::backend::Backend::intact`]); listing it is cheap.
+pub const CANARY_RULE: &str = "-m comment --comment \"kpx canary\" -j RETURN";
+
+/// The canary chain of `table` for a backend whose chains start with `prefix`.
+pub fn canary_chain(prefix: &str, table: Table) -> String {
+    format!("{prefix}CANARY-{}", table.name().to_uppercase())
+}
+
+/// `:CHAIN` and its rule, for a restore block of `table`.
+pub fn canary_lines(prefix: &str, table: Table) -> String {
+    let chain = canary_chain(prefix, table);
+    format!(":{chain} - [0:0]\n-A {chain} {CANARY_RULE}\n")
+}
+
+/// Whether every canary chain of `prefix` (each table, each family) still holds its rule.
+pub fn canaries_intact(iptables: &mut dyn Iptables, prefix: &str) -> Result<bool, ExecError> {
+    for family in Family::ALL {
+        for table in Table::ALL {
+            let listed = iptables.list_chain(family, table.name(), &canary_chain(prefix, table))?;
+            if !listed.lines().any(|l| l.ends_with(CANARY_RULE)) {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
 }
 
 /// A jump from a built-in chain into kpx's.

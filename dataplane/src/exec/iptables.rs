@@ -32,13 +32,18 @@ impl Flavour {
     }
 
     fn program(self, family: Family, verb: &str) -> String {
+        format!("{}-{verb}", self.command(family))
+    }
+
+    /// `iptables-nft`, `ip6tables-legacy`, …
+    fn command(self, family: Family) -> String {
         let base = match family {
             Family::V4 => "iptables",
             Family::V6 => "ip6tables",
         };
         match self {
-            Flavour::Legacy => format!("{base}-legacy-{verb}"),
-            Flavour::Nft => format!("{base}-nft-{verb}"),
+            Flavour::Legacy => format!("{base}-legacy"),
+            Flavour::Nft => format!("{base}-nft"),
         }
     }
 }
@@ -50,6 +55,9 @@ pub trait Iptables: Send {
     fn restore(&mut self, family: Family, script: &str) -> Result<(), ExecError>;
     /// `iptables-save` of `family` (all tables).
     fn save(&mut self, family: Family) -> Result<String, ExecError>;
+    /// `iptables -w -t TABLE -S CHAIN` of `family`: the chain's `-N`/`-A` lines, "" when
+    /// the chain does not exist. Cheap, where saving a whole table is not.
+    fn list_chain(&mut self, family: Family, table: &str, chain: &str) -> Result<String, ExecError>;
 }
 
 /// The iptables tools of one flavour, one process per call.
@@ -65,5 +73,20 @@ impl Iptables for IptablesProcess {
 
     fn save(&mut self, family: Family) -> Result<String, ExecError> {
         process::run("iptables-save", &self.flavour.program(family, "save"), &[], None)
+    }
+
+    fn list_chain(&mut self, family: Family, table: &str, chain: &str) -> Result<String, ExecError> {
+        let program = self.flavour.command(family);
+        let out = process::output("iptables", &program, &["-w", "-t", table, "-S", chain], None)?;
+        if out.status.success() {
+            return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+        }
+        let message = String::from_utf8_lossy(&out.stderr);
+        // "No chain/target/match by that name" (legacy), "chain `X' in table `nat' is
+        // incompatible" or "does not exist" (nft): the chain is not there.
+        if ["No chain", "does not exist", "No such file"].iter().any(|m| message.contains(m)) {
+            return Ok(String::new());
+        }
+        Err(ExecError::refused("iptables", format!("{program}: {}", message.trim())))
     }
 }

@@ -15,7 +15,16 @@ pub trait Nft: Send {
     /// Runs a script of nft commands as one transaction.
     fn run(&mut self, script: &str) -> Result<(), ExecError>;
     /// `nft list table inet kpx` ("" when it does not exist).
-    fn list_table(&mut self) -> Result<String, ExecError>;
+    fn list_table(&mut self) -> Result<String, ExecError> {
+        self.list(&format!("table {FAMILY} {TABLE}"))
+    }
+    /// `nft list chain inet kpx CHAIN` ("" when it or the table does not exist): cheap,
+    /// where listing the table is not.
+    fn list_chain(&mut self, chain: &str) -> Result<String, ExecError> {
+        self.list(&format!("chain {FAMILY} {TABLE} {chain}"))
+    }
+    /// `nft list WHAT` ("" when it does not exist).
+    fn list(&mut self, what: &str) -> Result<String, ExecError>;
 }
 
 /// libnftables in-process when it can be opened, else the `nft` process.
@@ -47,8 +56,10 @@ impl Nft for NftProcess {
         process::run(TOOL, TOOL, &["-f", "-"], Some(script)).map(drop)
     }
 
-    fn list_table(&mut self) -> Result<String, ExecError> {
-        let out = process::output(TOOL, TOOL, &["list", "table", FAMILY, TABLE], None)?;
+    fn list(&mut self, what: &str) -> Result<String, ExecError> {
+        let mut args = vec!["list"];
+        args.extend(what.split_whitespace());
+        let out = process::output(TOOL, TOOL, &args, None)?;
         if out.status.success() {
             return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
         }
@@ -71,8 +82,8 @@ impl Nft for NftLibrary {
         Err(ExecError::refused(LIBRARY, error.trim()))
     }
 
-    fn list_table(&mut self) -> Result<String, ExecError> {
-        let (ok, output, error) = self.command(&format!("list table {FAMILY} {TABLE}"))?;
+    fn list(&mut self, what: &str) -> Result<String, ExecError> {
+        let (ok, output, error) = self.command(&format!("list {what}"))?;
         if ok {
             return Ok(output);
         }

@@ -109,6 +109,13 @@ impl Backend for IptablesBackend {
         Ok(false)
     }
 
+    fn intact(&mut self) -> Result<bool, BackendError> {
+        if self.programmed.is_none() {
+            return Ok(true);
+        }
+        Ok(xtables::canaries_intact(self.iptables.as_mut(), names::PREFIX)?)
+    }
+
     fn dump(&mut self) -> Result<String, BackendError> {
         let mut out = String::new();
         for family in Family::ALL {
@@ -126,6 +133,25 @@ mod tests {
 
     fn service_rules(ipt: &FakeIptables) -> Vec<String> {
         ipt.rules(Family::V4, "nat", names::SERVICES)
+    }
+
+    #[test]
+    fn the_canaries_tell_a_flushed_table_in_either_family() {
+        let ipt = FakeIptables::new();
+        let mut b = IptablesBackend::new(Box::new(ipt.clone()));
+        assert!(b.intact().expect("check"), "nothing programmed: nothing to miss");
+        let desired = state(&[("a", "10.96.0.1", &["10.244.0.1"])]);
+        b.full_sync(&desired, &node_context()).expect("full sync");
+        assert!(b.intact().expect("check"));
+        for (family, table, chain) in
+            [(Family::V6, "filter", names::CANARY_FILTER), (Family::V4, "nat", names::CANARY_NAT)]
+        {
+            // What `iptables -F` leaves: the chain, without its rule.
+            ipt.clone().restore(family, &format!("*{table}\n:{chain} - [0:0]\nCOMMIT\n")).expect("flush");
+            assert!(!b.intact().expect("check"), "{family:?} {table}");
+            b.full_sync(&desired, &node_context()).expect("full sync");
+            assert!(b.intact().expect("check"), "programmed again");
+        }
     }
 
     #[test]

@@ -10,6 +10,9 @@
 use kpx_proto::types::{ServicePort, ServiceView};
 
 pub const PREFIX: &str = "KPX-";
+/// The canary chains (see [`crate::backend::xtables::CANARY_RULE`]).
+pub const CANARY_NAT: &str = "KPX-CANARY-NAT";
+pub const CANARY_FILTER: &str = "KPX-CANARY-FILTER";
 /// Reached from nat PREROUTING and OUTPUT: `KPX-SERVICES`, then `KPX-NODEPORTS` for local destinations.
 pub const PORTALS: &str = "KPX-PORTALS";
 /// One rule per Service entry (ClusterIP, external IP, load-balancer IP).

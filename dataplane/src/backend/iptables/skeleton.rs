@@ -3,7 +3,7 @@
 use ipnet::IpNet;
 
 use super::names::{self, DROP_MARK, MASQ_MARK};
-use crate::backend::xtables::{Hook, Table};
+use crate::backend::xtables::{Hook, Table, CANARY_RULE};
 
 /// A fixed chain and its rules.
 pub struct FixedChain {
@@ -82,5 +82,7 @@ pub fn fixed_chains(local_cidrs: &[IpNet]) -> Vec<FixedChain> {
             ],
         ),
         chain(Table::Filter, names::REJECT, vec![]),
+        chain(Table::Nat, names::CANARY_NAT, vec![CANARY_RULE.to_owned()]),
+        chain(Table::Filter, names::CANARY_FILTER, vec![CANARY_RULE.to_owned()]),
     ]
 }

@@ -390,6 +390,14 @@ impl Backend for IpvsBackend {
             || !keys_in_sets(&self.kernel.ipset.save()?).is_empty())
     }
 
+    /// The canaries of the iptables rules around IPVS (a flush of nat or filter).
+    fn intact(&mut self) -> Result<bool, BackendError> {
+        if self.programmed.is_none() {
+            return Ok(true);
+        }
+        Ok(xtables::canaries_intact(self.kernel.iptables.as_mut(), chains::PREFIX)?)
+    }
+
     /// The IPVS table like `ipvsadm -Ln`, then kpx's sets like `ipset save`, then its
     /// chains like `iptables-save`.
     fn dump(&mut self) -> Result<String, BackendError> {

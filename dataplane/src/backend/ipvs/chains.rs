@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 use ipnet::IpNet;
 
 use super::ipset::{SetName, SetRole};
-use crate::backend::xtables::{missing_hooks, Hook, Table, MASQ_MARK};
+use crate::backend::xtables::{canary_lines, missing_hooks, Hook, Table, MASQ_MARK};
 use crate::backend::Family;
 
 /// The prefix of every chain of the IPVS backend.
@@ -101,6 +101,7 @@ pub fn script(family: Family, inputs: &ChainInputs, saved: Option<&str>) -> Stri
         for chain in chains {
             let _ = writeln!(s, ":{chain} - [0:0]");
         }
+        s.push_str(&canary_lines(PREFIX, table));
         for rule in rules {
             let _ = writeln!(s, "{rule}");
         }

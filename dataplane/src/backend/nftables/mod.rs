@@ -85,4 +85,11 @@ impl Backend for NftablesBackend {
     fn holds_rules(&mut self) -> Result<bool, BackendError> {
         Ok(!self.nft.list_table()?.trim().is_empty())
     }
+
+    fn intact(&mut self) -> Result<bool, BackendError> {
+        if self.programmed.is_none() {
+            return Ok(true);
+        }
+        Ok(self.nft.list_chain(skeleton::CANARY)?.contains(skeleton::CANARY_COMMENT))
+    }
 }

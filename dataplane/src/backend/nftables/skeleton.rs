@@ -21,6 +21,11 @@ use kpx_proto::node_context::NodeContext;
 
 use super::render::{Collection, Element, Family, NftFamily, FAMILY, MASQUERADE_MARK, TABLE};
 
+/// A chain nothing jumps to, holding one rule: while the rule is there, nothing flushed
+/// kpx's table behind its back (see [`crate::backend::Backend::intact`]).
+pub const CANARY: &str = "canary";
+pub const CANARY_COMMENT: &str = "kpx canary";
+
 /// The least number of pick chains a table is made with.
 pub const MIN_PICK_CHAINS: usize = 32;
 
@@ -83,6 +88,7 @@ pub fn skeleton(context: &NodeContext, pick_chains: usize) -> String {
     super::render::element_commands(&mut s, "add", &local_cidrs);
     let _ = writeln!(s, "add chain {t} services");
     let _ = writeln!(s, "add chain {t} reject-no-endpoints");
+    let _ = writeln!(s, "add chain {t} {CANARY}\nadd rule {t} {CANARY} counter comment \"{CANARY_COMMENT}\"");
     let mark = mark_for_masquerade();
     for f in Family::ALL {
         let nft = f.nft();

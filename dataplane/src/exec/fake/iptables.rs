@@ -210,6 +210,20 @@ impl Iptables for FakeIptables {
         }
     }
 
+    fn list_chain(&mut self, family: Family, table: &str, chain: &str) -> Result<String, ExecError> {
+        let state = self.state();
+        let Some(rules) =
+            state.families.get(&family).and_then(|t| t.get(table)).and_then(|t| t.chains.get(chain))
+        else {
+            return Ok(String::new());
+        };
+        let mut out = format!("-N {chain}\n");
+        for rule in rules {
+            let _ = writeln!(out, "-A {chain} {rule}");
+        }
+        Ok(out)
+    }
+
     fn save(&mut self, family: Family) -> Result<String, ExecError> {
         let mut state = self.state();
         let tables = state.families.entry(family).or_default();

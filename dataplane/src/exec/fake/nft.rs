@@ -139,9 +139,24 @@ impl Nft for FakeNft {
         Ok(())
     }
 
-    fn list_table(&mut self) -> Result<String, ExecError> {
+    fn list(&mut self, what: &str) -> Result<String, ExecError> {
         let state = self.state();
-        Ok(state.tables.get(&table_key(FAMILY, TABLE)).map(|t| dump(FAMILY, TABLE, t)).unwrap_or_default())
+        let table = state.tables.get(&table_key(FAMILY, TABLE));
+        let words: Vec<&str> = what.split_whitespace().collect();
+        match words[..] {
+            ["table", FAMILY, TABLE] => Ok(table.map(|t| dump(FAMILY, TABLE, t)).unwrap_or_default()),
+            ["chain", FAMILY, TABLE, name] => Ok(table
+                .and_then(|t| t.chains.get(name))
+                .map(|c| {
+                    let rules: String = c.rules.iter().map(|r| format!("\t\t{r}\n")).collect();
+                    format!("table {FAMILY} {TABLE} {{\n\tchain {name} {{\n{rules}\t}}\n}}\n")
+                })
+                .unwrap_or_default()),
+            _ => Err(ExecError::refused(
+                TOOL,
+                format!("the fake lists only kpx's table or one of its chains, not {what:?}"),
+            )),
+        }
     }
 }
 
