@@ -5,6 +5,7 @@
 //! rotate are picked up by the next connection while an open stream keeps its own.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
@@ -31,7 +32,14 @@ pub struct ControlPlane {
     pub tls: Option<ClientTls>,
     /// A file holding a ServiceAccount token, sent as `authorization: Bearer …`.
     pub token_file: Option<PathBuf>,
+    /// An HTTP/2 PING this often, the connection given up when one is not answered within
+    /// as long (a dead link or a vanished control plane is noticed within twice this);
+    /// also the bound on connecting.
+    pub keepalive: Duration,
 }
+
+/// The default of [`ControlPlane::keepalive`]: a dead stream is noticed within 20 s.
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(10);
 
 /// A connection that could not be made; the message names the file or the reason.
 #[derive(Debug, thiserror::Error)]
@@ -51,12 +59,16 @@ fn read(path: &PathBuf) -> Result<Vec<u8>, ConnectError> {
 impl ControlPlane {
     /// A plaintext control plane at `url`.
     pub fn plaintext(url: impl Into<String>) -> Self {
-        ControlPlane { url: url.into(), tls: None, token_file: None }
+        ControlPlane { url: url.into(), tls: None, token_file: None, keepalive: DEFAULT_KEEPALIVE }
     }
 
     /// Opens a connection, with the TLS files as they are now.
     pub async fn connect(&self) -> Result<Channel, ConnectError> {
-        let mut endpoint = Endpoint::from_shared(self.url.clone())?;
+        let mut endpoint = Endpoint::from_shared(self.url.clone())?
+            .connect_timeout(self.keepalive)
+            .http2_keep_alive_interval(self.keepalive)
+            .keep_alive_timeout(self.keepalive)
+            .keep_alive_while_idle(true);
         if let Some(tls) = &self.tls {
             let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(&tls.ca)?));
             if let Some(identity) = &tls.identity {

@@ -100,14 +100,14 @@ fn run(
         backend,
         store,
         conntrack,
-        config.control_plane.url.clone(),
+        config.control_planes.iter().map(|c| c.url.as_str()).collect::<Vec<_>>().join(","),
     )?;
     let agent = SharedAgent::new(agent);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         serve::start(&agent, config.listen).await?;
         tokio::select! {
-            _ = xds_client::run(config.control_plane, agent, config.sync) => {},
+            _ = xds_client::run(config.control_planes, agent, config.sync) => {},
             _ = kpx_proto::cli::shutdown_signal() => {
                 tracing::info!("shutting down; rules stay in place (use --cleanup to remove them)");
             },

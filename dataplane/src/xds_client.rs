@@ -33,12 +33,18 @@ pub struct SyncPeriods {
     pub min: Duration,
 }
 
-/// Runs forever: connect, stream, and on any failure back off and resume.
-pub async fn run(control_plane: ControlPlane, agent: SharedAgent, sync: SyncPeriods) {
+/// Runs forever: connect, stream, and on any failure back off and resume, with the next
+/// of `control_planes` (replicas serve the same versions, so a node resumes on any of
+/// them without anything resent).
+pub async fn run(control_planes: Vec<ControlPlane>, agent: SharedAgent, sync: SyncPeriods) {
     let mut backoff = INITIAL_BACKOFF;
-    let url = control_plane.url.clone();
-    loop {
-        match stream_once(&control_plane, &agent, sync).await {
+    for turn in 0usize.. {
+        let Some(control_plane) = control_planes.get(turn % control_planes.len().max(1)) else {
+            tracing::error!("no control plane to follow");
+            return;
+        };
+        let url = control_plane.url.as_str();
+        match stream_once(control_plane, &agent, sync).await {
             Ok(()) => {
                 tracing::warn!(control_plane = url, "control plane closed the stream");
                 agent.lock().set_connected(false, Some("control plane closed the stream".into()));

@@ -187,6 +187,17 @@ impl Topology {
         KpxProcess::start(&self.node, "kpx-controlplane", &args, self.log_path("controlplane"))
     }
 
+    /// A further control plane replica over the same manifests, listening on `listen`
+    /// (gRPC) and `metrics` (HTTP).
+    pub fn start_control_plane_at(&self, listen: &str, metrics: &str) -> KpxProcess {
+        let args = [
+            format!("--source=file:{}", self.manifests().display()),
+            format!("--listen={listen}"),
+            format!("--metrics-listen={metrics}"),
+        ];
+        KpxProcess::start(&self.node, "kpx-controlplane", &args, self.log_path("controlplane"))
+    }
+
     pub fn start_dataplane(&self) -> KpxProcess {
         self.start_dataplane_with(ProxyBackend::Nftables, &[])
     }

@@ -17,7 +17,8 @@ pub struct Flags {
     /// This node's name (the xDS node id).
     #[arg(long)]
     pub node_name: Option<String>,
-    /// The control plane's gRPC URL, e.g. http://127.0.0.1:18000.
+    /// The control plane's gRPC URL, e.g. http://127.0.0.1:18000; several replicas
+    /// separated by commas, tried in turn when one fails.
     #[arg(long)]
     pub control_plane: Option<String>,
     /// Which kernel facility to program [default: nftables].
@@ -40,6 +41,10 @@ pub struct Flags {
     /// holding more rules].
     #[arg(long, value_enum)]
     pub iptables_mode: Option<IptablesMode>,
+    /// An HTTP/2 PING to the control plane this often, the stream given up when one is not
+    /// answered within as long: a dead link is noticed within twice this [default: 10s].
+    #[arg(long, value_parser = parse_duration)]
+    pub control_plane_keepalive: Option<Duration>,
     /// Reprogram everything this often (0s: never), repairing rules changed behind kpx's back [default: 1h].
     #[arg(long, value_parser = parse_duration)]
     pub full_sync_period: Option<Duration>,

@@ -37,6 +37,8 @@ pub enum ConfigError {
     Missing { missing: Vec<(&'static str, &'static str)> },
     #[error("{flag}: {reason}")]
     Tls { flag: &'static str, reason: String },
+    #[error("{field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
     #[error("{flag} {address}: plaintext gRPC on a non-loopback address needs --insecure (or TLS: --tls-ca, --tls-cert, --tls-key)")]
     Plaintext { flag: &'static str, address: String },
 }
@@ -92,7 +94,8 @@ pub enum Mode {
 #[derive(Debug, Clone)]
 pub struct RunConfig {
     pub node_name: String,
-    pub control_plane: ControlPlane,
+    /// The control plane's replicas, in the order they are tried (at least one).
+    pub control_planes: Vec<ControlPlane>,
     pub state_dir: PathBuf,
     pub sync: SyncPeriods,
     pub listen: Listen,
@@ -214,12 +217,26 @@ impl AgentConfig {
             flags.tls_cert.or(kpx.tls_cert),
             flags.tls_key.or(kpx.tls_key),
         )?;
-        let control_plane =
-            control_plane_of(control_plane, tls, flags.node_token_file.or(kpx.node_token_file), insecure)?;
+        let token_file = flags.node_token_file.or(kpx.node_token_file);
+        let keepalive = match flags.control_plane_keepalive {
+            None => crate::connection::DEFAULT_KEEPALIVE,
+            Some(d) if d >= Duration::from_secs(1) => d,
+            Some(d) => {
+                return Err(ConfigError::Invalid {
+                    field: "--control-plane-keepalive",
+                    reason: format!("{d:?} is too short: at least 1s"),
+                })
+            }
+        };
+        let control_planes = control_plane
+            .split(',')
+            .map(|url| control_plane_of(url.trim().to_owned(), tls.clone(), token_file.clone(), insecure))
+            .map(|c| c.map(|c| ControlPlane { keepalive, ..c }))
+            .collect::<Result<Vec<_>, _>>()?;
         if !insecure && !listen.admin.ip().is_loopback() {
             return Err(ConfigError::Plaintext { flag: "--admin-listen", address: listen.admin.to_string() });
         }
-        let run = RunConfig { node_name, control_plane, state_dir, sync, listen };
+        let run = RunConfig { node_name, control_planes, state_dir, sync, listen };
         Ok(AgentConfig { backend, proxy, mode: Mode::Run(Box::new(run)) })
     }
 
@@ -333,7 +350,7 @@ fn control_plane_of(
         (Some("http"), None) => {}
         _ => return Err(ConfigError::ControlPlaneUrl { url, reason: "expected http:// or https://".into() }),
     }
-    Ok(ControlPlane { url, tls, token_file })
+    Ok(ControlPlane { url, tls, token_file, keepalive: crate::connection::DEFAULT_KEEPALIVE })
 }
 
 #[cfg(test)]
@@ -376,7 +393,7 @@ mod tests {
         let c = with_file(text, Flags::default()).expect("valid");
         assert_eq!(c.backend, BackendConfig::Iptables { mode: IptablesMode::Legacy });
         assert_eq!(run(&c).node_name, "node-a");
-        assert_eq!(run(&c).control_plane, ControlPlane::plaintext("http://cp:18000"));
+        assert_eq!(run(&c).control_planes, [ControlPlane::plaintext("http://cp:18000")]);
         assert!(c.proxy.masquerade_all);
         assert_eq!(c.proxy.cluster_cidrs.len(), 2);
         assert_eq!(run(&c).sync.full, Some(Duration::from_secs(90)));
@@ -419,6 +436,14 @@ mod tests {
         let flags = Flags { control_plane: Some("not a url".into()), ..running() };
         let err = AgentConfig::resolve(flags).expect_err("url").to_string();
         assert!(err.starts_with("--control-plane \"not a url\": not a URL"), "{err}");
+        let replicas =
+            Flags { control_plane: Some("http://127.0.0.1:18000, http://[::1]:18010".into()), ..running() };
+        let c = AgentConfig::resolve(replicas).expect("two replicas");
+        let urls: Vec<&str> = run(&c).control_planes.iter().map(|c| c.url.as_str()).collect();
+        assert_eq!(urls, ["http://127.0.0.1:18000", "http://[::1]:18010"]);
+        let one_bad = Flags { control_plane: Some("http://127.0.0.1:18000,,".into()), ..running() };
+        let err = AgentConfig::resolve(one_bad).expect_err("an empty replica").to_string();
+        assert!(err.starts_with("--control-plane \"\""), "{err}");
         let cleaning = AgentConfig::resolve(cleanup()).expect("cleanup needs none of them");
         assert!(matches!(cleaning.mode, Mode::Cleanup));
     }
@@ -447,7 +472,7 @@ mod tests {
             ..remote("https://cp:18000")
         };
         let c = AgentConfig::resolve(mtls.clone()).expect("mutual TLS");
-        assert!(run(&c).control_plane.tls.as_ref().is_some_and(|t| t.identity.is_some()));
+        assert!(run(&c).control_planes[0].tls.as_ref().is_some_and(|t| t.identity.is_some()));
         let err =
             AgentConfig::resolve(Flags { tls_key: None, ..mtls.clone() }).expect_err("half").to_string();
         assert!(err.starts_with("--tls-key"), "{err}");
@@ -463,7 +488,7 @@ mod tests {
         assert!(err.contains("use https://"), "{err}");
         let token = Flags { tls_cert: None, tls_key: None, node_token_file: file("token"), ..mtls };
         let c = AgentConfig::resolve(token).expect("server TLS and a token");
-        assert!(run(&c).control_plane.token_file.is_some());
+        assert!(run(&c).control_planes[0].token_file.is_some());
         let err = AgentConfig::resolve(Flags {
             admin_listen: Some("0.0.0.0:18001".parse().expect("addr")),
             ..running()

@@ -1,0 +1,211 @@
+//! Faults under continuous traffic, over real processes: a control plane killed and
+//! started again (nothing resent; a change made while it was down arrives, and only it),
+//! a second replica taking over, and the link to the control plane cut (noticed by
+//! HTTP/2 keepalive, resumed when it is back). Each counts the requests a prober sent and
+//! fails if one of them failed. The agent's crash, a damaged store and rules flushed
+//! behind its back are scenarios of the behaviour suite (`kpx_e2e::scenarios`).
+
+use std::time::{Duration, Instant};
+
+use kpx_e2e::manifests::{documents, ep, service, slice};
+use kpx_e2e::process::KpxProcess;
+use kpx_e2e::topology::{sock, ProxyBackend, Topology, CONTROL_PLANE_ADDR, NODE_NAME};
+use kpx_e2e::traffic::Prober;
+use kpx_e2e::{wait_for, DEADLINE};
+
+const WEB_VIP: &str = "10.96.4.10";
+const API_VIP: &str = "10.96.4.11";
+const SERVICE_VIEW: &str = "type.googleapis.com/kpx.v1.ServiceView";
+const NODE_CONFIG: &str = "type.googleapis.com/kpx.v1.NodeConfig";
+
+fn spec(vip: &str) -> String {
+    format!("  clusterIP: {vip}\n  ports:\n  - {{name: http, protocol: TCP, port: 80}}\n")
+}
+
+/// `web` on pod0 (the one probed) and `api` on pod `api_pod`.
+fn manifests(t: &Topology, api_pod: usize) {
+    t.write_manifest(
+        "web.yaml",
+        &documents(&[
+            service("web", &spec(WEB_VIP), ""),
+            slice("web", "web-1", false, &[("http", "TCP", 8080)], &[ep(Topology::pod_ip(0))]),
+            service("api", &spec(API_VIP), ""),
+            slice("api", "api-1", false, &[("http", "TCP", 8080)], &[ep(Topology::pod_ip(api_pod))]),
+        ]),
+    );
+}
+
+fn message(e: &serde_json::Value) -> &str {
+    e["message"].as_str().unwrap_or_default()
+}
+
+/// How many streams the agent has opened so far.
+fn streams_opened(dp: &KpxProcess) -> usize {
+    dp.events().iter().filter(|e| message(e).starts_with("stream open")).count()
+}
+
+/// What a control plane sent when the node's subscriptions of each type were synced:
+/// (ServiceView resources, NodeConfig resources).
+fn sent_on_resume(cp: &KpxProcess) -> (u64, u64) {
+    let sent = |type_url: &str| {
+        let e = cp.wait_event("the resumed subscription synced", DEADLINE, |e| {
+            message(e) == "subscription synced" && e["type_url"] == type_url
+        });
+        e["sent"].as_u64().unwrap_or(u64::MAX) + e["removed"].as_u64().unwrap_or(u64::MAX)
+    };
+    (sent(SERVICE_VIEW), sent(NODE_CONFIG))
+}
+
+fn start() -> (Topology, Vec<kpx_e2e::traffic::Backend>) {
+    let t = Topology::new(2);
+    let backends = t.start_backends(8080);
+    t.write_node();
+    manifests(&t, 1);
+    (t, backends)
+}
+
+fn probe(t: &Topology) -> Prober {
+    Prober::start(
+        &t.client,
+        &[sock(WEB_VIP, 80)],
+        "pod0",
+        Duration::from_millis(20),
+        Duration::from_secs(240),
+    )
+}
+
+fn control_plane_crash_and_a_change_while_it_is_down(backend: ProxyBackend) {
+    let (t, _backends) = start();
+    let mut cp = t.start_control_plane();
+    let dp = t.start_dataplane_with(backend, &[]);
+    t.wait_answered_by(WEB_VIP, 80, "pod0");
+    t.wait_answered_by(API_VIP, 80, "pod1");
+    let prober = probe(&t);
+
+    // Killed and started again with nothing changed: the node resumes, nothing is resent.
+    cp.kill();
+    std::thread::sleep(Duration::from_secs(1));
+    let opened = streams_opened(&dp);
+    cp = t.start_control_plane();
+    assert_eq!(sent_on_resume(&cp), (0, 0), "nothing resent to a node that has everything");
+    wait_for("the node to resume", DEADLINE, || (streams_opened(&dp) > opened).then_some(()));
+
+    // Killed, and `api` moves to pod0 meanwhile: exactly that change arrives.
+    cp.kill();
+    manifests(&t, 0);
+    std::thread::sleep(Duration::from_secs(1));
+    cp = t.start_control_plane();
+    assert_eq!(sent_on_resume(&cp), (1, 0), "only the Service that changed");
+    t.wait_answered_by(API_VIP, 80, "pod0");
+    let seen = prober.finish();
+    println!("{backend:?}: control plane killed twice: {} requests, {} failed", seen.sent, seen.failed);
+    assert!(seen.sent > 50, "{seen:?}");
+    assert_eq!(seen.failed, 0, "{seen:?}");
+    drop(cp);
+}
+
+fn a_second_replica_takes_over(backend: ProxyBackend) {
+    let (t, _backends) = start();
+    let mut first = t.start_control_plane();
+    let second_addr = "127.0.0.1:18010";
+    let second = t.start_control_plane_at(second_addr, "127.0.0.1:18012");
+    let replicas = format!("http://{CONTROL_PLANE_ADDR},http://{second_addr}");
+    let mut flags = vec![];
+    flags.extend(backend.args().iter().map(|a| (*a).to_owned()));
+    let dp = t.start_agent(NODE_NAME, &replicas, "state", &flags);
+    t.wait_answered_by(WEB_VIP, 80, "pod0");
+    first.wait_event("the node's stream", DEADLINE, |e| message(e) == "subscription synced");
+    let prober = probe(&t);
+    let opened = streams_opened(&dp);
+    first.kill();
+    let failed_over = Instant::now();
+    wait_for("the node to follow the second replica", DEADLINE, || {
+        (streams_opened(&dp) > opened).then_some(())
+    });
+    let took = failed_over.elapsed();
+    assert_eq!(sent_on_resume(&second), (0, 0), "replicas serve the same versions: nothing resent");
+    let sent = prober.result().sent;
+    wait_for("100 requests more through the second replica's rules", DEADLINE, || {
+        (prober.result().sent > sent + 100).then_some(())
+    });
+    // A change now reaches the node through the second replica.
+    manifests(&t, 0);
+    t.wait_answered_by(API_VIP, 80, "pod0");
+    let seen = prober.finish();
+    println!(
+        "{backend:?}: failover to the second replica in {} ms; {} requests, {} failed",
+        took.as_millis(),
+        seen.sent,
+        seen.failed
+    );
+    assert_eq!(seen.failed, 0, "{seen:?}");
+}
+
+fn a_cut_link_is_noticed_by_keepalive_and_the_stream_resumes(backend: ProxyBackend) {
+    let (t, _backends) = start();
+    let cp = t.start_control_plane();
+    let dp = t.start_dataplane_with(backend, &[]);
+    t.wait_answered_by(WEB_VIP, 80, "pod0");
+    cp.wait_event("the node's stream", DEADLINE, |e| message(e) == "subscription synced");
+    let prober = probe(&t);
+    let port = CONTROL_PLANE_ADDR.rsplit(':').next().unwrap_or("18000");
+    // Every packet to or from the control plane's port is dropped (its own table, not kpx's).
+    t.node.exec("nft", &["add", "table", "inet", "cut"]);
+    t.node.exec("nft", &["add chain inet cut out { type filter hook output priority -300 ; }"]);
+    for direction in ["dport", "sport"] {
+        t.node.exec("nft", &["add", "rule", "inet", "cut", "out", "tcp", direction, port, "drop"]);
+    }
+    let since = Instant::now();
+    let unreachable = |dp: &KpxProcess| {
+        dp.events().iter().filter(|e| message(e).starts_with("control plane unreachable")).count()
+    };
+    let before = unreachable(&dp);
+    wait_for("the agent to notice the dead stream", Duration::from_secs(60), || {
+        (unreachable(&dp) > before).then_some(())
+    });
+    let noticed = since.elapsed();
+    cp.wait_event("the control plane to drop the dead stream", Duration::from_secs(60), |e| {
+        (message(e) == "stream ended" || message(e) == "stream closed") && e["node"] == NODE_NAME
+    });
+    let freed = since.elapsed();
+    std::thread::sleep(Duration::from_secs(30).saturating_sub(since.elapsed()));
+    let opened = streams_opened(&dp);
+    t.node.exec("nft", &["delete", "table", "inet", "cut"]);
+    let restored = Instant::now();
+    wait_for("the stream to resume", Duration::from_secs(60), || {
+        (streams_opened(&dp) > opened).then_some(())
+    });
+    let resumed = restored.elapsed();
+    let seen = prober.finish();
+    println!(
+        "{backend:?}: link cut for {:.0} s: the agent noticed in {:.1} s, the control plane freed the stream in {:.1} s, resumed {:.1} s after the link was back; {} requests, {} failed",
+        since.elapsed().as_secs_f64() - resumed.as_secs_f64(),
+        noticed.as_secs_f64(),
+        freed.as_secs_f64(),
+        resumed.as_secs_f64(),
+        seen.sent,
+        seen.failed
+    );
+    assert!(noticed <= Duration::from_secs(30), "noticed within the default keepalive bound: {noticed:?}");
+    assert_eq!(seen.failed, 0, "{seen:?}");
+    // Nothing was lost meanwhile: a change still arrives.
+    manifests(&t, 0);
+    t.wait_answered_by(API_VIP, 80, "pod0");
+}
+
+macro_rules! on_backends {
+    ($($name:ident),*) => {
+        mod nftables {
+            $(#[test] fn $name() { super::$name(kpx_e2e::topology::ProxyBackend::Nftables); })*
+        }
+        mod iptables {
+            $(#[test] fn $name() { super::$name(kpx_e2e::topology::ProxyBackend::Iptables); })*
+        }
+    };
+}
+
+on_backends!(
+    control_plane_crash_and_a_change_while_it_is_down,
+    a_second_replica_takes_over,
+    a_cut_link_is_noticed_by_keepalive_and_the_stream_resumes
+);
