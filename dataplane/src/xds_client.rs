@@ -38,11 +38,7 @@ pub struct SyncPeriods {
 /// them without anything resent).
 pub async fn run(control_planes: Vec<ControlPlane>, agent: SharedAgent, sync: SyncPeriods) {
     let mut backoff = INITIAL_BACKOFF;
-    for turn in 0usize.. {
-        let Some(control_plane) = control_planes.get(turn % control_planes.len().max(1)) else {
-            tracing::error!("no control plane to follow");
-            return;
-        };
+    for control_plane in control_planes.iter().cycle() {
         let url = control_plane.url.as_str();
         match stream_once(control_plane, &agent, sync).await {
             Ok(()) => {
@@ -233,30 +229,16 @@ fn hint(text: &str, tls: bool) -> Option<&'static str> {
             "this node does not trust the control plane's certificate: check --tls-ca and the URL's host",
         );
     }
-    if !tls
-        && [
-            "FRAME_SIZE_ERROR",
-            "frame with invalid size",
-            "connection closed",
-            "broken pipe",
-            "reset by peer",
-        ]
-        .iter()
-        .any(|t| text.contains(t))
-    {
+    // How a connection that the other end closed reads, at whichever layer noticed.
+    let closed = ["connection closed", "broken pipe", "reset by peer"].iter().any(|t| text.contains(t));
+    if !tls && (closed || ["FRAME_SIZE_ERROR", "frame with invalid size"].iter().any(|t| text.contains(t))) {
         return Some("does the control plane speak TLS? then use https:// with --tls-ca");
     }
     if tls
-        && [
-            "connection closed",
-            "broken pipe",
-            "reset by peer",
-            "CertificateExpired",
-            "InvalidContentType",
-            "CorruptMessage",
-        ]
-        .iter()
-        .any(|t| text.contains(t))
+        && (closed
+            || ["CertificateExpired", "InvalidContentType", "CorruptMessage"]
+                .iter()
+                .any(|t| text.contains(t)))
     {
         return Some("the TLS connection was closed: the control plane's log says why (a certificate out of date, or of another CA?); or it does not speak TLS");
     }

@@ -109,6 +109,12 @@ fn a_second_replica_takes_over(backend: ProxyBackend) {
     let mut first = t.start_control_plane();
     let second_addr = "127.0.0.1:18010";
     let second = t.start_control_plane_at(second_addr, "127.0.0.1:18012");
+    // Both listening before the agent starts: it must begin with the first one.
+    for cp in [&first, &second] {
+        cp.wait_event("the replica to listen", DEADLINE, |e| {
+            message(e) == "serving delta xDS and the admin API"
+        });
+    }
     let replicas = format!("http://{CONTROL_PLANE_ADDR},http://{second_addr}");
     let mut flags = vec![];
     flags.extend(backend.args().iter().map(|a| (*a).to_owned()));

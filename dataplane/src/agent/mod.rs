@@ -270,21 +270,10 @@ impl Agent {
                     "kpx's rules were flushed or deleted behind its back: programming them all again"
                 );
                 self.metrics.rules_repaired.inc();
-                let started = Instant::now();
-                match self.backend.full_sync(&self.state, &self.context) {
-                    Ok(()) => {
-                        self.synced(started.elapsed(), true);
-                        tracing::info!(
-                            services = self.state.services.len(),
-                            elapsed_ms = started.elapsed().as_millis() as u64,
-                            "rules repaired"
-                        );
-                    }
-                    Err(e) => {
-                        self.sync_failed(&e);
-                        tracing::error!(error = %e, "repairing kpx's rules failed; retrying at the next check");
-                    }
-                }
+                self.full_sync_logged(
+                    "rules repaired",
+                    "repairing kpx's rules failed; retrying at the next check",
+                );
             }
             Err(e) => tracing::warn!(error = %e, "checking kpx's rules failed; retrying at the next check"),
         }
@@ -296,19 +285,25 @@ impl Agent {
         if self.recovering() {
             return;
         }
+        self.full_sync_logged(
+            "periodic full resync",
+            "periodic full resync failed; retrying at the next period",
+        );
+    }
+
+    /// Programs the whole state again, logging `done` (with the count and the time it
+    /// took) or `failed` (with the error).
+    fn full_sync_logged(&mut self, done: &str, failed: &str) {
         let started = Instant::now();
         match self.backend.full_sync(&self.state, &self.context) {
             Ok(()) => {
                 self.synced(started.elapsed(), true);
-                tracing::info!(
-                    services = self.state.services.len(),
-                    elapsed_ms = started.elapsed().as_millis() as u64,
-                    "periodic full resync"
-                )
+                let services = self.state.services.len();
+                tracing::info!(services, elapsed_ms = started.elapsed().as_millis() as u64, "{done}");
             }
             Err(e) => {
                 self.sync_failed(&e);
-                tracing::error!(error = %e, "periodic full resync failed; retrying at the next period")
+                tracing::error!(error = %e, "{failed}");
             }
         }
     }

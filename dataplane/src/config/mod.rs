@@ -230,8 +230,10 @@ impl AgentConfig {
         };
         let control_planes = control_plane
             .split(',')
-            .map(|url| control_plane_of(url.trim().to_owned(), tls.clone(), token_file.clone(), insecure))
-            .map(|c| c.map(|c| ControlPlane { keepalive, ..c }))
+            .map(|url| {
+                let url = url.trim().to_owned();
+                control_plane_of(url, tls.clone(), token_file.clone(), keepalive, insecure)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         if !insecure && !listen.admin.ip().is_loopback() {
             return Err(ConfigError::Plaintext { flag: "--admin-listen", address: listen.admin.to_string() });
@@ -323,6 +325,7 @@ fn control_plane_of(
     url: String,
     tls: Option<ClientTls>,
     token_file: Option<PathBuf>,
+    keepalive: Duration,
     insecure: bool,
 ) -> Result<ControlPlane, ConfigError> {
     let uri: tonic::codegen::http::Uri =
@@ -350,7 +353,7 @@ fn control_plane_of(
         (Some("http"), None) => {}
         _ => return Err(ConfigError::ControlPlaneUrl { url, reason: "expected http:// or https://".into() }),
     }
-    Ok(ControlPlane { url, tls, token_file, keepalive: crate::connection::DEFAULT_KEEPALIVE })
+    Ok(ControlPlane { url, tls, token_file, keepalive })
 }
 
 #[cfg(test)]
