@@ -248,6 +248,23 @@ impl Topology {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// The kernel's handles (`nft -a`) of kpx's nftables table, its base chains, and the
+    /// endpoint maps: new ones mean they were deleted and made again.
+    pub fn nft_kept_object_handles(&self) -> Vec<String> {
+        let out = self.node.try_exec("nft", &["-a", "-t", "list", "table", "inet", "kpx"]);
+        assert!(out.status.success(), "nft -a list: {}", String::from_utf8_lossy(&out.stderr));
+        let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+        let kept = ["table ", "chain nat-", "chain filter-", "map endpoints-", "map local-endpoints-"];
+        let handles: Vec<String> = listing
+            .lines()
+            .map(str::trim)
+            .filter(|l| kept.iter().any(|k| l.starts_with(k)))
+            .map(str::to_owned)
+            .collect();
+        assert!(handles.len() >= 11 && handles.iter().all(|h| h.contains("# handle")), "{listing}");
+        handles
+    }
+
     /// Waits until kpx's table mentions `text`.
     pub fn wait_rules_contain(&self, text: &str) {
         crate::wait_for(&format!("rules to contain {text:?}"), crate::DEADLINE, || {

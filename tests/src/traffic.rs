@@ -398,6 +398,14 @@ impl Prober {
         self.result.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Waits until it has run its time limit, and returns what it saw.
+    pub fn wait(mut self) -> ProbeResult {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.result()
+    }
+
     /// Stops it and returns what it saw.
     pub fn finish(mut self) -> ProbeResult {
         self.stop.store(true, Ordering::Relaxed);

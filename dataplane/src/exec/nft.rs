@@ -25,6 +25,9 @@ pub trait Nft: Send {
     }
     /// `nft list WHAT` ("" when it does not exist).
     fn list(&mut self, what: &str) -> Result<String, ExecError>;
+    /// `nft -t list table inet kpx`: its sets, maps and chains without their elements ("" when
+    /// it does not exist); cheap at any number of elements.
+    fn outline(&mut self) -> Result<String, ExecError>;
 }
 
 /// libnftables in-process when it can be opened, else the `nft` process.
@@ -57,18 +60,27 @@ impl Nft for NftProcess {
     }
 
     fn list(&mut self, what: &str) -> Result<String, ExecError> {
-        let mut args = vec!["list"];
-        args.extend(what.split_whitespace());
-        let out = process::output(TOOL, TOOL, &args, None)?;
-        if out.status.success() {
-            return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
-        }
-        let message = String::from_utf8_lossy(&out.stderr);
-        if message.contains("No such file or directory") {
-            return Ok(String::new());
-        }
-        Err(ExecError::refused(TOOL, message.trim()))
+        list_with(&["list"], what)
     }
+
+    fn outline(&mut self) -> Result<String, ExecError> {
+        list_with(&["-t", "list"], &format!("table {FAMILY} {TABLE}"))
+    }
+}
+
+/// `nft ARGS… WHAT…` ("" when what it lists does not exist).
+fn list_with(args: &[&str], what: &str) -> Result<String, ExecError> {
+    let mut args = args.to_vec();
+    args.extend(what.split_whitespace());
+    let out = process::output(TOOL, TOOL, &args, None)?;
+    if out.status.success() {
+        return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+    }
+    let message = String::from_utf8_lossy(&out.stderr);
+    if message.contains("No such file or directory") {
+        return Ok(String::new());
+    }
+    Err(ExecError::refused(TOOL, message.trim()))
 }
 
 const LIBRARY: &str = "libnftables";
@@ -83,7 +95,18 @@ impl Nft for NftLibrary {
     }
 
     fn list(&mut self, what: &str) -> Result<String, ExecError> {
-        let (ok, output, error) = self.command(&format!("list {what}"))?;
+        self.list_with(what, false)
+    }
+
+    fn outline(&mut self) -> Result<String, ExecError> {
+        self.list_with(&format!("table {FAMILY} {TABLE}"), true)
+    }
+}
+
+impl NftLibrary {
+    /// `list WHAT`, tersely (without elements) or not ("" when it does not exist).
+    fn list_with(&mut self, what: &str, terse: bool) -> Result<String, ExecError> {
+        let (ok, output, error) = self.listing(&format!("list {what}"), terse)?;
         if ok {
             return Ok(output);
         }

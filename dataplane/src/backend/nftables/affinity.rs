@@ -39,6 +39,9 @@ pub struct AffinityObjects {
     pub objects: Vec<NftObject>,
 }
 
+/// What the names of every affinity chain and set begin with.
+pub const PREFIX: &str = "sa-";
+
 fn short_hash(text: &str) -> String {
     format!("{:012x}", xxhash_rust::xxh3::xxh3_64(text.as_bytes()) & 0xffff_ffff_ffff)
 }
@@ -57,7 +60,7 @@ pub fn objects(
         "{service}/{}/{}/{}/{family:?}/{set:?}/{timeout}",
         port.name, port.protocol, port.port
     ));
-    let entry_chain = format!("sa-{id}");
+    let entry_chain = format!("{PREFIX}{id}");
     let mark = if masquerade_all { format!("{} ", mark_for_masquerade()) } else { String::new() };
     let mut objects = Vec::new();
     let mut entry_rules = Vec::new();

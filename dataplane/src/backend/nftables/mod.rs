@@ -6,9 +6,11 @@
 //! chains, [`service`] turns a Service into the elements it needs and
 //! [`affinity`] into its session-affinity chains (all pure, tested as text);
 //! [`ruleset`] keeps what is programmed and diffs it into one transaction,
-//! which [`crate::exec::nft`] runs.
+//! which [`crate::exec::nft`] runs; [`outline`] makes a full sync empty and refill the
+//! table in place.
 
 pub mod affinity;
+pub mod outline;
 pub mod render;
 pub mod ruleset;
 pub mod service;
@@ -18,6 +20,7 @@ use crate::backend::{Backend, BackendError, NodeContext};
 use crate::exec::nft::Nft;
 use crate::state::{ChangeSet, NodeState};
 
+use outline::Outline;
 use ruleset::Programmed;
 
 pub struct NftablesBackend {
@@ -66,8 +69,21 @@ impl Backend for NftablesBackend {
     }
 
     fn full_sync(&mut self, desired: &NodeState, context: &NodeContext) -> Result<(), BackendError> {
-        let (programmed, script) = Programmed::full(desired, context);
         self.programmed = None;
+        let existing = Outline::parse(&self.nft.outline()?);
+        let current = existing.as_ref().filter(|e| e.is_current());
+        let (programmed, contents) = Programmed::full(desired, context, current);
+        let script = match (&existing, current) {
+            (None, _) => outline::create_script(&contents),
+            (Some(_), Some(current)) => outline::refill_script(current, &contents),
+            (Some(other), None) => {
+                tracing::warn!(
+                    comment = other.comment.as_deref().unwrap_or(""),
+                    "kpx's table is of another layout (an older kpx made it): replacing it whole"
+                );
+                outline::replace_script(&contents)
+            }
+        };
         self.nft.run(&script)?;
         self.programmed = Some(programmed);
         Ok(())
@@ -91,5 +107,67 @@ impl Backend for NftablesBackend {
             return Ok(true);
         }
         Ok(self.nft.list_chain(skeleton::CANARY)?.contains(skeleton::CANARY_COMMENT))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::fixtures::{node_context, service, state};
+    use crate::exec::fake::FakeNft;
+    use crate::state::Versioned;
+
+    fn with_affinity(mut s: NodeState, name: &str, timeout: u32) -> NodeState {
+        let key = format!("c/ns/{name}");
+        let view = &mut s.services.get_mut(&key).expect("the service").value;
+        view.session_affinity_timeout = Some(timeout);
+        s
+    }
+
+    #[test]
+    fn a_full_sync_refills_the_table_in_place_and_removes_what_is_no_longer_wanted() {
+        let nft = FakeNft::new();
+        let mut backend = NftablesBackend::new(Box::new(nft.clone()));
+        let context = node_context();
+        let first = with_affinity(
+            state(&[("a", "10.96.0.1", &["10.0.0.1", "10.0.0.2"]), ("b", "10.96.0.2", &["10.0.0.9"])]),
+            "a",
+            60,
+        );
+        backend.full_sync(&first, &context).expect("created");
+        let affinity: Vec<String> =
+            nft.chains().into_iter().filter(|c| c.starts_with(affinity::PREFIX)).collect();
+        assert_eq!(affinity.len(), 3, "an entry chain and one per endpoint: {affinity:?}");
+        backend.full_sync(&first, &context).expect("the same again");
+        let mut second = state(&[("b", "10.96.0.2", &["10.0.0.8"])]);
+        second.services.insert(
+            "c/ns/c".into(),
+            Versioned { version: "1".into(), value: service("c", "10.96.0.3", &["10.0.0.7"]) },
+        );
+        backend.full_sync(&second, &context).expect("refilled");
+        assert_eq!(nft.table_deletions(), 0, "the table and its base chains stay");
+        assert!(nft.chains().iter().all(|c| !c.starts_with(affinity::PREFIX)), "{:?}", nft.chains());
+        assert_eq!(
+            nft.elements("endpoints-v4"),
+            ["10.96.0.2 . tcp . 80 . 0 : 10.0.0.8 . 8080", "10.96.0.3 . tcp . 80 . 0 : 10.0.0.7 . 8080"]
+        );
+        assert!(backend.intact().expect("listed"), "the canary is back");
+        assert!(nft.rules("nat-prerouting").len() == 1, "{:?}", nft.rules("nat-prerouting"));
+    }
+
+    #[test]
+    fn a_table_of_an_older_layout_is_replaced_whole() {
+        let mut nft = FakeNft::new();
+        nft.run(
+            "add table inet kpx { comment \"managed by kpx-dataplane\" ; }\n\
+             add map inet kpx endpoints-v4 { type ipv4_addr : ipv4_addr ; }\n",
+        )
+        .expect("an older table");
+        let mut backend = NftablesBackend::new(Box::new(nft.clone()));
+        backend.full_sync(&state(&[("a", "10.96.0.1", &["10.0.0.1"])]), &node_context()).expect("replaced");
+        assert_eq!(nft.table_deletions(), 1);
+        assert_eq!(nft.elements("endpoints-v4"), ["10.96.0.1 . tcp . 80 . 0 : 10.0.0.1 . 8080"]);
+        backend.full_sync(&state(&[("a", "10.96.0.1", &["10.0.0.2"])]), &node_context()).expect("refilled");
+        assert_eq!(nft.table_deletions(), 1, "of the current layout now");
     }
 }

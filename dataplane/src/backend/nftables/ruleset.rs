@@ -6,9 +6,10 @@
 use std::collections::{BTreeSet, HashMap};
 
 use super::affinity::{self, NftObject};
+use super::outline::Outline;
 use super::render::{self, Element};
 use super::service::{self, ServiceRules};
-use super::skeleton;
+use super::skeleton::{self, PickChains};
 use crate::backend::owners::Owners;
 use crate::backend::NodeContext;
 use crate::state::{ChangeSet, NodeState};
@@ -25,6 +26,13 @@ pub struct Programmed {
     pick_chains: usize,
     /// The node context everything was rendered in.
     context: NodeContext,
+}
+
+/// What a full sync writes into an emptied table, and the pick chains it keeps as they are.
+#[derive(Debug, Default)]
+pub struct Contents {
+    pub script: String,
+    pub kept_pick_chains: BTreeSet<String>,
 }
 
 /// A transaction and the bookkeeping to record once the kernel accepted it.
@@ -45,8 +53,14 @@ impl Plan {
 }
 
 impl Programmed {
-    /// The transaction that replaces kpx's table with one holding `desired`.
-    pub fn full(desired: &NodeState, context: &NodeContext) -> (Programmed, String) {
+    /// Everything kpx's table holds for `desired`, as `add` commands into an empty table
+    /// (what goes before them: [`super::outline`]). `existing`, a table of the current layout
+    /// in the kernel: when it has every pick chain wanted, they are kept as they are.
+    pub fn full(
+        desired: &NodeState,
+        context: &NodeContext,
+        existing: Option<&Outline>,
+    ) -> (Programmed, Contents) {
         let max_endpoints = desired
             .services
             .values()
@@ -54,14 +68,20 @@ impl Programmed {
             .max()
             .unwrap_or(0);
         let pick_chains = skeleton::pick_chains_for(max_endpoints);
+        let wanted = skeleton::pick_chain_names(context, pick_chains);
+        let kept = match existing {
+            Some(existing) if wanted.is_subset(&existing.chains) => wanted,
+            _ => BTreeSet::new(),
+        };
+        let picks = if kept.is_empty() { PickChains::Write } else { PickChains::Kept };
         let empty = Programmed { pick_chains, context: context.clone(), ..Default::default() };
         let all = ChangeSet { services: desired.services.keys().cloned().collect(), node: false };
         let plan = empty.plan(desired, context, &all);
-        let mut script = skeleton::skeleton(context, pick_chains);
+        let mut script = skeleton::skeleton(context, pick_chains, picks);
         script.push_str(&plan.script);
         let mut programmed = empty;
         programmed.commit(plan);
-        (programmed, script)
+        (programmed, Contents { script, kept_pick_chains: kept })
     }
 
     /// The transaction for the Services in `changes`, from what is programmed now.
@@ -166,7 +186,7 @@ mod tests {
     fn one_endpoint_change_touches_only_that_service() {
         let before =
             state(&[("a", "10.96.0.1", &["10.0.0.1", "10.0.0.2"]), ("b", "10.96.0.2", &["10.0.0.9"])]);
-        let (mut programmed, _) = Programmed::full(&before, &no_context());
+        let (mut programmed, _) = Programmed::full(&before, &no_context(), None);
         let after =
             state(&[("a", "10.96.0.1", &["10.0.0.1", "10.0.0.3"]), ("b", "10.96.0.2", &["10.0.0.9"])]);
         let plan = programmed.plan(&after, &no_context(), &changed(&["a"]));
@@ -183,8 +203,8 @@ mod tests {
 
     #[test]
     fn shared_hairpin_elements_are_counted_and_pick_chains_made_with_the_table() {
-        let (mut programmed, script) =
-            Programmed::full(&state(&[("a", "10.96.0.1", &["10.0.0.1"])]), &no_context());
+        let (mut programmed, Contents { script, .. }) =
+            Programmed::full(&state(&[("a", "10.96.0.1", &["10.0.0.1"])]), &no_context(), None);
         assert!(script.contains("add chain inet kpx pick-v4-1\n"));
         assert!(script.contains("add chain inet kpx pick-v6-32\n"));
         let both = state(&[("a", "10.96.0.1", &["10.0.0.1"]), ("b", "10.96.0.2", &["10.0.0.1"])]);
@@ -203,7 +223,7 @@ mod tests {
     #[test]
     fn an_address_used_twice_is_programmed_once() {
         let both = state(&[("a", "10.96.0.1", &["10.0.0.1"]), ("b", "10.96.0.1", &["10.0.0.2"])]);
-        let (mut programmed, script) = Programmed::full(&both, &no_context());
+        let (mut programmed, Contents { script, .. }) = Programmed::full(&both, &no_context(), None);
         assert_eq!(script.matches("10.96.0.1 . tcp . 80 :").count(), 1, "{script}");
         // When the owner goes, the other Service takes the address over once it changes.
         let only_b = state(&[("b", "10.96.0.1", &["10.0.0.2"])]);
@@ -219,12 +239,14 @@ mod tests {
 
     #[test]
     fn more_endpoints_than_pick_chains_asks_for_a_full_sync() {
-        let (programmed, _) = Programmed::full(&state(&[("a", "10.96.0.1", &["10.0.0.1"])]), &no_context());
+        let (programmed, _) =
+            Programmed::full(&state(&[("a", "10.96.0.1", &["10.0.0.1"])]), &no_context(), None);
         let many: Vec<String> = (1..=40).map(|i| format!("10.0.1.{i}")).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         let plan = programmed.plan(&state(&[("a", "10.96.0.1", &many)]), &no_context(), &changed(&["a"]));
         assert!(plan.needs_full_sync);
-        let (_, script) = Programmed::full(&state(&[("a", "10.96.0.1", &many)]), &no_context());
+        let (_, Contents { script, .. }) =
+            Programmed::full(&state(&[("a", "10.96.0.1", &many)]), &no_context(), None);
         assert!(script.contains("add chain inet kpx pick-v4-64\n") && !script.contains("pick-v4-65"));
     }
 }

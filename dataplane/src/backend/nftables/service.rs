@@ -113,7 +113,10 @@ fn target(
         }
         None => {
             rules.max_endpoints = rules.max_endpoints.max(endpoints.len());
-            Target::Pick { chain: pick_chain_name(set, pf.family, endpoints.len()), count: endpoints.len() }
+            Target::Pick {
+                chain: pick_chain_name(set, pf.family, endpoints.len(), ctx.masquerade_all),
+                count: endpoints.len(),
+            }
         }
     })
 }

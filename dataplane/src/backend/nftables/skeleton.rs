@@ -1,6 +1,7 @@
 //! The fixed part of kpx's table: sets, maps and chains that exist whatever
-//! the Services are. Created in one transaction with the table (see the note
-//! on the endpoint maps), and only ever rewritten by a full sync.
+//! the Services are, written as `add` commands into an empty table and only ever
+//! rewritten by a full sync (see [`super::outline`]); the endpoint maps are declared
+//! in the same transaction as the pick chains that use them (see the note on them).
 //!
 //! Per family, chain `services` (reached from nat prerouting and output) does,
 //! in order:
@@ -15,6 +16,7 @@
 //! Services without endpoints are rejected in the filter hooks, before they
 //! could leave the node.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use kpx_proto::node_context::NodeContext;
@@ -53,11 +55,38 @@ impl EndpointSet {
     }
 }
 
-pub fn pick_chain_name(set: EndpointSet, family: Family, endpoints: usize) -> String {
-    match set {
-        EndpointSet::Cluster => format!("pick-{}-{endpoints}", family.suffix()),
-        EndpointSet::Local => format!("pick-local-{}-{endpoints}", family.suffix()),
-    }
+/// The pick chain for `endpoints` endpoints of a set; its name says all its rule depends
+/// on (with `masqueradeAll` it also marks for masquerade), so that a pick chain in the
+/// kernel under this name is the one wanted.
+pub fn pick_chain_name(set: EndpointSet, family: Family, endpoints: usize, masquerade_all: bool) -> String {
+    let set = match set {
+        EndpointSet::Cluster => "",
+        EndpointSet::Local => "local-",
+    };
+    let masq = if masquerade_all { "masq-" } else { "" };
+    format!("pick-{set}{masq}{}-{endpoints}", family.suffix())
+}
+
+/// Every pick chain a table with `pick_chains` of them has.
+pub fn pick_chain_names(context: &NodeContext, pick_chains: usize) -> BTreeSet<String> {
+    pick_chain_kinds()
+        .flat_map(|(set, f)| {
+            (1..=pick_chains).map(move |n| pick_chain_name(set, f, n, context.masquerade_all))
+        })
+        .collect()
+}
+
+fn pick_chain_kinds() -> impl Iterator<Item = (EndpointSet, Family)> {
+    Family::ALL.into_iter().flat_map(|f| [EndpointSet::Cluster, EndpointSet::Local].map(move |set| (set, f)))
+}
+
+/// Whether [`skeleton`] writes the pick chains, or the kernel has them already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PickChains {
+    /// Written, with the endpoint maps they use declared in the same transaction.
+    Write,
+    /// In the kernel already as they must be: kept as they are, with their maps.
+    Kept,
 }
 
 /// The statement that marks a packet for masquerading.
@@ -65,17 +94,18 @@ pub fn mark_for_masquerade() -> String {
     format!("meta mark set meta mark | {MASQUERADE_MARK:#x}")
 }
 
-/// Creates the table afresh (replacing any old one) with its sets, maps and chains, and
-/// pick chains for 1..=`pick_chains` endpoints. What it depends on of the node: the
-/// local-traffic detector and `masqueradeAll`.
-pub fn skeleton(context: &NodeContext, pick_chains: usize) -> String {
+/// The maps a full sync deletes and declares again rather than flushes: those the pick
+/// chains use (see [`declare_collections`]).
+pub fn replaced_maps() -> impl Iterator<Item = String> {
+    pick_chain_kinds().map(|(set, f)| set.map(f).name())
+}
+
+/// The table's sets, maps and chains, with pick chains for 1..=`pick_chains` endpoints
+/// unless they are kept, as `add` commands into an empty table. What it depends on of the
+/// node: the local-traffic detector and `masqueradeAll`.
+pub fn skeleton(context: &NodeContext, pick_chains: usize, picks: PickChains) -> String {
     let mut s = String::new();
     let t = format!("{FAMILY} {TABLE}");
-    // Adding first makes the delete valid whether or not the table exists; all of it is one transaction.
-    let _ = writeln!(
-        s,
-        "add table {t}\ndelete table {t}\nadd table {t} {{ comment \"managed by kpx-dataplane\" ; }}"
-    );
     for f in Family::ALL {
         declare_collections(&mut s, f);
     }
@@ -165,8 +195,8 @@ pub fn skeleton(context: &NodeContext, pick_chains: usize) -> String {
         );
         let _ = writeln!(s, "add rule {t} filter-{hook} jump reject-no-endpoints");
     }
-    for f in Family::ALL {
-        for set in [EndpointSet::Cluster, EndpointSet::Local] {
+    if picks == PickChains::Write {
+        for (set, f) in pick_chain_kinds() {
             for n in 1..=pick_chains {
                 s.push_str(&pick_chain(set, f, n, context.masquerade_all));
             }
@@ -184,8 +214,10 @@ fn declare_collections(s: &mut String, f: Family) {
     }
     // nft 1.0.6 cannot add a rule that uses these maps once they are in the kernel
     // ("conflicting protocols specified: ip vs. th"), and writing the data as `tcp dport`
-    // makes such rules match TCP only. So the pick chains are created with the maps, in the
-    // same transaction, and never later.
+    // makes the first such rule match TCP only. So the pick chains' rules are only ever
+    // added in the transaction that declares the maps: a full sync keeps both when the
+    // kernel has every pick chain wanted ([`PickChains::Kept`]), else deletes and declares
+    // them again ([`replaced_maps`]).
     for map in [Collection::Endpoints(f), Collection::LocalEndpoints(f)] {
         let _ = writeln!(
             s,
@@ -214,7 +246,8 @@ fn declare_collections(s: &mut String, f: Family) {
 
 /// A chain that picks one of `endpoints` endpoints of a set evenly.
 fn pick_chain(set: EndpointSet, family: Family, endpoints: usize, masquerade_all: bool) -> String {
-    let (t, nft, name) = (format!("{FAMILY} {TABLE}"), family.nft(), pick_chain_name(set, family, endpoints));
+    let (t, nft) = (format!("{FAMILY} {TABLE}"), family.nft());
+    let name = pick_chain_name(set, family, endpoints, masquerade_all);
     let mark = if masquerade_all { format!("{} ", mark_for_masquerade()) } else { String::new() };
     format!(
         "add chain {t} {name}\nadd rule {t} {name} {mark}dnat {nft} to {nft} daddr . meta l4proto . th dport . numgen random mod {endpoints} map @{}\n",
@@ -229,7 +262,7 @@ mod tests {
     #[test]
     fn local_traffic_detection_only_where_cidrs_are_known() {
         let context = crate::backend::fixtures::node_context();
-        let s = skeleton(&context, 1);
+        let s = skeleton(&context, 1, PickChains::Write);
         assert!(s.contains("add element inet kpx local-cidrs-v4 { 10.244.0.0/16 }"), "{s}");
         assert!(s.contains(
             "add rule inet kpx services ip saddr != @local-cidrs-v4 ip daddr . meta l4proto . th dport @cluster-entries-v4 meta mark set meta mark | 0x2000"
@@ -240,7 +273,8 @@ mod tests {
         ));
         assert!(s.contains("add chain inet kpx pick-local-v6-1\n") && !s.contains("pick-v4-2"));
         assert!(!s.contains("mark set meta mark | 0x2000 dnat"), "no masquerade-all");
-        let all = skeleton(&NodeContext { masquerade_all: true, ..context }, 1);
-        assert!(all.contains("add rule inet kpx pick-v4-1 meta mark set meta mark | 0x2000 dnat ip to"));
+        let all = skeleton(&NodeContext { masquerade_all: true, ..context.clone() }, 1, PickChains::Write);
+        assert!(all.contains("add rule inet kpx pick-masq-v4-1 meta mark set meta mark | 0x2000 dnat ip to"));
+        assert!(!skeleton(&context, 1, PickChains::Kept).contains("pick-"), "kept: not written");
     }
 }

@@ -24,6 +24,8 @@ pub struct FakeNft {
 struct NftState {
     tables: BTreeMap<String, Table>,
     transactions: usize,
+    /// How many times a transaction deleted kpx's table (its base chains' hooks with it).
+    table_deletions: usize,
     fail_next: std::collections::VecDeque<String>,
 }
 
@@ -64,6 +66,11 @@ impl FakeNft {
     /// Refuses the next transaction with `message`, changing nothing (called twice: the next two).
     pub fn fail_next(&self, message: &str) {
         self.state().fail_next.push_back(message.to_owned());
+    }
+
+    /// How many applied transactions deleted kpx's table.
+    pub fn table_deletions(&self) -> usize {
+        self.state().table_deletions
     }
 
     /// How many transactions were applied.
@@ -125,6 +132,7 @@ impl Nft for FakeNft {
             return Err(ExecError::refused(TOOL, message));
         }
         let mut tables = state.tables.clone();
+        let mut deleted_table = false;
         for (number, line) in script.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -133,9 +141,11 @@ impl Nft for FakeNft {
             apply(&mut tables, line).map_err(|reason| {
                 ExecError::refused(TOOL, format!("line {}: {reason}: {line}", number + 1))
             })?;
+            deleted_table |= line == format!("delete table {FAMILY} {TABLE}");
         }
         state.tables = tables;
         state.transactions += 1;
+        state.table_deletions += usize::from(deleted_table);
         Ok(())
     }
 
@@ -144,7 +154,7 @@ impl Nft for FakeNft {
         let table = state.tables.get(&table_key(FAMILY, TABLE));
         let words: Vec<&str> = what.split_whitespace().collect();
         match words[..] {
-            ["table", FAMILY, TABLE] => Ok(table.map(|t| dump(FAMILY, TABLE, t)).unwrap_or_default()),
+            ["table", FAMILY, TABLE] => Ok(table.map(|t| dump(FAMILY, TABLE, t, false)).unwrap_or_default()),
             ["chain", FAMILY, TABLE, name] => Ok(table
                 .and_then(|t| t.chains.get(name))
                 .map(|c| {
@@ -157,6 +167,15 @@ impl Nft for FakeNft {
                 format!("the fake lists only kpx's table or one of its chains, not {what:?}"),
             )),
         }
+    }
+
+    fn outline(&mut self) -> Result<String, ExecError> {
+        let state = self.state();
+        Ok(state
+            .tables
+            .get(&table_key(FAMILY, TABLE))
+            .map(|t| dump(FAMILY, TABLE, t, true))
+            .unwrap_or_default())
     }
 }
 
@@ -194,10 +213,13 @@ fn apply(tables: &mut BTreeMap<String, Table>, line: &str) -> Result<(), Refusal
                     .split_once("comment \"")
                     .and_then(|(_, c)| c.split_once('"'))
                     .map(|(c, _)| c.to_owned());
-                let table = tables.entry(table_name).or_default();
-                if comment.is_some() {
-                    table.comment = comment;
-                }
+                // As in the kernel: an existing table keeps its comment.
+                tables.entry(table_name).or_insert_with(|| Table { comment, ..Table::default() });
+                Ok(())
+            }
+            "flush" => {
+                let table = tables.get_mut(&table_name).ok_or("No such file or directory")?;
+                table.chains.values_mut().for_each(|c| c.rules.clear());
                 Ok(())
             }
             "delete" => {
@@ -264,9 +286,18 @@ fn apply(tables: &mut BTreeMap<String, Table>, line: &str) -> Result<(), Refusal
                 }
             }
         }
-        ("delete", "set" | "map") => {
+        ("flush", kind @ ("set" | "map")) => {
+            let set = table
+                .sets
+                .get_mut(rest.trim())
+                .filter(|s| s.is_map == (kind == "map"))
+                .ok_or("No such file or directory (no such set)")?;
+            set.elements.clear();
+            Ok(())
+        }
+        ("delete", kind @ ("set" | "map")) => {
             let name = rest.trim();
-            if !table.sets.contains_key(name) {
+            if !table.sets.get(name).is_some_and(|s| s.is_map == (kind == "map")) {
                 return Err("No such file or directory (no such set)".into());
             }
             let used =
@@ -367,8 +398,9 @@ fn refers_to_chain(table: &Table, name: &str, except: Option<&str>) -> bool {
     from_rules || from_elements
 }
 
-/// The table in `nft list table` layout: sets and maps, then chains, each by name.
-fn dump(family: &str, name: &str, table: &Table) -> String {
+/// The table in `nft list table` layout (`terse`: `nft -t`, without elements): sets and
+/// maps, then chains, each by name.
+fn dump(family: &str, name: &str, table: &Table, terse: bool) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "table {family} {name} {{");
     if let Some(comment) = &table.comment {
@@ -379,7 +411,7 @@ fn dump(family: &str, name: &str, table: &Table) -> String {
         for part in set.declaration.split(';').map(str::trim).filter(|p| !p.is_empty()) {
             let _ = writeln!(out, "\t\t{part}");
         }
-        if !set.elements.is_empty() {
+        if !set.elements.is_empty() && !terse {
             let items: Vec<String> =
                 set.elements.iter().map(|(k, v)| element_text(k, v.as_deref())).collect();
             let _ = writeln!(out, "\t\telements = {{ {} }}", items.join(", "));

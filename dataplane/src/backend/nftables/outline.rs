@@ -1,0 +1,251 @@
+//! How a full sync reaches kpx's table: emptied and filled again in place, in one
+//! transaction, keeping every kernel object a packet may be using as the transaction
+//! commits.
+//!
+//! A packet runs the rules of the generation it entered nf_tables in, but each set lookup
+//! sees the generation of the moment it happens. A packet entering just before the commit
+//! thus meets old rules and new set contents. Where those are the same objects, that is
+//! harmless: a key flushed and added again is found. Where an old rule uses a set the
+//! transaction deletes, the lookup misses: the connection gets no NAT (a null binding it
+//! keeps for its life). Replacing the table whole (`delete table`, `add table`) does
+//! exactly that for every set, and swaps the base chains' hooks as well: it lost 1–2
+//! connections in 400 full syncs under a prober (`full_syncs_under_traffic`). So while the
+//! table exists, a full sync, before adding everything again:
+//! 1. flushes every chain's rules, except the pick chains when the kernel has every pick
+//!    chain wanted (their names say all their rules depend on): those stay as they are,
+//!    and so do the endpoint maps they use;
+//! 2. flushes every set and map, except the session-affinity client sets that stay (their
+//!    clients keep their endpoint);
+//! 3. deletes the chains, sets and maps that are no longer wanted and, when the pick
+//!    chains are written again, the endpoint maps, which nft 1.0.6 needs declared in the
+//!    same transaction (see [`super::skeleton`]): only a full sync that grows the pick
+//!    chains or turns `masqueradeAll` on or off takes that risk.
+//!
+//! The table's comment names its layout ([`COMMENT`]); a table of another layout (made by
+//! another version of kpx, whose sets may be declared otherwise) is replaced whole, once
+//! ([`replace_script`]).
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+
+use super::affinity;
+use super::render::{FAMILY, TABLE};
+use super::ruleset::Contents;
+use super::skeleton;
+
+/// What kpx's table holds, by name: read from `nft -t list table` (no elements).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Outline {
+    pub comment: Option<String>,
+    pub chains: BTreeSet<String>,
+    pub sets: BTreeSet<String>,
+    pub maps: BTreeSet<String>,
+}
+
+impl Outline {
+    /// The outline of a listing; `None` when nothing is listed (no table).
+    pub fn parse(listing: &str) -> Option<Outline> {
+        if listing.trim().is_empty() {
+            return None;
+        }
+        let mut outline = Outline::default();
+        for line in listing.lines() {
+            // The table's own objects are indented once; their contents deeper.
+            let Some(line) = line.strip_prefix('\t').filter(|l| !l.starts_with('\t')) else { continue };
+            if let Some(comment) = line.strip_prefix("comment \"").and_then(|c| c.strip_suffix('"')) {
+                outline.comment = Some(comment.to_owned());
+                continue;
+            }
+            let mut words = line.split_whitespace();
+            let (Some(kind), Some(name), Some("{")) = (words.next(), words.next(), words.next()) else {
+                continue;
+            };
+            outline.insert(kind, name);
+        }
+        Some(outline)
+    }
+
+    /// Whether the table is of this version's layout, so that it can be refilled in place.
+    pub fn is_current(&self) -> bool {
+        self.comment.as_deref() == Some(COMMENT)
+    }
+
+    /// What `add chain|set|map inet kpx NAME …` commands declare.
+    pub fn declared_by(script: &str) -> Outline {
+        let prefix = format!(" {FAMILY} {TABLE} ");
+        let mut outline = Outline::default();
+        for line in script.lines() {
+            let Some(rest) = line.strip_prefix("add ") else { continue };
+            let Some((kind, rest)) = rest.split_once(&prefix) else { continue };
+            if let Some(name) = rest.split_whitespace().next() {
+                outline.insert(kind, name);
+            }
+        }
+        outline
+    }
+
+    fn insert(&mut self, kind: &str, name: &str) {
+        let to = match kind {
+            "chain" => &mut self.chains,
+            "set" => &mut self.sets,
+            "map" => &mut self.maps,
+            _ => return,
+        };
+        to.insert(name.to_owned());
+    }
+}
+
+/// The transaction that creates kpx's table (there is none) holding `contents` (the whole
+/// table as `add` commands into an empty one).
+pub fn create_script(contents: &Contents) -> String {
+    format!("add table {FAMILY} {TABLE} {{ comment \"{COMMENT}\" ; }}\n{}", contents.script)
+}
+
+/// The transaction that empties kpx's table, which holds `existing` and is of the current
+/// layout, but for the pick chains `contents` keeps (and their endpoint maps' declarations),
+/// and fills it with `contents`.
+pub fn refill_script(existing: &Outline, contents: &Contents) -> String {
+    let mut script = String::with_capacity(contents.script.len() + 4096);
+    empty_in_place(
+        &mut script,
+        existing,
+        &Outline::declared_by(&contents.script),
+        &contents.kept_pick_chains,
+    );
+    script.push_str(&contents.script);
+    script
+}
+
+/// The transaction that replaces kpx's table whole (whether or not it exists) with one
+/// holding `contents`.
+pub fn replace_script(contents: &Contents) -> String {
+    let t = format!("{FAMILY} {TABLE}");
+    // Adding first makes the delete valid whether or not the table exists.
+    format!("add table {t}\ndelete table {t}\n{}", create_script(contents))
+}
+
+/// The table's comment, naming its layout: change the number whenever a set, map or base
+/// chain is declared otherwise, so that tables of the old layout are replaced whole.
+pub const COMMENT: &str = "managed by kpx-dataplane, layout 2";
+
+fn empty_in_place(s: &mut String, existing: &Outline, wanted: &Outline, kept: &BTreeSet<String>) {
+    let t = format!("{FAMILY} {TABLE}");
+    let _ = writeln!(s, "add table {t}");
+    // Rules first: nothing then refers to a set or chain but the elements of maps.
+    for name in existing.chains.difference(kept) {
+        let _ = writeln!(s, "flush chain {t} {name}");
+    }
+    let replaced: BTreeSet<String> = skeleton::replaced_maps().collect();
+    let mut deletes = String::new();
+    for (kind, have, want) in [("map", &existing.maps, &wanted.maps), ("set", &existing.sets, &wanted.sets)] {
+        for name in have {
+            let redeclared = kept.is_empty() && replaced.contains(name);
+            if !want.contains(name) || redeclared {
+                let _ = writeln!(deletes, "delete {kind} {t} {name}");
+            } else if !name.starts_with(affinity::PREFIX) {
+                let _ = writeln!(s, "flush {kind} {t} {name}");
+            }
+        }
+    }
+    // Chains once no map element goes to them; sets once no rule looks them up.
+    for name in existing.chains.iter().filter(|c| !wanted.chains.contains(*c) && !kept.contains(*c)) {
+        let _ = writeln!(s, "delete chain {t} {name}");
+    }
+    s.push_str(&deletes);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `nft -t list table inet kpx` as nft 1.0.6 prints it (abridged).
+    const LISTED: &str = "table inet kpx {\n\
+        \tcomment \"managed by kpx-dataplane, layout 2\"\n\
+        \tmap service-ips-v4 {\n\t\ttype ipv4_addr . inet_proto . inet_service : verdict\n\t}\n\
+        \tmap endpoints-v4 {\n\t\ttypeof ip daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport\n\t}\n\
+        \tset sa-0123456789ab-ba9876543210 {\n\t\ttype ipv4_addr\n\t\tsize 65535\n\t\tflags dynamic,timeout\n\t\ttimeout 1m\n\t}\n\
+        \tset sa-0123456789ab-000000000000 {\n\t\ttype ipv4_addr\n\t\tflags dynamic,timeout\n\t}\n\
+        \tset hairpin-v4 {\n\t\ttype ipv4_addr . ipv4_addr\n\t}\n\
+        \tchain services {\n\t\tip daddr . meta l4proto . th dport vmap @service-ips-v4\n\t}\n\
+        \tchain pick-v4-64 {\n\t}\n\
+        \tchain sa-0123456789ab {\n\t\tip saddr @sa-0123456789ab-ba9876543210 goto sa-0123456789ab-ba9876543210\n\t}\n\
+        \tchain nat-prerouting {\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tjump services\n\t}\n\
+        }\n";
+
+    #[test]
+    fn an_outline_names_the_tables_objects_and_nothing_inside_them() {
+        let outline = Outline::parse(LISTED).expect("a table");
+        assert!(outline.is_current());
+        assert_eq!(
+            outline.chains.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["nat-prerouting", "pick-v4-64", "sa-0123456789ab", "services"]
+        );
+        assert_eq!(outline.maps.len(), 2);
+        assert_eq!(outline.sets.len(), 3);
+        assert_eq!(Outline::parse(""), None, "no table");
+        let older = LISTED.replace(", layout 2", "");
+        assert!(!Outline::parse(&older).expect("a table").is_current(), "made by an older kpx");
+    }
+
+    #[test]
+    fn a_full_sync_keeps_the_table_and_empties_it_first() {
+        let existing = Outline::parse(LISTED).expect("a table");
+        let script = "add map inet kpx service-ips-v4 { type ipv4_addr . inet_proto . inet_service : verdict ; }\n\
+            add map inet kpx endpoints-v4 { typeof ip daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport ; }\n\
+            add set inet kpx hairpin-v4 { type ipv4_addr . ipv4_addr ; }\n\
+            add set inet kpx sa-0123456789ab-ba9876543210 { type ipv4_addr ; flags dynamic,timeout ; timeout 60s ; }\n\
+            add chain inet kpx services\nadd chain inet kpx sa-0123456789ab\n\
+            add chain inet kpx nat-prerouting { type nat hook prerouting priority -100 ; policy accept ; }\n";
+        let before = |kept: &[&str]| -> Vec<String> {
+            let contents = Contents {
+                script: script.to_owned(),
+                kept_pick_chains: kept.iter().map(|c| (*c).to_owned()).collect(),
+            };
+            let refill = refill_script(&existing, &contents);
+            refill.strip_suffix(script).expect("the contents come last").lines().map(str::to_owned).collect()
+        };
+        assert_eq!(
+            before(&["pick-v4-64"]),
+            [
+                "add table inet kpx",
+                "flush chain inet kpx nat-prerouting",
+                "flush chain inet kpx sa-0123456789ab",
+                "flush chain inet kpx services",
+            ]
+            .iter()
+            .chain(&[
+                "flush map inet kpx endpoints-v4",
+                "flush map inet kpx service-ips-v4",
+                "flush set inet kpx hairpin-v4",
+                "delete set inet kpx sa-0123456789ab-000000000000",
+            ])
+            .copied()
+            .collect::<Vec<_>>(),
+            "never `delete table`: the base chains stay; the pick chains and their map stay; \
+             the affinity set that stays keeps its clients"
+        );
+        assert_eq!(
+            before(&[]),
+            [
+                "add table inet kpx",
+                "flush chain inet kpx nat-prerouting",
+                "flush chain inet kpx pick-v4-64",
+                "flush chain inet kpx sa-0123456789ab",
+                "flush chain inet kpx services",
+                "flush map inet kpx service-ips-v4",
+                "flush set inet kpx hairpin-v4",
+                "delete chain inet kpx pick-v4-64",
+                "delete map inet kpx endpoints-v4",
+                "delete set inet kpx sa-0123456789ab-000000000000",
+            ],
+            "pick chains written again: their map is declared again with them"
+        );
+        let contents = Contents { script: script.to_owned(), ..Contents::default() };
+        let created = create_script(&contents);
+        assert!(
+            created.starts_with("add table inet kpx { comment") && !created.contains("delete"),
+            "{created}"
+        );
+        assert!(replace_script(&contents).contains("delete table inet kpx\n"));
+    }
+}
