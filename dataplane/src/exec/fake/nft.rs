@@ -297,7 +297,7 @@ fn apply(tables: &mut BTreeMap<String, Table>, line: &str) -> Result<(), Refusal
         }
         ("delete", kind @ ("set" | "map")) => {
             let name = rest.trim();
-            if !table.sets.get(name).is_some_and(|s| s.is_map == (kind == "map")) {
+            if table.sets.get(name).is_none_or(|s| s.is_map != (kind == "map")) {
                 return Err("No such file or directory (no such set)".into());
             }
             let used =
