@@ -748,8 +748,9 @@ pub fn damaged_store(backend: ProxyBackend) {
 /// Full syncs in a loop (`--full-sync-period 50ms`) under a prober that opens a connection
 /// to the ClusterIP and the NodePort every 2 ms: a full sync rewrites everything in the
 /// kernel, but a connection that begins meanwhile must not notice. Not one request fails.
-/// (Replacing nftables' table whole lost 1–2 connections in 400 full syncs here: a
-/// connection caught between the old and the new NAT base chains.)
+/// (Replacing nftables' table whole lost 1–2 connections in 400 full syncs here: a packet
+/// entering just before the commit runs the old rules against sets the transaction deleted.
+/// That is a matter of chance; the kernel handles checked below are not.)
 pub fn full_syncs_under_traffic(backend: ProxyBackend) {
     let spec = "  type: NodePort\n  clusterIP: 10.96.1.40\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30140}\n";
     let manifests = [(

@@ -217,11 +217,6 @@ fn apply(tables: &mut BTreeMap<String, Table>, line: &str) -> Result<(), Refusal
                 tables.entry(table_name).or_insert_with(|| Table { comment, ..Table::default() });
                 Ok(())
             }
-            "flush" => {
-                let table = tables.get_mut(&table_name).ok_or("No such file or directory")?;
-                table.chains.values_mut().for_each(|c| c.rules.clear());
-                Ok(())
-            }
             "delete" => {
                 tables.remove(&table_name).map(drop).ok_or_else(|| "No such file or directory".into())
             }
