@@ -7,11 +7,13 @@
 
 pub mod fake_apiserver;
 pub mod fake_control_plane;
+pub mod http_traffic;
 pub mod ipvs_scenarios;
 pub mod manifests;
 pub mod netns;
 pub mod pki;
 pub mod process;
+pub mod rolling_update;
 pub mod scenarios;
 pub mod topology;
 pub mod traffic;

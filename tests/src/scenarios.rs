@@ -33,7 +33,7 @@ macro_rules! behaviour_suite {
             node_port, external_and_load_balancer_ips, external_traffic_policy_local,
             internal_traffic_policy_local, topology_hints, session_affinity, terminating_endpoints,
             masquerade, dual_stack, ports, udp_conntrack, ignored_services, bad_input, damaged_store, flushed_behind_its_back,
-            full_syncs_under_traffic);
+            full_syncs_under_traffic, rolling_update, rolling_update_local);
     };
     (@tests $backend:expr; $($scenario:ident),*) => {
         $(
@@ -67,7 +67,11 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("damaged_store", damaged_store),
     ("flushed_behind_its_back", flushed_behind_its_back),
     ("full_syncs_under_traffic", full_syncs_under_traffic),
+    ("rolling_update", rolling_update),
+    ("rolling_update_local", rolling_update_local),
 ];
+
+pub use crate::rolling_update::{rolling_update, rolling_update_local};
 
 /// A started topology with backends on 8080 in every pod.
 pub struct Scene {
@@ -129,16 +133,7 @@ impl Scene {
 
     /// One sample of the agent's metrics, read over HTTP (`/metrics` on 127.0.0.1:10249).
     pub fn agent_metric(&self, name: &str) -> f64 {
-        let (code, body) = self
-            .t
-            .node
-            .run_in(|| http_get_path(sock("127.0.0.1", 10249), "/metrics"))
-            .expect("the agent's metrics");
-        assert_eq!(code, 200, "{body}");
-        body.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{name} in {body}"))
+        agent_metric(&self.t.node, name)
     }
 
     /// The peers pod `i`'s backend has seen.
@@ -149,6 +144,18 @@ impl Scene {
     fn clear_peers(&self) {
         self.backends.iter().for_each(Backend::clear_peers);
     }
+}
+
+/// One sample of a metric of the agent running in `node`, read over HTTP (`/metrics` on
+/// 127.0.0.1:10249).
+pub fn agent_metric(node: &Netns, name: &str) -> f64 {
+    let (code, body) =
+        node.run_in(|| http_get_path(sock("127.0.0.1", 10249), "/metrics")).expect("the agent's metrics");
+    assert_eq!(code, 200, "{body}");
+    body.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} in {body}"))
 }
 
 fn pod(i: usize) -> String {

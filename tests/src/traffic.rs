@@ -193,6 +193,11 @@ pub fn emulated_cpu() {
     PATIENCE.store(5, Ordering::Relaxed);
 }
 
+/// How many times longer than on this machine requests may take: 1, or 5 on an emulated CPU.
+pub fn patience() -> u32 {
+    PATIENCE.load(Ordering::Relaxed)
+}
+
 /// One TCP connection, connecting and reading each within `timeout`: who answered.
 pub fn tcp_request_within(to: SocketAddr, timeout: Duration) -> Answer {
     match TcpStream::connect_timeout(&to, timeout) {
