@@ -9,6 +9,7 @@ pub mod fake_apiserver;
 pub mod fake_control_plane;
 pub mod http_traffic;
 pub mod ipvs_scenarios;
+pub mod kernel_rules;
 pub mod manifests;
 pub mod netns;
 pub mod pki;

@@ -1,12 +1,16 @@
 //! Faults under continuous traffic, over real processes: a control plane killed and
 //! started again (nothing resent; a change made while it was down arrives, and only it),
 //! a second replica taking over, and the link to the control plane cut (noticed by
-//! HTTP/2 keepalive, resumed when it is back). Each counts the requests a prober sent and
-//! fails if one of them failed. The agent's crash, a damaged store and rules flushed
-//! behind its back are scenarios of the behaviour suite (`kpx_e2e::scenarios`).
+//! HTTP/2 keepalive, resumed when it is back), and the agent killed in the middle of
+//! programming 10,000 Services (the kernel holds each Service whole or not at all). Each
+//! counts the requests a prober sent and fails if one of them failed. A damaged store
+//! and rules flushed behind the agent's back are scenarios of the behaviour suite
+//! (`kpx_e2e::scenarios`).
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use kpx_e2e::kernel_rules::{tcp_cluster_ips, Programmed};
 use kpx_e2e::manifests::{documents, ep, service, slice};
 use kpx_e2e::process::KpxProcess;
 use kpx_e2e::topology::{sock, ProxyBackend, Topology, CONTROL_PLANE_ADDR, NODE_NAME};
@@ -199,6 +203,86 @@ fn a_cut_link_is_noticed_by_keepalive_and_the_stream_resumes(backend: ProxyBacke
     t.wait_answered_by(API_VIP, 80, "pod0");
 }
 
+/// `n` Services `many-I` (ClusterIP 10.97.x.y, port 80) with both pods as endpoints.
+fn many_services(n: usize) -> String {
+    let eps = [ep(Topology::pod_ip(0)), ep(Topology::pod_ip(1))];
+    let docs: Vec<String> = (0..n)
+        .flat_map(|i| {
+            let name = format!("many-{i}");
+            [
+                service(&name, &spec(&many_vip(i)), ""),
+                slice(&name, &format!("{name}-1"), false, &[("http", "TCP", 8080)], &eps),
+            ]
+        })
+        .collect();
+    documents(&docs)
+}
+
+fn many_vip(i: usize) -> String {
+    format!("10.97.{}.{}", i / 250, i % 250 + 1)
+}
+
+/// The kernel's state of the `many-*` Services: how many are whole; panics on one that
+/// is there in part or whole with other endpoints than both pods.
+fn whole_many_services(t: &Topology, backend: ProxyBackend) -> BTreeSet<String> {
+    let want: BTreeSet<String> = [0, 1].iter().map(|&i| format!("{}:8080", Topology::pod_ip(i))).collect();
+    let mut whole = BTreeSet::new();
+    for (vip, state) in tcp_cluster_ips(&t.node, backend) {
+        if !vip.starts_with("10.97.") {
+            continue;
+        }
+        assert_eq!(state, Programmed::Whole(want.clone()), "{vip}: a Service programmed in part");
+        whole.insert(vip);
+    }
+    whole
+}
+
+/// SIGKILL in the middle of programming 10,000 Services (the control plane sends them
+/// in responses of 500, each programmed and stored before the next is ACKed): the kernel
+/// holds every Service whole or not at all; the agent, restarted while the control
+/// plane is down, programs what it stored (the Services it had are there, whole); once
+/// the control plane is back all 10,000 arrive; a prober on another Service sees no
+/// failure throughout.
+fn the_agent_killed_during_a_10k_service_apply(backend: ProxyBackend) {
+    const SERVICES: usize = 10_000;
+    let (t, _backends) = start();
+    let mut cp = t.start_control_plane();
+    let mut dp = t.start_dataplane_with(backend, &[]);
+    t.wait_answered_by(WEB_VIP, 80, "pod0");
+    let prober = probe(&t);
+    let applied = |dp: &KpxProcess| {
+        dp.events().iter().filter(|e| message(e) == "delta applied" && e["type_url"] == SERVICE_VIEW).count()
+    };
+    let before = applied(&dp);
+    t.write_manifest("many.yaml", &many_services(SERVICES));
+    wait_for("the agent to program the first part of the 10,000", Duration::from_secs(120), || {
+        (applied(&dp) > before).then_some(())
+    });
+    dp.kill();
+    cp.kill();
+    let at_kill = whole_many_services(&t, backend);
+    println!("{backend:?}: killed with {} of {SERVICES} Services in the kernel, each whole", at_kill.len());
+    assert!(!at_kill.is_empty() && at_kill.len() < SERVICES, "killed during the apply: {}", at_kill.len());
+
+    // Restarted without a control plane: what it stored is programmed, whole.
+    dp = t.start_dataplane_with(backend, &[]);
+    dp.wait_event("the restarted agent to program its stored state", DEADLINE, |e| {
+        message(e) == "programmed stored state"
+    });
+    let restored = whole_many_services(&t, backend);
+    println!("{backend:?}: restarted from its store alone: {} Services, each whole", restored.len());
+    assert!(!restored.is_empty() && restored.is_subset(&at_kill), "{} of {}", restored.len(), at_kill.len());
+
+    cp = t.start_control_plane();
+    wait_for("all 10,000 Services in the kernel", Duration::from_secs(180), || {
+        (whole_many_services(&t, backend).len() == SERVICES).then_some(())
+    });
+    let seen = prober.finish();
+    println!("{backend:?}: then all {SERVICES} programmed; {} requests to another Service, {} failed", seen.sent, seen.failed);
+    assert_eq!(seen.failed, 0, "{seen:?}");
+    drop(cp);
+}
+
 macro_rules! on_backends {
     ($($name:ident),*) => {
         mod nftables {
@@ -213,5 +297,6 @@ macro_rules! on_backends {
 on_backends!(
     control_plane_crash_and_a_change_while_it_is_down,
     a_second_replica_takes_over,
-    a_cut_link_is_noticed_by_keepalive_and_the_stream_resumes
+    a_cut_link_is_noticed_by_keepalive_and_the_stream_resumes,
+    the_agent_killed_during_a_10k_service_apply
 );
