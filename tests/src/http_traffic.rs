@@ -71,7 +71,8 @@ impl HttpPod {
                         Ok((conn, _)) => {
                             let (closing, stop, served, name) =
                                 (Arc::clone(&closing), Arc::clone(&stop), Arc::clone(&served), name.clone());
-                            let handle = std::thread::spawn(move || serve(conn, &name, &closing, &stop, &served));
+                            let handle =
+                                std::thread::spawn(move || serve(conn, &name, &closing, &stop, &served));
                             let mut open = connections.lock().unwrap_or_else(|p| p.into_inner());
                             // A finished connection's thread is let go (its handle dropped).
                             open.retain(|h| !h.is_finished());
@@ -147,7 +148,9 @@ fn serve(conn: TcpStream, name: &str, closing: &AtomicBool, stop: &AtomicBool, s
                 Ok(_) if line == "\r\n" => break,
                 Ok(_) => client_closes |= line.to_ascii_lowercase().starts_with("connection: close"),
                 // Idle: look at the stop flag again (clients send a request in one write).
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                Err(e)
+                    if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
+                {
                     if stop.load(Ordering::Relaxed) {
                         return;
                     }
@@ -205,6 +208,9 @@ pub struct LoadResult {
     pub answered_by: BTreeMap<String, usize>,
     /// TCP connections opened.
     pub connections: usize,
+    /// UDP datagrams that got no answer and were sent again on the same socket (as a
+    /// resolver does), the second one answered; a second loss is a failed request.
+    pub resent: usize,
     /// (when, after the start; how long the request took) of every request.
     pub latencies: Vec<(Duration, Duration)>,
 }
@@ -333,15 +339,22 @@ impl Session {
             }
             Client::Udp => {
                 if self.udp.is_none() {
-                    let sock = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0))).map_err(|e| e.to_string())?;
-                    sock.set_read_timeout(Some(request_timeout())).map_err(|e| e.to_string())?;
+                    let sock =
+                        UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0))).map_err(|e| e.to_string())?;
+                    sock.set_read_timeout(Some(request_timeout() / 2)).map_err(|e| e.to_string())?;
                     self.udp = Some(sock);
                 }
                 let sock = self.udp.as_ref().ok_or("no UDP socket")?;
-                sock.send_to(b"who", self.to).map_err(|e| format!("send: {e}"))?;
-                let mut buf = [0u8; 512];
-                let (n, _) = sock.recv_from(&mut buf).map_err(|e| format!("no answer: {e}"))?;
-                Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+                let exchange = || {
+                    sock.send_to(b"who", self.to).map_err(|e| format!("send: {e}"))?;
+                    let mut buf = [0u8; 512];
+                    let (n, _) = sock.recv_from(&mut buf).map_err(|e| format!("no answer: {e}"))?;
+                    Ok::<_, String>(String::from_utf8_lossy(&buf[..n]).into_owned())
+                };
+                exchange().or_else(|_| {
+                    shared.lock().unwrap_or_else(|p| p.into_inner()).resent += 1;
+                    exchange()
+                })
             }
         }
     }

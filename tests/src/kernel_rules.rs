@@ -129,7 +129,8 @@ fn iptables(node: &Netns, save: &str) -> BTreeMap<String, Programmed> {
     };
     let mut out = BTreeMap::new();
     for words in rules.get("KPX-SERVICES").into_iter().flatten() {
-        let (Some(vip), Some(port), Some(target)) = (arg(words, "-d"), arg(words, "--dport"), arg(words, "-j"))
+        let (Some(vip), Some(port), Some(target)) =
+            (arg(words, "-d"), arg(words, "--dport"), arg(words, "-j"))
         else {
             continue;
         };
@@ -147,9 +148,8 @@ fn iptables(node: &Netns, save: &str) -> BTreeMap<String, Programmed> {
                 .filter_map(|w| arg(w, "-j"))
                 .filter(|j| j.starts_with("KPX-SEP-"))
                 .collect();
-            let dnat = |sep: &String| {
-                rules.get(sep).into_iter().flatten().find_map(|w| arg(w, "--to-destination"))
-            };
+            let dnat =
+                |sep: &String| rules.get(sep).into_iter().flatten().find_map(|w| arg(w, "--to-destination"));
             match seps.iter().map(|s| dnat(s).ok_or(s)).collect::<Result<BTreeSet<String>, _>>() {
                 Ok(eps) if !eps.is_empty() => Programmed::Whole(eps),
                 Ok(_) => Programmed::Partial(format!("{target} has no endpoint")),

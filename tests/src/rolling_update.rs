@@ -177,7 +177,8 @@ fn describe(what: &str, r: &LoadResult) -> String {
     } else {
         format!("answered by {} pods in turn", r.answered_by.len())
     };
-    format!("{what}: {} requests, {} failed {over}", r.sent, r.failed)
+    let resent = if r.resent > 0 { format!(" ({} sent twice)", r.resent) } else { String::new() };
+    format!("{what}: {} requests, {} failed{resent} {over}", r.sent, r.failed)
 }
 
 fn ms(d: Option<Duration>) -> String {
@@ -215,7 +216,9 @@ pub fn rolling_update(backend: ProxyBackend) {
     let rollouts_began = per_request.started.elapsed();
     let sent_before = per_request.sent();
     let mut rollouts = 0;
-    while per_request.sent() - sent_before < wanted && per_request.started.elapsed() < Duration::from_secs(240) {
+    while per_request.sent() - sent_before < wanted
+        && per_request.started.elapsed() < Duration::from_secs(240)
+    {
         let (old, new) = if rollouts % 2 == 0 { ([0, 1, 2], [3, 4, 5]) } else { ([3, 4, 5], [0, 1, 2]) };
         for (o, n) in old.into_iter().zip(new) {
             r.replace(o, n, &local);
@@ -239,9 +242,23 @@ pub fn rolling_update(backend: ProxyBackend) {
     for (what, seen) in [("per request", &per_request), ("keep-alive", &keep_alive), ("UDP", &udp)] {
         assert_eq!(seen.failed, 0, "{what}: {:?}", seen.failures);
     }
+    // IPVS drops the first datagram of a flow whose destination was just removed (with
+    // expire_nodest_conn it expires the connection on that datagram and drops it while
+    // its conntrack entry is still the old one); the netfilter backends lose none.
+    if backend != ProxyBackend::Ipvs {
+        assert_eq!(udp.resent, 0, "no datagram lost");
+    }
     assert!(during >= wanted, "{during} requests during the rollouts");
-    assert!(keep_alive.connections > rollouts, "keep-alive connections moved to new pods: {}", keep_alive.connections);
-    assert!(udp.sent > 100 && udp.answered_by.len() > 1, "the UDP socket moved to new pods: {:?}", udp.answered_by);
+    assert!(
+        keep_alive.connections > rollouts,
+        "keep-alive connections moved to new pods: {}",
+        keep_alive.connections
+    );
+    assert!(
+        udp.sent > 100 && udp.answered_by.len() > 1,
+        "the UDP socket moved to new pods: {:?}",
+        udp.answered_by
+    );
     assert!(r.answered_after_close() > 0, "a kept connection outlived its endpoint's removal");
     drop(r.cp);
     drop(r.dp);
@@ -263,7 +280,8 @@ pub fn rolling_update_local(backend: ProxyBackend) {
     wait_served_by(&r.t.client, node_port, &["pod0".into()]);
     let status = |t: &Topology| t.client.run_in(move || http_get(health)).map(|(code, _)| code);
     wait_for("the health check to say 200", DEADLINE, || (status(&r.t) == Ok(200)).then_some(()));
-    let lb = Load::start(&r.t.client, Client::HttpPerRequest, node_port, Duration::ZERO, Duration::from_secs(120));
+    let lb =
+        Load::start(&r.t.client, Client::HttpPerRequest, node_port, Duration::ZERO, Duration::from_secs(120));
     std::thread::sleep(Duration::from_secs(1));
 
     // pod0 terminates: the health check fails before the endpoint goes.
