@@ -18,4 +18,5 @@ pub mod serve;
 pub mod state;
 pub mod status;
 pub mod store;
+pub mod upkeep;
 pub mod xds_client;

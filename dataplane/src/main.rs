@@ -17,7 +17,7 @@ use kpx_dataplane::exec::conntrack::{ConntrackProcess, SharedConntrack};
 use kpx_dataplane::exec::iptables::{Flavour, IptablesProcess};
 use kpx_dataplane::exec::nft;
 use kpx_dataplane::store::Store;
-use kpx_dataplane::{serve, xds_client};
+use kpx_dataplane::{serve, upkeep, xds_client};
 use kpx_proto::node_context::ProxySettings;
 
 fn main() -> ExitCode {
@@ -107,7 +107,8 @@ fn run(
     runtime.block_on(async {
         serve::start(&agent, config.listen).await?;
         tokio::select! {
-            _ = xds_client::run(config.control_planes, agent, config.sync) => {},
+            _ = xds_client::run(config.control_planes, agent.clone(), config.sync.min) => {},
+            _ = upkeep::run(agent, config.sync.full) => {},
             _ = kpx_proto::cli::shutdown_signal() => {
                 tracing::info!("shutting down; rules stay in place (use --cleanup to remove them)");
             },

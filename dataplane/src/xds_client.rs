@@ -22,25 +22,17 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// gRPC status code INVALID_ARGUMENT, carried in NACKs.
 const INVALID_ARGUMENT: i32 = 3;
 
-/// How often the kernel is synced.
-#[derive(Debug, Clone, Copy)]
-pub struct SyncPeriods {
-    /// A full resync this often while a stream is open (`None`: never), repairing rules
-    /// someone else changed.
-    pub full: Option<Duration>,
-    /// At least this long between two applies: a delta that comes sooner waits, and the
-    /// control plane (which sends nothing new before the ACK) coalesces changes meanwhile.
-    pub min: Duration,
-}
-
 /// Runs forever: connect, stream, and on any failure back off and resume, with the next
 /// of `control_planes` (replicas serve the same versions, so a node resumes on any of
 /// them without anything resent).
-pub async fn run(control_planes: Vec<ControlPlane>, agent: SharedAgent, sync: SyncPeriods) {
+/// At least `min_sync_period` passes between two applies: a delta that comes sooner
+/// waits, and the control plane (which sends nothing new before the ACK) coalesces
+/// changes meanwhile.
+pub async fn run(control_planes: Vec<ControlPlane>, agent: SharedAgent, min_sync_period: Duration) {
     let mut backoff = INITIAL_BACKOFF;
     for control_plane in control_planes.iter().cycle() {
         let url = control_plane.url.as_str();
-        match stream_once(control_plane, &agent, sync).await {
+        match stream_once(control_plane, &agent, min_sync_period).await {
             Ok(()) => {
                 tracing::warn!(control_plane = url, "control plane closed the stream");
                 agent.lock().set_connected(false, Some("control plane closed the stream".into()));
@@ -74,14 +66,6 @@ fn subscription(agent: &Agent, ty: ResourceType) -> DeltaDiscoveryRequest {
     }
 }
 
-/// How often the backend's timed work runs (drained IPVS destinations are removed).
-const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(5);
-
-/// How often the backend's canary is checked (see [`crate::backend::Backend::intact`]):
-/// kpx's rules flushed behind its back are programmed again within this, not only at the
-/// next `--full-sync-period`. Cheap: one chain listed per table and family.
-const CANARY_PERIOD: Duration = Duration::from_secs(10);
-
 /// A node recovering from a damaged store takes the control plane's state as whole once
 /// the stream has been quiet this long after its last response (a control plane answers
 /// each ACK with the next part of an initial sync at once).
@@ -90,9 +74,8 @@ const RECOVERY_QUIET: Duration = Duration::from_secs(2);
 async fn stream_once(
     control_plane: &ControlPlane,
     agent: &SharedAgent,
-    sync: SyncPeriods,
+    min_sync_period: Duration,
 ) -> Result<(), StreamEnd> {
-    let full_sync_period = sync.full;
     let fail = |established: bool| move |e: anyhow::Error| StreamEnd { error: e, established };
     let channel =
         control_plane.connect().await.map_err(|e| fail(false)(anyhow::anyhow!("connect: {}", causes(&e))))?;
@@ -126,13 +109,7 @@ async fn stream_once(
         services,
         "stream open; resuming with the versions this node has"
     );
-    let period = full_sync_period.unwrap_or(Duration::from_secs(365 * 24 * 3600));
-    let mut resync = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    let mut last_apply = tokio::time::Instant::now() - sync.min;
-    let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
-    housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut canary = tokio::time::interval_at(tokio::time::Instant::now() + CANARY_PERIOD, CANARY_PERIOD);
-    canary.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_apply = tokio::time::Instant::now() - min_sync_period;
     let mut last_response = tokio::time::Instant::now();
     loop {
         let recovering = agent.lock().recovering();
@@ -140,18 +117,6 @@ async fn stream_once(
             message = inbound.message() => message,
             _ = tokio::time::sleep_until(last_response + RECOVERY_QUIET), if recovering => {
                 tokio::task::block_in_place(|| agent.lock().finish_recovery());
-                continue;
-            }
-            _ = housekeeping.tick() => {
-                tokio::task::block_in_place(|| agent.lock().housekeeping());
-                continue;
-            }
-            _ = canary.tick() => {
-                tokio::task::block_in_place(|| agent.lock().check_rules());
-                continue;
-            }
-            _ = resync.tick(), if full_sync_period.is_some() => {
-                tokio::task::block_in_place(|| agent.lock().resync());
                 continue;
             }
         };
@@ -166,7 +131,7 @@ async fn stream_once(
                 return Err(fail(!refused)(error));
             }
         };
-        if let Some(wait) = sync.min.checked_sub(last_apply.elapsed()) {
+        if let Some(wait) = min_sync_period.checked_sub(last_apply.elapsed()) {
             tokio::time::sleep(wait).await;
         }
         let reply = tokio::task::block_in_place(|| handle(&mut agent.lock(), response));

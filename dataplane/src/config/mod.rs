@@ -19,7 +19,6 @@ pub use flags::{BackendKind, Flags, IptablesMode};
 use crate::backend::ipvs::IpvsOptions;
 use crate::connection::{ClientIdentity, ClientTls, ControlPlane};
 use crate::serve::Listen;
-use crate::xds_client::SyncPeriods;
 use file::{KubeProxyConfiguration, ModeSection};
 
 /// A configuration that cannot be used; the message names the flag or field.
@@ -91,6 +90,17 @@ pub enum Mode {
 }
 
 /// What following a control plane needs.
+/// How often the kernel is synced.
+#[derive(Debug, Clone, Copy)]
+pub struct SyncPeriods {
+    /// A full resync this often (`None`: never), repairing rules someone else changed;
+    /// with or without a control plane (see [`crate::upkeep`]).
+    pub full: Option<Duration>,
+    /// At least this long between two applies: a delta that comes sooner waits, and the
+    /// control plane (which sends nothing new before the ACK) coalesces changes meanwhile.
+    pub min: Duration,
+}
+
 #[derive(Debug, Clone)]
 pub struct RunConfig {
     pub node_name: String,
