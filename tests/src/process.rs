@@ -117,6 +117,17 @@ impl KpxProcess {
         let _ = self.child.wait();
     }
 
+    /// Freezes the process (SIGSTOP): its sockets stay open and the kernel still accepts
+    /// connections on them, but nothing in it answers (a stalled process).
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Lets a frozen process run again (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
     fn signal(&self, sig: i32) {
         if let Ok(pid) = i32::try_from(self.child.id()) {
             // SAFETY: sending a signal to our own child by PID.

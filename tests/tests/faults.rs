@@ -203,6 +203,71 @@ fn a_cut_link_is_noticed_by_keepalive_and_the_stream_resumes(backend: ProxyBacke
     t.wait_answered_by(API_VIP, 80, "pod0");
 }
 
+/// A control plane that stalls (frozen with SIGSTOP: its TCP connections stay up, the
+/// kernel even accepts new ones, but nothing answers) while a second replica is up: the
+/// agent notices by HTTP/2 keepalive within the default bound (a PING every 10 s, 10 s
+/// for its answer), follows the second replica, and a change arrives through it. The
+/// stalled one, let run again, sees the node gone and drops its stream; when the second
+/// replica is killed, the agent goes back to the first. A prober sees no failure.
+fn a_stalled_control_plane_is_noticed_and_another_replica_followed(backend: ProxyBackend) {
+    let (t, _backends) = start();
+    let first = t.start_control_plane();
+    let second_addr = "127.0.0.1:18010";
+    let mut second = t.start_control_plane_at(second_addr, "127.0.0.1:18012");
+    for cp in [&first, &second] {
+        cp.wait_event("the replica to listen", DEADLINE, |e| {
+            message(e) == "serving delta xDS and the admin API"
+        });
+    }
+    let replicas = format!("http://{CONTROL_PLANE_ADDR},http://{second_addr}");
+    let flags: Vec<String> = backend.args().iter().map(|a| (*a).to_owned()).collect();
+    let dp = t.start_agent(NODE_NAME, &replicas, "state", &flags);
+    t.wait_answered_by(WEB_VIP, 80, "pod0");
+    first.wait_event("the node's stream", DEADLINE, |e| message(e) == "subscription synced");
+    let prober = probe(&t);
+    let unreachable = |dp: &KpxProcess| {
+        dp.events().iter().filter(|e| message(e).starts_with("control plane unreachable")).count()
+    };
+    let (failed_before, opened) = (unreachable(&dp), streams_opened(&dp));
+    first.freeze();
+    let stalled = Instant::now();
+    wait_for("the agent to notice the stalled control plane", Duration::from_secs(60), || {
+        (unreachable(&dp) > failed_before).then_some(())
+    });
+    let noticed = stalled.elapsed();
+    wait_for("the agent to follow the second replica", Duration::from_secs(60), || {
+        (streams_opened(&dp) > opened).then_some(())
+    });
+    let followed = stalled.elapsed();
+    assert_eq!(sent_on_resume(&second), (0, 0), "nothing resent by the second replica");
+    manifests(&t, 0);
+    t.wait_answered_by(API_VIP, 80, "pod0");
+
+    // The first runs again: the node's old stream is gone, and it lets it go.
+    first.thaw();
+    first.wait_event("the thawed replica to drop the node's dead stream", Duration::from_secs(60), |e| {
+        (message(e) == "stream ended" || message(e) == "stream closed") && e["node"] == NODE_NAME
+    });
+    let opened = streams_opened(&dp);
+    second.kill();
+    wait_for("the agent to go back to the first replica", Duration::from_secs(60), || {
+        (streams_opened(&dp) > opened).then_some(())
+    });
+    manifests(&t, 1);
+    t.wait_answered_by(API_VIP, 80, "pod1");
+    let seen = prober.finish();
+    println!(
+        "{backend:?}: a stalled control plane noticed in {:.1} s, the second replica followed {:.1} s after the stall; {} requests, {} failed",
+        noticed.as_secs_f64(),
+        followed.as_secs_f64(),
+        seen.sent,
+        seen.failed
+    );
+    assert!(noticed <= Duration::from_secs(30), "noticed within the default keepalive bound: {noticed:?}");
+    assert_eq!(seen.failed, 0, "{seen:?}");
+    drop(first);
+}
+
 /// `n` Services `many-I` (ClusterIP 10.97.x.y, port 80) with both pods as endpoints.
 fn many_services(n: usize) -> String {
     let eps = [ep(Topology::pod_ip(0)), ep(Topology::pod_ip(1))];
@@ -325,5 +390,6 @@ on_backends!(
     control_plane_crash_and_a_change_while_it_is_down,
     a_second_replica_takes_over,
     a_cut_link_is_noticed_by_keepalive_and_the_stream_resumes,
+    a_stalled_control_plane_is_noticed_and_another_replica_followed,
     the_agent_killed_during_a_10k_service_apply
 );
