@@ -32,6 +32,8 @@ pub enum StoreError {
     MoveAside { path: String, source: std::io::Error },
     #[error("state store: {0}")]
     Sled(#[from] sled::Error),
+    #[error("state store {path}: closed after a failed write, and not open again yet")]
+    Closed { path: String },
 }
 
 /// Why a stored state was thrown away.
@@ -73,11 +75,21 @@ impl Manifest {
 }
 
 pub struct Store {
-    db: sled::Db,
-    tree: sled::Tree,
+    dir: PathBuf,
+    /// `None` only while it is being opened again after a failed write (see [`Store::heal`]).
+    open: Option<Open>,
     manifest: Manifest,
     /// Set when the database could not be opened and was replaced by an empty one.
     replaced: Option<Damaged>,
+    /// A write failed (a full disk, an I/O error): sled may refuse every later one, and
+    /// what it holds may lag behind the state the kernel has.
+    failed: bool,
+}
+
+/// An open sled database and kpx's tree in it.
+struct Open {
+    db: sled::Db,
+    tree: sled::Tree,
 }
 
 impl Store {
@@ -86,8 +98,15 @@ impl Store {
     /// then reports it as damaged.
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
         let path = dir.join(DB);
+        let store = |open, replaced| Store {
+            dir: dir.to_owned(),
+            open: Some(open),
+            manifest: Manifest::default(),
+            replaced,
+            failed: false,
+        };
         match Self::open_db(&path) {
-            Ok((db, tree)) => Ok(Store { db, tree, manifest: Manifest::default(), replaced: None }),
+            Ok(open) => Ok(store(open, None)),
             // Another process holds it: not damage.
             Err(StoreError::Open { source: sled::Error::Io(e), .. })
                 if e.kind() == std::io::ErrorKind::WouldBlock
@@ -105,18 +124,42 @@ impl Store {
                 ));
                 std::fs::rename(&path, &aside)
                     .map_err(|source| StoreError::MoveAside { path: path.display().to_string(), source })?;
-                let (db, tree) = Self::open_db(&path)?;
+                let open = Self::open_db(&path)?;
                 let replaced = Damaged::new("database", format!("{e}; moved aside to {}", aside.display()));
-                Ok(Store { db, tree, manifest: Manifest::default(), replaced: Some(replaced) })
+                Ok(store(open, Some(replaced)))
             }
         }
     }
 
-    fn open_db(path: &Path) -> Result<(sled::Db, sled::Tree), StoreError> {
+    fn open_db(path: &Path) -> Result<Open, StoreError> {
         let open_error = |source| StoreError::Open { path: path.display().to_string(), source };
         let db = sled::open(path).map_err(open_error)?;
         let tree = db.open_tree("resources").map_err(open_error)?;
-        Ok((db, tree))
+        Ok(Open { db, tree })
+    }
+
+    fn opened(&self) -> Result<&Open, StoreError> {
+        self.open.as_ref().ok_or_else(|| StoreError::Closed { path: self.dir.join(DB).display().to_string() })
+    }
+
+    /// After a failed write: closes sled, opens it again (a database it cannot open is
+    /// moved aside, as at start) and rewrites it whole from `state`, the state the kernel
+    /// holds. Nothing to do while no write has failed; still failed if this fails too.
+    pub fn heal(&mut self, state: &NodeState) -> Result<(), StoreError> {
+        if !self.failed {
+            return Ok(());
+        }
+        // sled holds a lock on its files: the old handle goes before the new one opens.
+        self.open = None;
+        let fresh = Store::open(&self.dir)?;
+        self.open = fresh.open;
+        self.replace_all(state)?;
+        self.failed = false;
+        tracing::info!(
+            services = state.services.len(),
+            "state store writable again: rewritten from the accepted state"
+        );
+        Ok(())
     }
 
     /// Reads the stored state, checking every record and the manifest. A damaged store is
@@ -126,8 +169,9 @@ impl Store {
             return Ok(Err(damaged));
         }
         let mut state = NodeState::default();
-        let format = self.tree.get(FORMAT_KEY)?;
-        if format.is_none() && self.tree.is_empty() {
+        let tree = &self.opened()?.tree;
+        let format = tree.get(FORMAT_KEY)?;
+        if format.is_none() && tree.is_empty() {
             self.manifest = Manifest::default();
             return Ok(Ok(state));
         }
@@ -140,7 +184,7 @@ impl Store {
         }
         let mut seen = Manifest::default();
         let mut stored: Option<Manifest> = None;
-        for item in self.tree.iter() {
+        for item in tree.iter() {
             let (key, value) = item?;
             let name = String::from_utf8_lossy(&key).into_owned();
             if key.as_ref() == FORMAT_KEY {
@@ -193,13 +237,24 @@ impl Store {
         Ok(Ok(state))
     }
 
-    /// Writes what changed in one batch (with the manifest) and flushes it to disk.
+    /// Writes what changed in one batch (with the manifest) and flushes it to disk. A
+    /// failure leaves the store to [`Store::heal`] before the next write.
     pub fn commit(&mut self, state: &NodeState, changes: &ChangeSet) -> Result<(), StoreError> {
+        let written = self.write(state, changes);
+        if let Err(e) = &written {
+            tracing::warn!(error = %e, "writing the state store failed; it is opened again and rewritten before the next write");
+            self.failed = true;
+        }
+        written
+    }
+
+    fn write(&mut self, state: &NodeState, changes: &ChangeSet) -> Result<(), StoreError> {
+        let Open { db, tree } = self.opened()?;
         let mut batch = sled::Batch::default();
         let mut manifest = self.manifest;
         batch.insert(FORMAT_KEY, FORMAT);
         let mut put = |key: Vec<u8>, new: Option<(&str, Vec<u8>)>| -> Result<(), StoreError> {
-            if let Some(old) = self.tree.get(&key)? {
+            if let Some(old) = tree.get(&key)? {
                 if let Some((_, checksum, _)) = split_record(&old) {
                     manifest.count = manifest.count.saturating_sub(1);
                     manifest.digest ^= checksum;
@@ -224,15 +279,18 @@ impl Store {
             put(NODE_KEY.to_vec(), state.node.as_ref().map(|n| (n.version.as_str(), n.value.encode())))?;
         }
         batch.insert(MANIFEST_KEY, &manifest.encode()[..]);
-        self.tree.apply_batch(batch)?;
-        self.db.flush()?;
+        tree.apply_batch(batch)?;
+        db.flush()?;
         self.manifest = manifest;
         Ok(())
     }
 
     /// Replaces everything stored with `state` (after a damaged load).
     pub fn replace_all(&mut self, state: &NodeState) -> Result<(), StoreError> {
-        self.tree.clear()?;
+        if let Err(e) = self.opened()?.tree.clear() {
+            self.failed = true;
+            return Err(e.into());
+        }
         self.manifest = Manifest::default();
         let changes = ChangeSet { services: state.services.keys().cloned().collect(), node: true };
         self.commit(state, &changes)
@@ -276,14 +334,16 @@ fn split_record(bytes: &[u8]) -> Option<(String, u64, &[u8])> {
 impl Store {
     /// Writes raw bytes under `key` (a test's way to damage a record).
     pub(crate) fn insert_raw(&self, key: &[u8], value: &[u8]) {
-        self.tree.insert(key, value).expect("insert");
-        self.db.flush().expect("flush");
+        let open = self.opened().expect("open");
+        open.tree.insert(key, value).expect("insert");
+        open.db.flush().expect("flush");
     }
 
     /// Removes `key` behind the manifest's back.
     pub(crate) fn remove_raw(&self, key: &[u8]) {
-        self.tree.remove(key).expect("remove");
-        self.db.flush().expect("flush");
+        let open = self.opened().expect("open");
+        open.tree.remove(key).expect("remove");
+        open.db.flush().expect("flush");
     }
 }
 
@@ -349,7 +409,8 @@ mod tests {
         let (dir, _) = stored(&["a", "b"]);
         let mut store = Store::open(dir.path()).expect("open");
         store.load().expect("read").expect("intact");
-        let mut good = store.tree.get(b"svc/c/ns/a").expect("get").expect("there").to_vec();
+        let mut good =
+            store.opened().expect("open").tree.get(b"svc/c/ns/a").expect("get").expect("there").to_vec();
         let last = good.len() - 1;
         good[last] ^= 0x01;
         store.insert_raw(b"svc/c/ns/a", &good);

@@ -38,12 +38,16 @@ pub async fn run(control_planes: Vec<ControlPlane>, agent: SharedAgent, min_sync
                 agent.lock().set_connected(false, Some("control plane closed the stream".into()));
                 backoff = INITIAL_BACKOFF;
             }
-            Err(StreamEnd { error, established }) => {
+            Err(StreamEnd { error, established, local_failure }) => {
                 if established {
                     backoff = INITIAL_BACKOFF;
                 }
                 agent.lock().set_connected(false, Some(format!("{error:#}")));
-                tracing::warn!(control_plane = url, error = %error, retry_in_ms = backoff.as_millis() as u64, "control plane unreachable; rules stay as they are");
+                if local_failure {
+                    tracing::warn!(control_plane = url, error = %error, retry_in_ms = backoff.as_millis() as u64, "resuming the stream to be sent the change again; rules stay as they are");
+                } else {
+                    tracing::warn!(control_plane = url, error = %error, retry_in_ms = backoff.as_millis() as u64, "control plane unreachable; rules stay as they are");
+                }
             }
         }
         let jitter = rand::rng().random_range(0.5..1.5);
@@ -55,6 +59,8 @@ pub async fn run(control_planes: Vec<ControlPlane>, agent: SharedAgent, min_sync
 struct StreamEnd {
     error: anyhow::Error,
     established: bool,
+    /// Ended by this node, to be sent again a change it could not take.
+    local_failure: bool,
 }
 
 fn subscription(agent: &Agent, ty: ResourceType) -> DeltaDiscoveryRequest {
@@ -76,7 +82,8 @@ async fn stream_once(
     agent: &SharedAgent,
     min_sync_period: Duration,
 ) -> Result<(), StreamEnd> {
-    let fail = |established: bool| move |e: anyhow::Error| StreamEnd { error: e, established };
+    let fail =
+        |established: bool| move |e: anyhow::Error| StreamEnd { error: e, established, local_failure: false };
     let channel =
         control_plane.connect().await.map_err(|e| fail(false)(anyhow::anyhow!("connect: {}", causes(&e))))?;
     let mut client = AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(256 << 20);
@@ -134,10 +141,22 @@ async fn stream_once(
         if let Some(wait) = min_sync_period.checked_sub(last_apply.elapsed()) {
             tokio::time::sleep(wait).await;
         }
-        let reply = tokio::task::block_in_place(|| handle(&mut agent.lock(), response));
+        let (reply, local_failure) = tokio::task::block_in_place(|| handle(&mut agent.lock(), response));
         last_apply = tokio::time::Instant::now();
         last_response = last_apply;
         tx.send(reply).await.map_err(|_| fail(true)(anyhow::anyhow!("request channel closed")))?;
+        if let Some(failure) = local_failure {
+            // Half-close so the NACK reaches the control plane, let it end the stream,
+            // and resume (with backoff) from the versions the node holds.
+            drop(tx);
+            let drain = async { while let Ok(Some(_)) = inbound.message().await {} };
+            let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
+            return Err(StreamEnd {
+                error: anyhow::anyhow!("this node could not take a change: {failure}"),
+                established: false,
+                local_failure: true,
+            });
+        }
     }
 }
 
@@ -211,7 +230,10 @@ fn hint(text: &str, tls: bool) -> Option<&'static str> {
 }
 
 /// Applies one response and builds its ACK or NACK.
-fn handle(agent: &mut Agent, response: DeltaDiscoveryResponse) -> DeltaDiscoveryRequest {
+/// Applies one response; the ACK or NACK to send, and, for a NACK of a local failure
+/// (the kernel or the disk refused), the failure: the stream is then resumed, so the
+/// control plane (which never resends what a node refused) sends the change again.
+fn handle(agent: &mut Agent, response: DeltaDiscoveryResponse) -> (DeltaDiscoveryRequest, Option<String>) {
     let type_url = response.type_url.clone();
     let resources = response
         .resources
@@ -226,6 +248,7 @@ fn handle(agent: &mut Agent, response: DeltaDiscoveryResponse) -> DeltaDiscovery
         response_nonce: response.nonce.clone(),
         ..Default::default()
     };
+    let mut local_failure = None;
     match agent.apply(&type_url, resources, response.removed_resources) {
         Ok(applied) => {
             tracing::info!(
@@ -241,9 +264,12 @@ fn handle(agent: &mut Agent, response: DeltaDiscoveryResponse) -> DeltaDiscovery
             tracing::error!(type_url, nonce = response.nonce, error = %e, "delta refused (NACK); keeping the last good state");
             reply.error_detail =
                 Some(RpcStatus { code: INVALID_ARGUMENT, message: e.to_string(), details: vec![] });
+            if e.is_local() {
+                local_failure = Some(e.to_string());
+            }
         }
     }
-    reply
+    (reply, local_failure)
 }
 
 #[cfg(test)]
@@ -290,13 +316,14 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let mut agent = agent(dir.path());
         let view = service("web", "10.96.0.10", &["10.244.0.1"]);
-        let ack = handle(&mut agent, response("n-1", view.encode(), &view.resource_name()));
+        let (ack, _) = handle(&mut agent, response("n-1", view.encode(), &view.resource_name()));
         assert_eq!(
             (ack.response_nonce.as_str(), ack.type_url.as_str()),
             ("n-1", ResourceType::ServiceView.type_url())
         );
         assert!(ack.error_detail.is_none(), "{ack:?}");
-        let nack = handle(&mut agent, response("n-2", vec![0xff, 0xff], "c/ns/broken"));
+        let (nack, local) = handle(&mut agent, response("n-2", vec![0xff, 0xff], "c/ns/broken"));
+        assert_eq!(local, None, "an invalid resource is not retried");
         assert_eq!(nack.response_nonce, "n-2");
         let status = nack.error_detail.expect("NACK");
         assert_eq!(status.code, INVALID_ARGUMENT);

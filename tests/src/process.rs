@@ -60,6 +60,42 @@ impl KpxProcess {
         KpxProcess { child, log, name: program.to_owned() }
     }
 
+    /// Starts kpx's `program args…` inside `ns` in a mount namespace of its own where
+    /// `dir` is a tmpfs of `size` (e.g. `8m`): a small filesystem the test can fill
+    /// through `/proc/PID/root` without touching the host's mounts.
+    pub fn start_on_tmpfs(
+        ns: &Netns,
+        program: &str,
+        args: &[String],
+        log: PathBuf,
+        dir: &std::path::Path,
+        size: &str,
+    ) -> KpxProcess {
+        std::fs::create_dir_all(dir).expect("the tmpfs mount point");
+        let file = File::options().create(true).append(true).open(&log).expect("log file");
+        // unshare, sh and ip each exec the next: the PID is the program's.
+        let child = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(format!("mount -t tmpfs -o size={size} kpx-test-state '{}' && exec \"$@\"", dir.display()))
+            .args(["sh", "ip", "netns", "exec", &ns.name])
+            .arg(binary(program))
+            .args(args)
+            .arg("--log-format=json")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
+        KpxProcess { child, log, name: program.to_owned() }
+    }
+
+    /// `path` as this process sees it (through its mount namespace).
+    pub fn path_inside(&self, path: &std::path::Path) -> PathBuf {
+        let relative = path.strip_prefix("/").unwrap_or(path);
+        PathBuf::from(format!("/proc/{}/root", self.child.id())).join(relative)
+    }
+
     /// The process id (`ip netns exec` execs the program, so it is the program's).
     pub fn pid(&self) -> Option<u32> {
         Some(self.child.id())

@@ -27,6 +27,9 @@ fn changes_programmed(node: &Netns) -> f64 {
         + crate::scenarios::agent_metric(node, "kubeproxy_sync_proxy_rules_service_changes_total")
 }
 
+/// Writes a Service's manifest with its slice of these endpoints.
+type ManifestOf = Box<dyn Fn(&[Ep]) -> String>;
+
 /// Pods in their namespaces, a Service's slice written from them, kpx running.
 struct Rollout {
     // Dropped in this order: processes, pods, then the namespaces.
@@ -36,7 +39,7 @@ struct Rollout {
     /// The slice's endpoints: (pod index, terminating).
     endpoints: Vec<(usize, bool)>,
     file: &'static str,
-    manifest: Box<dyn Fn(&[Ep]) -> String>,
+    manifest: ManifestOf,
     /// The endpoints this node's rules use, as far as the test knows (see [`used`]).
     used: Used,
     /// How long each write that changed them took to be programmed.
@@ -49,7 +52,7 @@ impl Rollout {
         backend: ProxyBackend,
         pods: usize,
         file: &'static str,
-        manifest: Box<dyn Fn(&[Ep]) -> String>,
+        manifest: ManifestOf,
         endpoints: &[usize],
         local: &dyn Fn(usize) -> bool,
     ) -> Rollout {

@@ -213,6 +213,27 @@ impl Topology {
         KpxProcess::start(&self.node, "kpx-dataplane", &args, self.log_path("dataplane"))
     }
 
+    /// The node agent driving `backend` with its state directory on a tmpfs of `size` of
+    /// its own (see [`KpxProcess::start_on_tmpfs`]); returns the directory too.
+    pub fn start_dataplane_on_tmpfs(&self, backend: ProxyBackend, size: &str) -> (KpxProcess, PathBuf) {
+        let state = self.dir.path().join("state-tmpfs");
+        let mut args = vec![
+            format!("--node-name={NODE_NAME}"),
+            format!("--control-plane=http://{CONTROL_PLANE_ADDR}"),
+            format!("--state-dir={}", state.display()),
+        ];
+        args.extend(backend.args().iter().map(|a| (*a).to_owned()));
+        let dp = KpxProcess::start_on_tmpfs(
+            &self.node,
+            "kpx-dataplane",
+            &args,
+            self.log_path("dataplane"),
+            &state,
+            size,
+        );
+        (dp, state)
+    }
+
     /// A node agent that says it is `node`, reaching the control plane at `url`, with a
     /// state directory of its own named `state`, and extra flags (TLS, token).
     pub fn start_agent(&self, node: &str, url: &str, state: &str, extra: &[String]) -> KpxProcess {

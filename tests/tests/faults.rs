@@ -268,6 +268,70 @@ fn a_stalled_control_plane_is_noticed_and_another_replica_followed(backend: Prox
     drop(first);
 }
 
+/// Writes zeros to `path` until the filesystem is full; returns how much it wrote.
+fn fill(path: &std::path::Path) -> u64 {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).expect("the filler file");
+    let block = vec![0u8; 64 << 10];
+    let mut written = 0;
+    loop {
+        match f.write(&block) {
+            Ok(0) => break,
+            Ok(n) => written += n as u64,
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+            Err(e) => panic!("filling {}: {e}", path.display()),
+        }
+    }
+    let _ = f.sync_all();
+    written
+}
+
+/// The agent's state directory on a full filesystem (a tmpfs of its own): a change is
+/// NACKed with the reason (the control plane logs it), the kernel keeps the last good
+/// rules (the Service still answers from its old endpoint), and once there is space
+/// again the agent gets the change and programs it, without a restart. A prober on
+/// another Service sees no failure throughout.
+fn a_full_state_filesystem_nacks_and_recovers(backend: ProxyBackend) {
+    let (t, _backends) = start();
+    let cp = t.start_control_plane();
+    let (dp, state) = t.start_dataplane_on_tmpfs(backend, "16m");
+    t.wait_answered_by(WEB_VIP, 80, "pod0");
+    t.wait_answered_by(API_VIP, 80, "pod1");
+    let prober = probe(&t);
+    let filler = dp.path_inside(&state.join("filler"));
+    let filled = fill(&filler);
+    let nacks = |cp: &KpxProcess| cp.events().iter().filter(|e| message(e).starts_with("NACK")).count();
+    let before = nacks(&cp);
+    // Big enough to need new room in the store's log (a small one fits in what it has).
+    t.write_manifest("many.yaml", &many_services(2_000));
+    manifests(&t, 0);
+    let nack = cp.wait_event("the change NACKed", DEADLINE, |e| message(e).starts_with("NACK"));
+    println!("{backend:?}: state filesystem full ({} KiB written): NACK {}", filled >> 10, nack["reason"]);
+    assert!(nacks(&cp) > before);
+    for _ in 0..20 {
+        assert_eq!(
+            t.client.run_in(|| kpx_e2e::traffic::tcp_request(kpx_e2e::topology::sock(API_VIP, 80))),
+            kpx_e2e::traffic::Answer::From("pod1".into()),
+            "the kernel keeps the last good rules"
+        );
+    }
+    assert!(whole_many_services(&t, backend).is_empty(), "none of the refused Services is in the kernel");
+    std::fs::remove_file(&filler).expect("remove the filler");
+    let freed = Instant::now();
+    t.wait_answered_by(API_VIP, 80, "pod0");
+    wait_for("the 2,000 Services in the kernel", DEADLINE, || {
+        (whole_many_services(&t, backend).len() == 2_000).then_some(())
+    });
+    let seen = prober.finish();
+    println!(
+        "{backend:?}: space back: the change programmed {:.1} s later; {} requests, {} failed",
+        freed.elapsed().as_secs_f64(),
+        seen.sent,
+        seen.failed
+    );
+    assert_eq!(seen.failed, 0, "{seen:?}");
+}
+
 /// `n` Services `many-I` (ClusterIP 10.97.x.y, port 80) with both pods as endpoints.
 fn many_services(n: usize) -> String {
     let eps = [ep(Topology::pod_ip(0)), ep(Topology::pod_ip(1))];
@@ -391,5 +455,6 @@ on_backends!(
     a_second_replica_takes_over,
     a_cut_link_is_noticed_by_keepalive_and_the_stream_resumes,
     a_stalled_control_plane_is_noticed_and_another_replica_followed,
-    the_agent_killed_during_a_10k_service_apply
+    the_agent_killed_during_a_10k_service_apply,
+    a_full_state_filesystem_nacks_and_recovers
 );

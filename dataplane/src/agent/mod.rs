@@ -74,6 +74,14 @@ pub enum ApplyError {
     Store(#[from] crate::store::StoreError),
 }
 
+impl ApplyError {
+    /// A failure of this node (its kernel, its disk), not of what it was sent: the same
+    /// delta may well be accepted later, so it is asked for again.
+    pub fn is_local(&self) -> bool {
+        !matches!(self, ApplyError::Invalid(_))
+    }
+}
+
 /// Whether two views differ in more than their endpoints.
 fn service_changed(a: &ServiceView, b: &ServiceView) -> bool {
     let strip = |v: &ServiceView| {
@@ -386,6 +394,8 @@ impl Agent {
         started: Instant,
     ) -> Result<Applied, ApplyError> {
         let delta = Delta::validate(&self.node_name, type_url, resources, removed)?;
+        // A store whose last write failed is opened again and rewritten first.
+        self.store.heal(&self.state)?;
         let (resources, removed) = (delta.resource_count(), delta.removed_services.len());
         let udp_before = self.udp_services(&delta);
         let (endpoint_changes, service_changes) = self.classify(&delta);
