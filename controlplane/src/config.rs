@@ -31,6 +31,11 @@ pub struct Flags {
     /// are withdrawn from the other clusters' global Services (e.g. 90s, 5m).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub cluster_grace_period: Duration,
+    /// A stream whose response goes unanswered (no ACK, no NACK) this long is closed and
+    /// counted (`kpx_xds_unresponsive_streams_closed_total`): a node that stopped reading
+    /// its stream holds no memory or initial-sync slot beyond it. `0s`: never.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub ack_timeout: Duration,
     /// gRPC address: delta ADS, the admin API, health and reflection.
     #[arg(long, default_value = "0.0.0.0:18000")]
     pub listen: SocketAddr,
@@ -98,6 +103,8 @@ pub struct Config {
     /// Sorted, without repeats.
     pub cluster_cidrs: Vec<IpNet>,
     pub cluster_grace_period: Duration,
+    /// `None`: never.
+    pub ack_timeout: Option<Duration>,
     pub listen: SocketAddr,
     pub metrics_listen: SocketAddr,
     pub security: Security,
@@ -129,6 +136,7 @@ impl Config {
             sources: flags.sources,
             cluster_cidrs,
             cluster_grace_period: flags.cluster_grace_period,
+            ack_timeout: Some(flags.ack_timeout).filter(|d| !d.is_zero()),
             listen: flags.listen,
             metrics_listen: flags.metrics_listen,
             security,

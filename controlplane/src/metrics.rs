@@ -25,6 +25,8 @@ pub struct ControlPlaneMetrics {
     /// Streams and admin calls refused, by reason (no credentials, a bad token, a
     /// `node.id` that is not the caller's identity, admin).
     pub refused_streams: Family<Labels, Counter>,
+    /// Streams closed because a response went unanswered past `--ack-timeout`.
+    pub unresponsive_closed: Counter,
 }
 
 impl Default for ControlPlaneMetrics {
@@ -43,6 +45,7 @@ impl Default for ControlPlaneMetrics {
             services: Gauge::default(),
             node_variants: Gauge::default(),
             refused_streams: Family::default(),
+            unresponsive_closed: Counter::default(),
         };
         let mut registry = Registry::default();
         registry.register("kpx_xds_streams", "Open delta xDS streams", m.streams.clone());
@@ -83,6 +86,11 @@ impl Default for ControlPlaneMetrics {
             "kpx_refused",
             "Streams and admin calls refused, by reason",
             m.refused_streams.clone(),
+        );
+        registry.register(
+            "kpx_xds_unresponsive_streams_closed",
+            "Streams closed because a response went unanswered past --ack-timeout",
+            m.unresponsive_closed.clone(),
         );
         ControlPlaneMetrics { registry, ..m }
     }

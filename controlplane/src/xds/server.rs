@@ -13,7 +13,7 @@ use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::nodes::NodeRegistry;
 use super::snapshot::{ResourceType, Snapshot};
@@ -33,7 +33,17 @@ pub struct AdsServer {
     metrics: Arc<ControlPlaneMetrics>,
     /// Permits for walk chunks in flight (see `serve_stream`).
     walks: Arc<Semaphore>,
+    /// How long a response may go unanswered before its stream is closed (`None`: ever).
+    ack_timeout: Option<Duration>,
 }
+
+/// The default of `--ack-timeout`.
+pub const ACK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a walk chunk holds its permit while unanswered: then the permit goes back to
+/// the streams that answer (the stream keeps its chunk until the ACK or `--ack-timeout`),
+/// so nodes that stopped reading cannot hold every permit and stall everyone's sync.
+pub const WALK_LEASE: Duration = Duration::from_secs(5);
 
 /// How many first-sync chunks may be in flight at once, across all streams (each up to
 /// `MAX_RESOURCES_PER_RESPONSE` resources).
@@ -51,8 +61,27 @@ impl AdsServer {
         metrics: Arc<ControlPlaneMetrics>,
         walks: usize,
     ) -> Self {
-        AdsServer { snapshots, nodes, metrics, walks: Arc::new(Semaphore::new(walks)) }
+        AdsServer {
+            snapshots,
+            nodes,
+            metrics,
+            walks: Arc::new(Semaphore::new(walks)),
+            ack_timeout: Some(ACK_TIMEOUT),
+        }
     }
+
+    /// Closes a stream whose response goes unanswered for `timeout` (`None`: never).
+    pub fn with_ack_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.ack_timeout = timeout;
+        self
+    }
+}
+
+/// What bounds a stream's hold on the server: the walk permits shared by all streams,
+/// and how long its responses may go unanswered.
+struct Limits {
+    walks: Arc<Semaphore>,
+    ack_timeout: Option<Duration>,
 }
 
 /// Where a stream reports what it does.
@@ -134,7 +163,7 @@ impl AdsServer {
         // At most one response per type is in flight, so this never fills.
         let (tx, rx) = mpsc::channel(4);
         let snapshots = self.snapshots.clone();
-        let walks = Arc::clone(&self.walks);
+        let limits = Limits { walks: Arc::clone(&self.walks), ack_timeout: self.ack_timeout };
         let reporter = Reporter {
             id: self.nodes.open(peer),
             nodes: self.nodes.clone(),
@@ -148,7 +177,7 @@ impl AdsServer {
                 Some((node, how)) => StreamState::for_node(node.to_owned(), how),
                 None => StreamState::default(),
             };
-            let result = serve_stream(&mut state, inbound, &tx, snapshots, &reporter, queries, &walks).await;
+            let result = serve_stream(&mut state, inbound, &tx, snapshots, &reporter, queries, &limits).await;
             reporter.closed(state.node().unwrap_or_default());
             let node = state.node().unwrap_or("?").to_owned();
             match result {
@@ -170,20 +199,26 @@ async fn serve_stream(
     mut snapshots: SnapshotReceiver,
     reporter: &Reporter,
     mut queries: mpsc::Receiver<tokio::sync::oneshot::Sender<super::nodes::Versions>>,
-    walks: &Arc<Semaphore>,
+    limits: &Limits,
 ) -> Result<(), Status> {
+    let Limits { walks, ack_timeout } = limits;
+    let ack_timeout = *ack_timeout;
     let mut inbound = std::pin::pin!(inbound);
+    // Per type, since when a response has gone unanswered.
+    let mut unanswered: BTreeMap<ResourceType, tokio::time::Instant> = BTreeMap::new();
     let mut opened: Vec<_> = Vec::new();
     // Walk chunks in flight hold a permit each, so initial syncs of many nodes at once take
     // bounded memory; a permit is given back at the chunk's ACK.
     let mut permits: BTreeMap<ResourceType, OwnedSemaphorePermit> = BTreeMap::new();
     let mut spare: Option<OwnedSemaphorePermit> = None;
+    // Types whose chunk outlived its lease: no permit for them until it is answered.
+    let mut lease_over: std::collections::BTreeSet<ResourceType> = Default::default();
     loop {
         let mut waiting = false;
         let snapshot = snapshots.borrow_and_update().clone();
         if let Some(snapshot) = snapshot {
             for ty in state.subscribed() {
-                if state.walking(ty) && !permits.contains_key(&ty) {
+                if state.walking(ty) && !permits.contains_key(&ty) && !lease_over.contains(&ty) {
                     match spare.take().map_or_else(|| Arc::clone(walks).try_acquire_owned().ok(), Some) {
                         Some(permit) => {
                             permits.insert(ty, permit);
@@ -219,13 +254,35 @@ async fn serve_stream(
                         "sending delta"
                     );
                     reporter.sent(state, ty, &response);
+                    unanswered.entry(ty).or_insert_with(tokio::time::Instant::now);
                     if tx.send(Ok(Box::new(response))).await.is_err() {
                         return Ok(());
                     }
                 }
             }
         }
+        let deadline = ack_timeout.zip(unanswered.values().min()).map(|(timeout, since)| *since + timeout);
+        let lease_ends = permits.keys().filter_map(|ty| unanswered.get(ty)).min().map(|since| *since + WALK_LEASE);
         tokio::select! {
+            _ = tokio::time::sleep_until(lease_ends.unwrap_or_else(tokio::time::Instant::now)), if lease_ends.is_some() => {
+                let now = tokio::time::Instant::now();
+                let over: Vec<ResourceType> =
+                    unanswered.iter().filter(|(_, since)| **since + WALK_LEASE <= now).map(|(ty, _)| *ty).collect();
+                for ty in over {
+                    if permits.remove(&ty).is_some() {
+                        tracing::debug!(node = state.node().unwrap_or_default(), type_url = ty.type_url(), "walk chunk unanswered past its lease: permit given back");
+                        lease_over.insert(ty);
+                    }
+                }
+            }
+            _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
+                reporter.metrics.unresponsive_closed.inc();
+                let waited = ack_timeout.unwrap_or_default();
+                return Err(Status::deadline_exceeded(format!(
+                    "no ACK or NACK within {} s: the node does not read its stream; closed",
+                    waited.as_secs_f64()
+                )));
+            }
             request = inbound.next() => {
                 let Some(request) = request.transpose()? else { return Ok(()) };
                 let kind = state.on_request(request).map_err(|e| {
@@ -242,11 +299,15 @@ async fn serve_stream(
                     }
                     RequestKind::Ack { ty, nonce } => {
                         tracing::debug!(node, type_url = ty.type_url(), nonce, "ACK");
+                        unanswered.remove(&ty);
+                        lease_over.remove(&ty);
                         reporter.answered(state, ty, None);
                         permits.remove(&ty);
                     }
                     RequestKind::Nack { ty, nonce, reason } => {
                         tracing::warn!(node, type_url = ty.type_url(), nonce, reason, "NACK: node kept its last good state");
+                        unanswered.remove(&ty);
+                        lease_over.remove(&ty);
                         reporter.answered(state, ty, Some(&reason));
                         permits.remove(&ty);
                     }
@@ -420,6 +481,51 @@ mod tests {
         tx.send(Err(Status::data_loss("broken body"))).await.expect("open");
         let ended = tokio::time::timeout(Duration::from_secs(5), out.recv()).await.expect("in time");
         assert_eq!(ended.expect("an item").expect_err("the inbound error").code(), tonic::Code::DataLoss);
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_leaves_a_response_unanswered_is_closed_and_its_walk_permit_freed() {
+        let mut f = fixture(1);
+        f.server = f.server.with_ack_timeout(Some(Duration::from_millis(300)));
+        let many = MAX_RESOURCES_PER_RESPONSE + 100;
+        f.snapshots.send_replace(Some(build(&services(many, None), &Snapshot::default())));
+        // n1 takes the one walk permit with its first chunk and never answers.
+        let (_tx1, mut out1) = f.subscribe("n1").await;
+        response(&mut out1).await;
+        let (tx2, mut out2) = f.subscribe("n2").await;
+        let ended = tokio::time::timeout(Duration::from_secs(5), out1.recv()).await.expect("closed in time");
+        let status = ended.expect("an item").expect_err("an error status");
+        assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
+        assert!(status.message().contains("does not read its stream"), "{}", status.message());
+        assert!(f.metrics.render().contains("kpx_xds_unresponsive_streams_closed_total 1"));
+        // n2, which answers, gets the permit and its whole walk, and is not closed.
+        let chunk = response(&mut out2).await;
+        ack(&tx2, &chunk).await;
+        let rest = response(&mut out2).await;
+        assert_eq!(chunk.resources.len() + rest.resources.len(), many);
+        ack(&tx2, &rest).await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(quiet(&mut out2).await, "an answering stream stays open");
+        assert!(f.metrics.render().contains("kpx_xds_unresponsive_streams_closed_total 1"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_walk_chunk_left_unanswered_gives_its_permit_back_after_its_lease() {
+        let mut f = fixture(1);
+        f.server = f.server.with_ack_timeout(None);
+        let many = MAX_RESOURCES_PER_RESPONSE + 100;
+        f.snapshots.send_replace(Some(build(&services(many, None), &Snapshot::default())));
+        let (_tx1, mut out1) = f.subscribe("n1").await;
+        response(&mut out1).await;
+        let since = tokio::time::Instant::now();
+        let (tx2, mut out2) = f.subscribe("n2").await;
+        let next = tokio::time::timeout(WALK_LEASE * 2, out2.recv()).await.expect("n2 served after the lease");
+        let chunk = next.expect("open").expect("a response");
+        assert!(since.elapsed() >= WALK_LEASE, "n2 waited for n1's lease: {:?}", since.elapsed());
+        ack(&tx2, &chunk).await;
+        let rest = response(&mut out2).await;
+        assert_eq!(chunk.resources.len() + rest.resources.len(), many);
+        assert!(quiet(&mut out1).await, "n1 is not closed (no --ack-timeout) and gets nothing more");
     }
 
     #[tokio::test]
