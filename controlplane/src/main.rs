@@ -143,11 +143,10 @@ async fn run(
         ControlPlaneAdminService::new(snapshot_rx.clone(), nodes.clone(), args.sources.clone(), status_rx),
         move |request: tonic::Request<()>| admin_trust.admit_admin(&request).map(|()| request),
     );
-    let ads =
-        xds::transport::AdsService::new(
-            xds::server::AdsServer::new(snapshot_rx, nodes, metrics).with_ack_timeout(args.ack_timeout),
-            trust,
-        );
+    let ads = xds::transport::AdsService::new(
+        xds::server::AdsServer::new(snapshot_rx, nodes, metrics).with_ack_timeout(args.ack_timeout),
+        trust,
+    );
     let reflection = kpx_proto::grpc::reflection_routes(kpx_proto::grpc::Server::ControlPlane)
         .context("reflection descriptors")?;
     let listener = tokio::net::TcpListener::bind(args.listen)

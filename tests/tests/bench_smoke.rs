@@ -20,6 +20,10 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
             "60",
             "--changes",
             "1",
+            "--stuck-percent",
+            "25",
+            "--ack-timeout",
+            "3",
         ])
         .arg("--json")
         .arg(&json)
@@ -38,4 +42,7 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
         assert!(figures.get(key).is_some(), "no {key} in {figures}");
     }
     assert_eq!(figures["fanout"]["nodes"], 12);
+    // Every fourth node never reads its stream: the control plane closes and counts them.
+    assert_eq!(figures["fanout"]["stuck_streams"], 3, "{figures}");
+    assert_eq!(figures["fanout"]["stuck_streams_closed"], 3, "{figures}");
 }

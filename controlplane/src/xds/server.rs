@@ -262,7 +262,8 @@ async fn serve_stream(
             }
         }
         let deadline = ack_timeout.zip(unanswered.values().min()).map(|(timeout, since)| *since + timeout);
-        let lease_ends = permits.keys().filter_map(|ty| unanswered.get(ty)).min().map(|since| *since + WALK_LEASE);
+        let lease_ends =
+            permits.keys().filter_map(|ty| unanswered.get(ty)).min().map(|since| *since + WALK_LEASE);
         tokio::select! {
             _ = tokio::time::sleep_until(lease_ends.unwrap_or_else(tokio::time::Instant::now)), if lease_ends.is_some() => {
                 let now = tokio::time::Instant::now();
@@ -519,7 +520,8 @@ mod tests {
         response(&mut out1).await;
         let since = tokio::time::Instant::now();
         let (tx2, mut out2) = f.subscribe("n2").await;
-        let next = tokio::time::timeout(WALK_LEASE * 2, out2.recv()).await.expect("n2 served after the lease");
+        let next =
+            tokio::time::timeout(WALK_LEASE * 2, out2.recv()).await.expect("n2 served after the lease");
         let chunk = next.expect("open").expect("a response");
         assert!(since.elapsed() >= WALK_LEASE, "n2 waited for n1's lease: {:?}", since.elapsed());
         ack(&tx2, &chunk).await;

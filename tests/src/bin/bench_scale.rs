@@ -3,10 +3,12 @@
 //!
 //! 1. fan-out: one kpx-controlplane (release build, loopback), `--nodes` simulated
 //!    nodes, each a real delta ADS stream on its own connection that ACKs what it
-//!    gets (`--slow-percent` of them wait 2 s before each ACK). Initial sync of every
-//!    node; then `--changes` times one endpoint of one Service is changed in the
-//!    manifests and the time until each fast node has it is measured; control plane
-//!    RSS per stream and CPU seconds per change.
+//!    gets (`--slow-percent` of them wait 2 s before each ACK; `--stuck-percent` of them
+//!    open their stream and never read it). Initial sync of every node that reads; then
+//!    `--changes` times one endpoint of one Service is changed in the manifests and the
+//!    time until each fast node has it is measured; control plane RSS per stream and CPU
+//!    seconds per change; then how long until the control plane closed the stuck streams
+//!    (`--ack-timeout`), and its RSS with them and after.
 //! 2. node programming: kpx-dataplane in a network namespace with its control plane,
 //!    per backend: full sync of all Services, one-endpoint-change latency inside the
 //!    agent (delta received → kernel committed + stored, from its log), its RSS.
@@ -32,6 +34,9 @@ struct Args {
     endpoints: usize,
     nodes: usize,
     slow_percent: usize,
+    stuck_percent: usize,
+    /// The control plane's `--ack-timeout`, in seconds.
+    ack_timeout_s: u64,
     changes: usize,
     node_services: usize,
     json: Option<PathBuf>,
@@ -46,6 +51,8 @@ fn parse_args() -> Result<Args, String> {
         endpoints: 10,
         nodes: 5_000,
         slow_percent: 5,
+        stuck_percent: 5,
+        ack_timeout_s: 120,
         changes: 5,
         node_services: 10_000,
         json: None,
@@ -61,12 +68,14 @@ fn parse_args() -> Result<Args, String> {
             "--endpoints" => a.endpoints = number(value()?)?,
             "--nodes" => a.nodes = number(value()?)?,
             "--slow-percent" => a.slow_percent = number(value()?)?,
+            "--stuck-percent" => a.stuck_percent = number(value()?)?,
+            "--ack-timeout" => a.ack_timeout_s = number(value()?)? as u64,
             "--changes" => a.changes = number(value()?)?.max(1),
             "--node-services" => a.node_services = number(value()?)?,
             "--json" => a.json = Some(PathBuf::from(value()?)),
             "--skip" => a.skip.push(value()?),
             "--tls" => a.tls = true,
-            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --changes --node-services --json --skip fanout|node|datapath --tls)")),
+            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --stuck-percent --ack-timeout SECONDS --changes --node-services --json --skip fanout|node|datapath --tls)")),
         }
     }
     Ok(a)
@@ -111,12 +120,32 @@ fn write_manifests(dir: &Path, services: usize, endpoints: usize, pod: Option<&s
     }
 }
 
-fn rss_kib(pid: u32) -> u64 {
+/// A `/proc/PID/status` figure in KiB (`VmRSS`, `VmHWM`).
+fn status_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).map(str::to_owned))
+        .and_then(|s| s.lines().find(|l| l.starts_with(field)).map(str::to_owned))
         .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
         .unwrap_or(0)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+fn peak_rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmHWM:")
+}
+
+/// One sample of a metric of the fan-out's control plane (its /metrics on 127.0.0.1:28002).
+fn control_plane_metric(name: &str) -> f64 {
+    let Ok((200, body)) = kpx_e2e::traffic::http_get_path(sock("127.0.0.1", 28002), "/metrics") else {
+        return f64::NAN;
+    };
+    body.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(f64::NAN)
 }
 
 fn cpu_seconds(pid: u32) -> f64 {
@@ -161,19 +190,51 @@ enum Transport {
     Tls { ca: tonic::transport::Certificate, identities: Arc<Vec<tonic::transport::Identity>> },
 }
 
+/// How a simulated node treats its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NodeKind {
+    /// ACKs each response at once.
+    Fast,
+    /// Waits 2 s before each ACK.
+    Slow,
+    /// Opens its stream and never reads it (nor ACKs).
+    Stuck,
+}
+
+/// Which kind node `i` is: every `100 / stuck_percent`-th is stuck, every
+/// `100 / slow_percent`-th of the others slow.
+fn node_kind(i: usize, slow_percent: usize, stuck_percent: usize) -> NodeKind {
+    let every = |percent: usize| 100usize.checked_div(percent).map(|n| n.max(1));
+    if every(stuck_percent).is_some_and(|n| i % n == n / 2) {
+        NodeKind::Stuck
+    } else if every(slow_percent).is_some_and(|n| i % n == n - 1) {
+        NodeKind::Slow
+    } else {
+        NodeKind::Fast
+    }
+}
+
 async fn simulated_node(
     addr: String,
     transport: Transport,
     id: usize,
     services: usize,
-    slow: bool,
+    kind: NodeKind,
     log: Arc<Mutex<NodeLog>>,
     started: Arc<AtomicUsize>,
 ) {
     // A node that cannot connect or open its stream (an overloaded accept queue) tries again.
     for attempt in 0..10u64 {
         match open_stream(&addr, &transport, id).await {
-            Ok((tx, inbound)) => return run_node(tx, inbound, services, slow, log, started).await,
+            Ok((tx, inbound)) if kind == NodeKind::Stuck => {
+                started.fetch_add(1, Ordering::Relaxed);
+                // Holds both ends and reads nothing, until the benchmark ends.
+                let _held = (tx, inbound);
+                return std::future::pending().await;
+            }
+            Ok((tx, inbound)) => {
+                return run_node(tx, inbound, services, kind == NodeKind::Slow, log, started).await
+            }
             Err(_) if attempt < 9 => tokio::time::sleep(Duration::from_millis(200 * (attempt + 1))).await,
             Err(e) => eprintln!("node {id}: giving up: {e}"),
         }
@@ -249,11 +310,12 @@ async fn run_node(
 
 fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Value>) {
     println!(
-        "\n== fan-out: {} Services × {} endpoints, {} simulated nodes ({}% slow){}",
+        "\n== fan-out: {} Services × {} endpoints, {} simulated nodes ({}% slow, {}% never reading){}",
         a.services,
         a.endpoints,
         a.nodes,
         a.slow_percent,
+        a.stuck_percent,
         if tls { ", mutual TLS" } else { "" }
     );
     let dir = tempfile::tempdir().expect("temp dir");
@@ -305,6 +367,7 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
     };
     let mut cp = command
         .args(["--listen", "127.0.0.1:28000", "--metrics-listen", "127.0.0.1:28002", "--log-format", "json"])
+        .arg(format!("--ack-timeout={}s", a.ack_timeout_s))
         .arg(format!("--source=file:{}", manifests.display()))
         .args(&tls_args)
         .env("RUST_LOG", "warn,kpx_controlplane::publisher=info,kpx_controlplane::source::file=info")
@@ -330,8 +393,10 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
     let baseline = rss_kib(pid);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let logs: Vec<Arc<Mutex<NodeLog>>> = (0..a.nodes).map(|_| Arc::default()).collect();
-    let slow_every = 100usize.checked_div(a.slow_percent).map_or(usize::MAX, |n| n.max(1));
-    let is_slow = |i: usize| slow_every != usize::MAX && i % slow_every == slow_every - 1;
+    let kind = |i: usize| node_kind(i, a.slow_percent, a.stuck_percent);
+    let is_slow = |i: usize| kind(i) == NodeKind::Slow;
+    let reading: Vec<usize> = (0..a.nodes).filter(|&i| kind(i) != NodeKind::Stuck).collect();
+    let stuck = a.nodes - reading.len();
     let started = Arc::new(AtomicUsize::new(0));
     let sync_start = Instant::now();
     for (i, log) in logs.iter().enumerate() {
@@ -340,16 +405,18 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
             transport.clone(),
             i,
             a.services,
-            is_slow(i),
+            kind(i),
             Arc::clone(log),
             Arc::clone(&started),
         );
         runtime.spawn(fut);
     }
-    let all_synced = kpx_e2e::wait_for("every node's initial sync", Duration::from_secs(1800), || {
-        let done = logs.iter().filter(|l| l.lock().map(|l| l.synced_at.is_some()).unwrap_or(false)).count();
-        (done == a.nodes).then(|| sync_start.elapsed())
-    });
+    let all_synced =
+        kpx_e2e::wait_for("every reading node's initial sync", Duration::from_secs(1800), || {
+            let done =
+                logs.iter().filter(|l| l.lock().map(|l| l.synced_at.is_some()).unwrap_or(false)).count();
+            (done == reading.len()).then(|| sync_start.elapsed())
+        });
     let mut syncs: Vec<Duration> =
         logs.iter().filter_map(|l| l.lock().ok().and_then(|l| l.synced_at)).map(|t| t - sync_start).collect();
     syncs.sort();
@@ -373,23 +440,23 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
     let mut cpu = Vec::new();
     for change in 1..=a.changes {
         let before: Vec<usize> =
-            logs.iter().map(|l| l.lock().map(|l| l.service0.len()).unwrap_or(0)).collect();
+            reading.iter().map(|&i| logs[i].lock().map(|l| l.service0.len()).unwrap_or(0)).collect();
         let cpu_before = cpu_seconds(pid);
         let written = Instant::now();
         write_manifests_one(&manifests, a.endpoints, change);
         let arrivals =
             kpx_e2e::wait_for("every node to receive the change", Duration::from_secs(600), || {
-                let got: Vec<Option<Instant>> = logs
+                let got: Vec<Option<Instant>> = reading
                     .iter()
                     .zip(&before)
-                    .map(|(l, b)| l.lock().ok().and_then(|l| l.service0.get(*b).copied()))
+                    .map(|(&i, b)| logs[i].lock().ok().and_then(|l| l.service0.get(*b).copied()))
                     .collect();
                 got.iter().all(Option::is_some).then(|| got.into_iter().flatten().collect::<Vec<_>>())
             });
         cpu.push(cpu_seconds(pid) - cpu_before);
         let first = arrivals.iter().min().copied().unwrap_or(written);
         detect.push(first - written);
-        for (i, at) in arrivals.iter().enumerate() {
+        for (&i, at) in reading.iter().zip(&arrivals) {
             let spread = *at - first;
             if is_slow(i) {
                 slow_lat.push(spread);
@@ -413,6 +480,26 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
         "slow nodes (2 s per ACK): p50 {} ms; control plane CPU per change: {:.3} s",
         ms(percentile(&slow_lat, 0.5)),
         cpu.iter().sum::<f64>() / cpu.len().max(1) as f64
+    );
+    // The nodes that never read: closed by the control plane after --ack-timeout, counted.
+    let rss_with_stuck = rss_kib(pid);
+    let closed = || control_plane_metric("kpx_xds_unresponsive_streams_closed_total") as usize;
+    let stuck_closed_after = (stuck > 0).then(|| {
+        let limit = Duration::from_secs(a.ack_timeout_s + 600);
+        kpx_e2e::wait_for("the control plane to close the streams that are not read", limit, || {
+            (closed() >= stuck).then(|| sync_start.elapsed())
+        })
+    });
+    std::thread::sleep(Duration::from_secs(5));
+    let rss_after_stuck = rss_kib(pid);
+    println!(
+        "nodes that never read: {stuck} streams, {} closed by the control plane ({}, --ack-timeout {} s); control plane RSS {} MiB with them open, {} MiB after, peak {} MiB",
+        closed(),
+        stuck_closed_after.map_or_else(|| "none to close".to_owned(), |d| format!("the last {:.1} s after the nodes connected", d.as_secs_f64())),
+        a.ack_timeout_s,
+        rss_with_stuck / 1024,
+        rss_after_stuck / 1024,
+        peak_rss_kib(pid) / 1024,
     );
     // Where the control plane's time per change goes, from its own logs: the file source
     // reading the changed file (`manifests read`), the views of what changed and the
@@ -444,6 +531,12 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
             "controlplane_cpu_s_per_change": cpu.iter().sum::<f64>() / cpu.len().max(1) as f64,
             "controlplane_file_read_ms_per_change": read_ms, "controlplane_views_ms_per_change": views_ms,
             "controlplane_snapshot_ms_per_change": snapshot_ms,
+            "stuck_percent": a.stuck_percent, "stuck_streams": stuck, "stuck_streams_closed": closed(),
+            "stuck_closed_after_s": stuck_closed_after.map(|d| d.as_secs_f64()),
+            "ack_timeout_s": a.ack_timeout_s,
+            "controlplane_rss_with_stuck_mib": rss_with_stuck / 1024,
+            "controlplane_rss_after_stuck_mib": rss_after_stuck / 1024,
+            "controlplane_peak_rss_mib": peak_rss_kib(pid) / 1024,
         }),
     );
     runtime.shutdown_background();
