@@ -1,7 +1,9 @@
 //! What the kernel holds for each TCP ClusterIP, read from the kernel's own listings
-//! (`nft -j list table`, `iptables-save`), not from kpx: whether a Service is there
-//! whole (its entry, the chain or pick it leads to, and every endpoint's DNAT) or only
-//! in part, which an atomic apply must never leave.
+//! (`nft -j list table`, `iptables-save`, `/proc/net/ip_vs` and the addresses on
+//! `kpx-ipvs0`), not from kpx: whether a Service is there whole (its entry, the chain or
+//! pick it leads to, and every endpoint's DNAT) or only in part, which an atomic apply
+//! must never leave. With IPVS a Service is there once its address is bound (IPVS then
+//! takes its traffic): whole if its virtual service has its destinations.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -25,7 +27,7 @@ pub fn tcp_cluster_ips(node: &Netns, backend: ProxyBackend) -> BTreeMap<String, 
         ProxyBackend::Nftables => nftables(node),
         ProxyBackend::Iptables => iptables(node, "iptables-nft-save"),
         ProxyBackend::IptablesLegacy => iptables(node, "iptables-legacy-save"),
-        ProxyBackend::Ipvs => panic!("IPVS holds virtual services, not rules: read them with ipvsadm"),
+        ProxyBackend::Ipvs => ipvs(node),
     }
 }
 
@@ -159,4 +161,97 @@ fn iptables(node: &Netns, save: &str) -> BTreeMap<String, Programmed> {
         out.insert(key, state);
     }
     out
+}
+
+fn ipvs(node: &Netns) -> BTreeMap<String, Programmed> {
+    let table = node.try_exec("cat", &["/proc/net/ip_vs"]);
+    assert!(table.status.success(), "/proc/net/ip_vs: {}", String::from_utf8_lossy(&table.stderr));
+    let links = node.try_exec("ip", &["-o", "-4", "addr", "show", "dev", "kpx-ipvs0"]);
+    // No interface: nothing bound.
+    let bound: BTreeSet<String> = String::from_utf8_lossy(&links.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().skip_while(|w| *w != "inet").nth(1))
+        .map(|a| a.split('/').next().unwrap_or_default().to_owned())
+        .collect();
+    ipvs_services(&String::from_utf8_lossy(&table.stdout), &bound)
+}
+
+/// `/proc/net/ip_vs` (IPv4, hex `ADDR:PORT`) against the addresses bound on kpx's
+/// interface: every bound address's TCP virtual services, whole when they have
+/// destinations of weight > 0.
+pub fn ipvs_services(table: &str, bound: &BTreeSet<String>) -> BTreeMap<String, Programmed> {
+    let hex = |h: &str| -> Option<String> {
+        let (addr, port) = h.split_once(':')?;
+        let a = u32::from_str_radix(addr, 16).ok()?;
+        let p = u16::from_str_radix(port, 16).ok()?;
+        Some(format!("{}:{p}", std::net::Ipv4Addr::from(a)))
+    };
+    let mut services: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in table.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["TCP", addr, ..] => {
+                current = hex(addr);
+                if let Some(k) = &current {
+                    services.entry(k.clone()).or_default();
+                }
+            }
+            [proto, ..] if ["UDP", "SCTP", "FWM"].contains(proto) => current = None,
+            ["->", addr, _forward, weight, ..] => {
+                if let (Some(k), Some(dest)) = (&current, hex(addr)) {
+                    if weight.parse::<u32>().is_ok_and(|w| w > 0) {
+                        services.entry(k.clone()).or_default().insert(dest);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (key, dests) in &services {
+        let address = key.rsplit_once(':').map_or("", |(a, _)| a);
+        if !bound.contains(address) {
+            continue; // not reachable: IPVS does not take its traffic
+        }
+        let state = if dests.is_empty() {
+            Programmed::Partial("a virtual service without destinations".into())
+        } else {
+            Programmed::Whole(dests.clone())
+        };
+        out.insert(key.clone(), state);
+    }
+    for address in bound {
+        if !services.keys().any(|k| k.starts_with(&format!("{address}:"))) {
+            out.insert(format!("{address}:?"), Programmed::Partial("bound without a virtual service".into()));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_ipvs_services_whole_in_part_and_unbound() {
+        let table = "IP Virtual Server version 1.2.1 (size=4096)\n\
+Prot LocalAddress:Port Scheduler Flags\n\
+  -> RemoteAddress:Port Forward Weight ActiveConn InActConn\n\
+TCP  0A610001:0050 rr\n\
+  -> 0AF40102:1F90      Masq    1      0          0\n\
+  -> 0AF40202:1F90      Masq    1      0          0\n\
+TCP  0A610002:0050 rr\n\
+  -> 0AF40102:1F90      Masq    0      3          0\n\
+UDP  0A610001:0050 rr\n\
+  -> 0AF40302:1F90      Masq    1      0          0\n\
+TCP  0A610003:0050 rr\n";
+        let bound: BTreeSet<String> = ["10.97.0.1", "10.97.0.2", "10.97.0.4"].map(String::from).into();
+        let seen = ipvs_services(table, &bound);
+        let both: BTreeSet<String> = ["10.244.1.2:8080", "10.244.2.2:8080"].map(String::from).into();
+        assert_eq!(seen["10.97.0.1:80"], Programmed::Whole(both), "UDP destinations are not the TCP one's");
+        assert!(matches!(seen["10.97.0.2:80"], Programmed::Partial(_)), "only a draining destination");
+        assert!(!seen.contains_key("10.97.0.3:80"), "not bound: IPVS does not take its traffic");
+        assert!(matches!(seen["10.97.0.4:?"], Programmed::Partial(_)), "bound, no virtual service");
+    }
 }

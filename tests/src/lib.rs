@@ -7,6 +7,7 @@
 
 pub mod fake_apiserver;
 pub mod fake_control_plane;
+pub mod fault_scenarios;
 pub mod http_traffic;
 pub mod ipvs_scenarios;
 pub mod kernel_rules;

@@ -1,11 +1,11 @@
 //! IPVS on a real IPVS kernel: this machine's kernel has none, so the checks run inside
 //! a VM with a stock Debian kernel (`tests/vm/run-in-vm.sh`, about 35 s of set-up the first
 //! time, then ~10 s a boot): the netlink layer (`src/bin/ipvs_vm_checks.rs`) and the
-//! whole behaviour suite and the IPVS-only scenarios (`src/bin/behaviour_in_vm.rs`), in
-//! one boot.
+//! whole behaviour suite, the IPVS-only scenarios and the faults
+//! (`src/bin/behaviour_in_vm.rs`), in one boot.
 
 use kpx_e2e::process::binary;
-use kpx_e2e::{ipvs_scenarios, scenarios};
+use kpx_e2e::{fault_scenarios, ipvs_scenarios, scenarios};
 
 fn in_vm(program: &str, args: &[&str]) -> String {
     let runner = concat!(env!("CARGO_MANIFEST_DIR"), "/vm/run-in-vm.sh");
@@ -26,7 +26,7 @@ fn ipvs_netlink_programs_a_real_ipvs_kernel() {
 #[test]
 fn the_ipvs_backend_passes_the_behaviour_suite_and_its_own_scenarios() {
     let stdout = in_vm("behaviour_in_vm", &[]);
-    for (scenario, _) in scenarios::ALL.iter().chain(ipvs_scenarios::ALL) {
+    for (scenario, _) in scenarios::ALL.iter().chain(ipvs_scenarios::ALL).chain(fault_scenarios::ALL) {
         assert!(stdout.lines().any(|l| l.starts_with(&format!("pass {scenario} "))), "{scenario}: {stdout}");
     }
 }

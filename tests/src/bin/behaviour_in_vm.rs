@@ -5,11 +5,11 @@
 //! `behaviour_in_vm [--backend=ipvs|nftables|iptables|iptables-legacy] [SCENARIO…]`
 //!
 //! With `--backend=ipvs` (the default) the IPVS-only scenarios
-//! (`kpx_e2e::ipvs_scenarios`) run too. It runs the scenarios named, or all, and exits 1
+//! (`kpx_e2e::ipvs_scenarios`) and the faults (`kpx_e2e::fault_scenarios`) run too. It runs the scenarios named, or all, and exits 1
 //! if one fails. Each prints `pass NAME` or `FAIL NAME: why`.
 
 use kpx_e2e::topology::ProxyBackend;
-use kpx_e2e::{ipvs_scenarios, scenarios};
+use kpx_e2e::{fault_scenarios, ipvs_scenarios, scenarios};
 
 fn main() {
     kpx_e2e::traffic::emulated_cpu();
@@ -28,10 +28,14 @@ fn main() {
             None => chosen.push(arg),
         }
     }
-    let own: &[(&str, scenarios::Scenario)] =
-        if backend == ProxyBackend::Ipvs { ipvs_scenarios::ALL } else { &[] };
+    // IPVS runs only here: its own scenarios and the faults too.
+    let own: Vec<(&str, scenarios::Scenario)> = if backend == ProxyBackend::Ipvs {
+        ipvs_scenarios::ALL.iter().chain(fault_scenarios::ALL).copied().collect()
+    } else {
+        Vec::new()
+    };
     let mut failed = Vec::new();
-    for (name, scenario) in scenarios::ALL.iter().chain(own) {
+    for (name, scenario) in scenarios::ALL.iter().chain(&own) {
         if !chosen.is_empty() && !chosen.iter().any(|c| c == name) {
             continue;
         }

@@ -146,7 +146,6 @@ impl IpvsBackend {
     fn program(&mut self, changes: &Changes) -> Result<(), BackendError> {
         let (adds, _) = ipset::diff_scripts(&Default::default(), &changes.add_members);
         self.kernel.ipset.restore(&adds)?;
-        self.rebind(&changes.bind, &BTreeSet::new())?;
         // A new entry point may have flows from before it existed (a SYN the node routed
         // elsewhere): its retransmission would reach IPVS past the masquerade rules. Gone
         // before IPVS takes the address, such a SYN is refused and the client retries.
@@ -180,13 +179,16 @@ impl IpvsBackend {
             }
             self.sync_destinations(&service.key, destinations)?;
         }
+        // An address is bound (IPVS takes its traffic) only once its virtual services
+        // and their destinations are all there, and unbound before they go: a change cut
+        // short (a crash) never leaves a reachable Service in part.
+        self.rebind(&changes.bind, &changes.unbind)?;
         for key in &changes.remove {
             self.kernel.ipvs.delete_service(key)?;
             self.draining.retain(|(k, _, _), _| k != key);
         }
         let (_, deletes) = ipset::diff_scripts(&changes.delete_members, &Default::default());
-        self.kernel.ipset.restore(&deletes)?;
-        self.rebind(&BTreeSet::new(), &changes.unbind)
+        Ok(self.kernel.ipset.restore(&deletes)?)
     }
 
     /// Adds what is missing, sets weights, and takes away what goes: TCP and SCTP
@@ -234,7 +236,6 @@ impl IpvsBackend {
         self.kernel.links.ensure_dummy(INTERFACE)?;
         let was_bound = self.kernel.links.addresses(INTERFACE)?;
         let wanted = table.addresses();
-        self.rebind(&wanted.difference(&was_bound).copied().collect(), &BTreeSet::new())?;
         let in_sets = keys_in_sets(&self.kernel.ipset.save()?);
         self.kernel.ipset.restore(&ipset::swap_script(&table.members()))?;
         self.chains.clear();
@@ -267,11 +268,15 @@ impl IpvsBackend {
         };
         let stale: Vec<ServiceKey> =
             current.iter().filter(|s| !table.owns(&s.key) && ours(&s.key)).map(|s| s.key).collect();
+        // As in a change: addresses bound once their services are whole, unbound first.
+        self.rebind(
+            &wanted.difference(&was_bound).copied().collect(),
+            &was_bound.difference(&wanted).copied().collect(),
+        )?;
         for key in stale {
             self.kernel.ipvs.delete_service(&key)?;
             self.draining.retain(|(k, _, _), _| *k != key);
         }
-        self.rebind(&BTreeSet::new(), &was_bound.difference(&wanted).copied().collect())?;
         self.programmed = Some(table);
         Ok(())
     }
