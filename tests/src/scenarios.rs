@@ -759,20 +759,31 @@ pub fn damaged_store(backend: ProxyBackend) {
 /// kernel, but a connection that begins meanwhile must not notice. Not one request fails.
 /// (Replacing nftables' table whole lost 1–2 connections in 400 full syncs here: a packet
 /// entering just before the commit runs the old rules against sets the transaction deleted.
-/// That is a matter of chance; the kernel handles checked below are not.)
+/// That is a matter of chance; the kernel handles checked below are not.) A client of a
+/// Service with `sessionAffinity: ClientIP` over three endpoints keeps its endpoint
+/// through all those full syncs.
 pub fn full_syncs_under_traffic(backend: ProxyBackend) {
     let spec = "  type: NodePort\n  clusterIP: 10.96.1.40\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30140}\n";
+    let sticky = "  clusterIP: 10.96.1.41\n  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
     let manifests = [(
         "synced.yaml",
         documents(&[
             service("synced", spec, ""),
             slice("synced", "synced-1", false, &[("http", "TCP", 8080)], &[ep(pod(0))]),
+            service("sticky", sticky, ""),
+            slice("sticky", "sticky-1", false, &[("http", "TCP", 8080)], &[ep(pod(0)), ep(pod(1)), ep(pod(2))]),
         ]),
     )];
-    let s = Scene::start(backend, 1, &manifests, &[], &["--full-sync-period", "50ms"]);
-    let (vip, node_port) = (sock("10.96.1.40", 80), sock(NODE_IP, 30140));
+    let s = Scene::start(backend, 3, &manifests, &[], &["--full-sync-period", "50ms"]);
+    let (vip, node_port, sticky_vip) = (sock("10.96.1.40", 80), sock(NODE_IP, 30140), sock("10.96.1.41", 80));
     wait_answered_by(&s.t.client, vip, &["pod0"]);
     wait_answered_by(&s.t.client, node_port, &["pod0"]);
+    let stuck_to = wait_for("the sticky Service to answer", DEADLINE, || {
+        match s.t.client.run_in(move || tcp_request(sticky_vip)) {
+            Answer::From(name) => Some(name),
+            _ => None,
+        }
+    });
     let full_syncs = || s.agent_metric("kubeproxy_sync_full_proxy_rules_duration_seconds_count");
     let before = full_syncs();
     // nftables: the table, its base chains and the endpoint maps stay the same kernel
@@ -786,16 +797,25 @@ pub fn full_syncs_under_traffic(backend: ProxyBackend) {
         Duration::from_millis(2),
         Duration::from_secs(20),
     );
+    let affinity =
+        Prober::start(&s.t.client, &[sticky_vip], &stuck_to, Duration::from_millis(10), Duration::from_secs(20));
     let seen = prober.wait();
+    let kept_affinity = affinity.wait();
     let synced = full_syncs() - before;
     assert_eq!(kept(), kept_before, "a full sync keeps kpx's table, base chains and endpoint maps");
     println!(
         "{} full syncs under traffic: {} requests, {} failed ({} slow)",
         synced, seen.sent, seen.failed, seen.slow
     );
+    println!(
+        "session affinity through them: {} requests, {} not answered by {stuck_to}",
+        kept_affinity.sent, kept_affinity.failed
+    );
     assert!(synced >= 10.0, "the agent ran full syncs: {synced}");
     assert!(seen.sent > 1000, "{seen:?}");
     assert_eq!(seen.failed, 0, "{seen:?}");
+    assert!(kept_affinity.sent > 100, "{kept_affinity:?}");
+    assert_eq!(kept_affinity.failed, 0, "the client keeps its endpoint: {kept_affinity:?}");
 }
 
 /// kpx's rules flushed behind its back (`nft flush ruleset`; `iptables -F` of nat and
