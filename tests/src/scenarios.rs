@@ -594,6 +594,7 @@ pub fn ignored_services(backend: ProxyBackend) {
     let headless = service("headless", "  clusterIP: None\n  ports: [{port: 80}]\n", "");
     let external = service("ext", "  type: ExternalName\n  externalName: example.invalid\n", "");
     let normal = service("normal", "  clusterIP: 10.96.1.13\n  ports: [{name: http, port: 80}]\n", "");
+    let labelled = "apiVersion: v1\nkind: Service\nmetadata:\n  name: labelled\n  namespace: test\n  labels: {service.kubernetes.io/headless: ''}\nspec:\n  clusterIP: 10.96.1.14\n  ports: [{name: http, port: 80}]\n".to_owned();
     let http = [("http", "TCP", 8080)];
     let manifests = [(
         "ignored.yaml",
@@ -605,21 +606,26 @@ pub fn ignored_services(backend: ProxyBackend) {
             external,
             normal,
             slice("normal", "normal-1", false, &http, &[ep(pod(0))]),
+            labelled,
+            slice("labelled", "labelled-1", false, &http, &[ep(pod(0))]),
         ]),
     )];
     let s = Scene::start(backend, 1, &manifests, &[], &[]);
     wait_answered_by(&s.t.client, sock("10.96.1.13", 80), &["pod0"]);
-    assert!(!s.rules_mention("10.96.1.12"), "another proxy's Service is not programmed");
-    assert!(!matches!(s.t.client.run_in(|| tcp_request(sock("10.96.1.12", 80))), Answer::From(_)));
+    for (vip, what) in [("10.96.1.12", "another proxy's Service"), ("10.96.1.14", "a Service labelled headless")] {
+        assert!(!s.rules_mention(vip), "{what} is not programmed");
+        assert!(!matches!(s.t.client.run_in(move || tcp_request(sock(vip, 80))), Answer::From(_)), "{what}");
+    }
 }
 
-/// Bad input in a Service's fields: an error naming the Service and the field; the rest is served.
+/// Bad input in a Service's fields: an error naming the Service and the field; the rest is
+/// served. Addresses of an IP family the Service does not have are not bad input: ignored
+/// (and logged) as kube-proxy does, the Service served.
 pub fn bad_input(backend: ProxyBackend) {
     let http = [("http", "TCP", 8080)];
     let bad = [
         ("badport", "  type: NodePort\n  clusterIP: 10.96.1.20\n  ports: [{name: http, port: 80, nodePort: 70000}]\n", "spec.ports[0].nodePort"),
         ("badrange", "  type: LoadBalancer\n  clusterIP: 10.96.1.21\n  loadBalancerSourceRanges: [10.0.0.0/33]\n  ports: [{name: http, port: 80}]\n", "spec.loadBalancerSourceRanges[0]"),
-        ("badfamily", "  clusterIP: 10.96.1.22\n  externalIPs: ['fd00::22']\n  ports: [{name: http, port: 80}]\n", "spec.externalIPs[0]"),
     ];
     let mut docs: Vec<String> = bad
         .iter()
@@ -637,9 +643,44 @@ pub fn bad_input(backend: ProxyBackend) {
         });
         assert!(error["reason"].as_str().is_some_and(|r| !r.is_empty()), "{error}");
     }
-    for vip in ["10.96.1.20", "10.96.1.21", "10.96.1.22"] {
+    for vip in ["10.96.1.20", "10.96.1.21"] {
         assert!(!s.rules_mention(vip), "{vip}: a Service with a bad field is not programmed");
     }
+
+    // A live Service gets an external IP and a load-balancer IP of the other family (a
+    // cloud load balancer adding IPv6 to a single-stack IPv4 Service): those addresses
+    // are ignored and logged, as kube-proxy does; the Service goes on being served.
+    let mixed = |extra: &str| {
+        let spec = format!(
+            "  type: LoadBalancer\n  clusterIP: 10.96.1.22\n  externalIPs: [192.0.2.22{extra}]\n  ports: [{{name: http, port: 80}}]\n"
+        );
+        let status = if extra.is_empty() {
+            "  loadBalancer: {ingress: [{ip: 192.0.2.23}]}\n".to_owned()
+        } else {
+            "  loadBalancer: {ingress: [{ip: 192.0.2.23}, {ip: 'fd00::23'}]}\n".to_owned()
+        };
+        documents(&[service("mixed", &spec, &status), slice("mixed", "mixed-1", false, &http, &[ep(pod(0))])])
+    };
+    s.t.write_manifest("mixed.yaml", &mixed(""));
+    wait_answered_by(&s.t.client, sock("10.96.1.22", 80), &["pod0"]);
+    let prober = Prober::start(
+        &s.t.client,
+        &[sock("10.96.1.22", 80), sock("192.0.2.22", 80), sock("192.0.2.23", 80)],
+        "pod0",
+        Duration::from_millis(20),
+        Duration::from_secs(60),
+    );
+    s.t.write_manifest("mixed.yaml", &mixed(", 'fd00::22'"));
+    for field in ["spec.externalIPs[1]", "status.loadBalancer.ingress[1].ip"] {
+        s.cp.wait_event(&format!("{field} ignored"), DEADLINE, |e| {
+            e["field"] == field && e["service"].as_str().is_some_and(|o| o.contains("test/mixed"))
+        });
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let seen = prober.finish();
+    assert!(seen.sent > 20, "{seen:?}");
+    assert_eq!(seen.failed, 0, "the Service stays served with its own family's addresses: {seen:?}");
+    assert!(!s.rules_mention("fd00::22") && !s.rules_mention("fd00::23"), "{}", s.rules());
 }
 
 /// How a scenario damages the agent's state directory.

@@ -71,9 +71,13 @@ pub struct Service {
     pub ports: Vec<ServicePort>,
     /// The `service.kubernetes.io/service-proxy-name` label: such Services belong to another proxy.
     pub proxy_name: Option<String>,
-    /// `spec.externalIPs`, each of a family the Service has a ClusterIP of.
+    /// The `service.kubernetes.io/headless` label: left alone, as kube-proxy does.
+    pub headless_label: bool,
+    /// `spec.externalIPs`, each of a family the Service has a ClusterIP of (those of
+    /// another family are ignored, and logged, as kube-proxy does).
     pub external_ips: Vec<IpAddr>,
-    /// `status.loadBalancer.ingress[].ip` (VIP mode only), each of a family the Service has a ClusterIP of.
+    /// `status.loadBalancer.ingress[].ip` (VIP mode only), each of a family the Service has
+    /// a ClusterIP of (others ignored and logged).
     pub load_balancer_ips: Vec<IpAddr>,
     /// `spec.loadBalancerSourceRanges`, host bits cleared.
     pub load_balancer_source_ranges: Vec<IpNet>,

@@ -42,7 +42,10 @@ use select::{categorize, Candidate, Policy};
 
 /// Whether kpx programs this Service at all.
 pub fn is_proxied(svc: &Service) -> bool {
-    svc.service_type != ServiceType::ExternalName && !svc.cluster_ips.is_empty() && svc.proxy_name.is_none()
+    svc.service_type != ServiceType::ExternalName
+        && !svc.cluster_ips.is_empty()
+        && svc.proxy_name.is_none()
+        && !svc.headless_label
 }
 
 /// Where a node is, as far as endpoint selection cares.

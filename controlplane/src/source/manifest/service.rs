@@ -132,14 +132,17 @@ struct Ingress {
     ip_mode: Option<String>,
 }
 
-/// The Service's IP families are those of its ClusterIPs; an external or
-/// load-balancer address of another family could never be served.
-fn same_family(field: String, address: IpAddr, cluster_ips: &[IpAddr]) -> Result<IpAddr, FieldError> {
+/// The Service's IP families are those of its ClusterIPs: an external or load-balancer
+/// address of another family could never be served, and kube-proxy ignores just that
+/// address (a cloud load balancer may add an IPv6 one to a single-stack IPv4 Service).
+/// `None` for such an address, logged with the Service and the field.
+fn of_service_family(service: &str, field: &str, address: IpAddr, cluster_ips: &[IpAddr]) -> Option<IpAddr> {
     // Headless and ExternalName Services have no ClusterIP and are not proxied: nothing to check.
     if cluster_ips.is_empty() || cluster_ips.iter().any(|c| c.is_ipv4() == address.is_ipv4()) {
-        return Ok(address);
+        return Some(address);
     }
-    Err((field, format!("{address} is not of the Service's IP family")))
+    tracing::warn!(service, field, %address, "ignoring an address of an IP family the Service does not have");
+    None
 }
 
 fn traffic_policy(field: &str, text: Option<&str>) -> Result<TrafficPolicy, FieldError> {
@@ -225,15 +228,13 @@ pub(super) fn service(m: ServiceManifest) -> Result<Service, FieldError> {
             node_port,
         });
     }
-    let external_ips = spec
-        .external_ips
-        .iter()
-        .enumerate()
-        .map(|(i, text)| {
-            let field = format!("spec.externalIPs[{i}]");
-            same_family(field.clone(), ip(field, text)?, &cluster_ips)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let service_name = m.metadata.key().to_string();
+    let mut external_ips = Vec::new();
+    for (i, text) in spec.external_ips.iter().enumerate() {
+        let field = format!("spec.externalIPs[{i}]");
+        let address = ip(field.clone(), text)?;
+        external_ips.extend(of_service_family(&service_name, &field, address, &cluster_ips));
+    }
     let mut load_balancer_ips = Vec::new();
     for (i, ingress) in m.status.load_balancer.ingress.iter().enumerate() {
         // Hostname-only entries carry no address; `ipMode: Proxy` load balancers
@@ -250,7 +251,8 @@ pub(super) fn service(m: ServiceManifest) -> Result<Service, FieldError> {
         }
         let Some(text) = ingress.ip.as_deref().filter(|t| !t.is_empty()) else { continue };
         let field = format!("status.loadBalancer.ingress[{i}].ip");
-        load_balancer_ips.push(same_family(field.clone(), ip(field, text)?, &cluster_ips)?);
+        let address = ip(field.clone(), text)?;
+        load_balancer_ips.extend(of_service_family(&service_name, &field, address, &cluster_ips));
     }
     let load_balancer_source_ranges = spec
         .load_balancer_source_ranges
@@ -264,6 +266,7 @@ pub(super) fn service(m: ServiceManifest) -> Result<Service, FieldError> {
         cluster_ips,
         ports,
         proxy_name: m.metadata.labels.get("service.kubernetes.io/service-proxy-name").cloned(),
+        headless_label: m.metadata.labels.contains_key("service.kubernetes.io/headless"),
         external_ips,
         load_balancer_ips,
         load_balancer_source_ranges,
@@ -392,7 +395,6 @@ mod tests {
             (format!("{LB}  ports: [{{port: 80, nodePort: -1}}]\n"), "spec.ports[0].nodePort"),
             ("spec: {clusterIP: 10.96.0.1, ports: [{port: 80, nodePort: 30080}]}\n".into(), "spec.ports[0].nodePort"),
             (format!("{LB}  externalIPs: [192.0.2.300]\n"), "spec.externalIPs[0]"),
-            ("spec: {clusterIP: 10.96.0.1, externalIPs: [192.0.2.1, '2001:db8::1']}\n".into(), "spec.externalIPs[1]"),
             (format!("{LB}  loadBalancerSourceRanges: [10.0.0.0/33]\n"), "spec.loadBalancerSourceRanges[0]"),
             (format!("{LB}  loadBalancerSourceRanges: [10.0.0.0/8, nonsense]\n"), "spec.loadBalancerSourceRanges[1]"),
             (format!("{LB}  externalTrafficPolicy: Global\n"), "spec.externalTrafficPolicy"),
@@ -408,11 +410,6 @@ mod tests {
                 "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
             ),
             (
-                "spec: {type: LoadBalancer, clusterIP: 'fd00::1'}\nstatus: {loadBalancer: {ingress: [{ip: 203.0.113.1}]}}\n"
-                    .into(),
-                "status.loadBalancer.ingress[0].ip",
-            ),
-            (
                 format!("{LB}status: {{loadBalancer: {{ingress: [{{ip: 203.0.113.1}}, {{ip: bad}}]}}}}\n"),
                 "status.loadBalancer.ingress[1].ip",
             ),
@@ -424,9 +421,25 @@ mod tests {
         for (spec, field) in cases {
             assert_eq!(field_of(&spec), field, "{spec}");
         }
-        let (_, reason) =
-            one("spec: {clusterIP: 10.96.0.1, externalIPs: ['2001:db8::1']}\n").expect_err("family");
-        assert_eq!(reason, "2001:db8::1 is not of the Service's IP family");
+    }
+
+    #[test]
+    fn addresses_of_another_family_are_left_out_and_the_service_kept() {
+        let svc = one("spec: {clusterIP: 10.96.0.1, externalIPs: [192.0.2.1, '2001:db8::1']}\n").expect("kept");
+        assert_eq!(svc.external_ips, ["192.0.2.1".parse::<IpAddr>().expect("ip")]);
+        let svc = one(
+            "spec: {type: LoadBalancer, clusterIP: 'fd00::1'}\nstatus: {loadBalancer: {ingress: [{ip: 203.0.113.1}, {ip: 'fd00::99'}]}}\n",
+        )
+        .expect("kept");
+        assert_eq!(svc.load_balancer_ips, ["fd00::99".parse::<IpAddr>().expect("ip")]);
+    }
+
+    #[test]
+    fn the_headless_label_is_read() {
+        let text = "kind: Service\nmetadata: {name: h, labels: {service.kubernetes.io/headless: ''}}\nspec: {clusterIP: 10.96.0.1}\n";
+        let Ok(Object::Service(svc)) = parse(text).remove(0) else { panic!("a valid Service") };
+        assert!(svc.headless_label);
+        assert!(!crate::view::is_proxied(&svc), "left alone");
     }
 
     #[test]
