@@ -3,9 +3,13 @@
 //! balancer whether this node has local endpoints, in kube-proxy's shape:
 //!
 //! ```text
-//! 200 (or 503 with no local endpoint)
+//! 200 (503 with no local endpoint, or while the proxy itself is unhealthy)
+//! X-Load-Balancing-Endpoint-Weight: 1
 //! {"service":{"namespace":"ns","name":"web"},"localEndpoints":1,"serviceProxyHealthy":true}
 //! ```
+//!
+//! It listens on every address of both families (`[::]`, or `0.0.0.0` where the node
+//! has no IPv6).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -14,6 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
 use crate::state::NodeState;
+use crate::status::ProxyHealth;
 
 /// What one health-check port reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,16 +29,20 @@ pub struct ServiceHealth {
 }
 
 impl ServiceHealth {
-    fn response(&self) -> String {
+    /// The answer, given whether the proxy itself is healthy (its rules match what it
+    /// accepted, see [`ProxyHealth::healthy`]).
+    fn response(&self, proxy_healthy: bool) -> String {
         let body = format!(
-            "{{\"service\":{{\"namespace\":{},\"name\":{}}},\"localEndpoints\":{},\"serviceProxyHealthy\":true}}",
+            "{{\"service\":{{\"namespace\":{},\"name\":{}}},\"localEndpoints\":{},\"serviceProxyHealthy\":{proxy_healthy}}}",
             json_string(&self.namespace),
             json_string(&self.name),
             self.local_endpoints
         );
-        let status = if self.local_endpoints > 0 { "200 OK" } else { "503 Service Unavailable" };
+        let status =
+            if self.local_endpoints > 0 && proxy_healthy { "200 OK" } else { "503 Service Unavailable" };
         format!(
-            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nX-Content-Type-Options: nosniff\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nX-Content-Type-Options: nosniff\r\nX-Load-Balancing-Endpoint-Weight: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.local_endpoints,
             body.len()
         )
     }
@@ -80,9 +89,12 @@ pub fn desired(state: &NodeState) -> BTreeMap<u16, ServiceHealth> {
     out
 }
 
-/// Keeps one listener per desired port, answering from the latest state; runs until the
-/// sender goes away.
-pub async fn serve(mut desired: watch::Receiver<BTreeMap<u16, ServiceHealth>>) {
+/// Keeps one listener per desired port, answering from the latest state and the proxy's
+/// own health; runs until the sender goes away.
+pub async fn serve(
+    mut desired: watch::Receiver<BTreeMap<u16, ServiceHealth>>,
+    proxy_health: watch::Receiver<ProxyHealth>,
+) {
     let mut servers: HashMap<u16, (watch::Sender<ServiceHealth>, tokio::task::JoinHandle<()>)> =
         HashMap::new();
     loop {
@@ -104,12 +116,11 @@ pub async fn serve(mut desired: watch::Receiver<BTreeMap<u16, ServiceHealth>>) {
                 });
                 continue;
             }
-            let addr = SocketAddr::from(([0, 0, 0, 0], port));
-            match tokio::net::TcpListener::bind(addr).await {
+            match listen(port) {
                 Ok(listener) => {
                     tracing::info!(port, service = %format!("{}/{}", health.namespace, health.name), "health-check server listening");
                     let (tx, rx) = watch::channel(health);
-                    servers.insert(port, (tx, tokio::spawn(accept_loop(listener, rx))));
+                    servers.insert(port, (tx, tokio::spawn(accept_loop(listener, rx, proxy_health.clone()))));
                 }
                 Err(e) => tracing::error!(port, error = %e, "cannot open health-check port"),
             }
@@ -120,10 +131,33 @@ pub async fn serve(mut desired: watch::Receiver<BTreeMap<u16, ServiceHealth>>) {
     }
 }
 
-async fn accept_loop(listener: tokio::net::TcpListener, health: watch::Receiver<ServiceHealth>) {
+/// A listener on `port` of both families: `[::]` taking IPv4 too, or `0.0.0.0` where the
+/// node has no IPv6.
+fn listen(port: u16) -> std::io::Result<tokio::net::TcpListener> {
+    let both = || -> std::io::Result<tokio::net::TcpListener> {
+        let socket = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None)?;
+        socket.set_only_v6(false)?;
+        socket.set_reuse_address(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&SocketAddr::from(([0u16; 8], port)).into())?;
+        socket.listen(128)?;
+        tokio::net::TcpListener::from_std(socket.into())
+    };
+    both().or_else(|_| {
+        let socket = std::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port)))?;
+        socket.set_nonblocking(true)?;
+        tokio::net::TcpListener::from_std(socket)
+    })
+}
+
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    health: watch::Receiver<ServiceHealth>,
+    proxy_health: watch::Receiver<ProxyHealth>,
+) {
     loop {
         let Ok((mut conn, _)) = listener.accept().await else { continue };
-        let response = health.borrow().response();
+        let response = health.borrow().response(proxy_health.borrow().healthy());
         tokio::spawn(async move {
             // Read the request head (best effort), then answer whatever was asked.
             let mut buf = [0u8; 2048];
@@ -141,12 +175,16 @@ mod tests {
     #[test]
     fn answers_in_kube_proxy_shape() {
         let h = ServiceHealth { namespace: "ns".into(), name: "web".into(), local_endpoints: 2 };
-        let r = h.response();
+        let r = h.response(true);
         assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
+        assert!(r.contains("\r\nX-Load-Balancing-Endpoint-Weight: 2\r\n"), "{r}");
         assert!(r.ends_with(
             "{\"service\":{\"namespace\":\"ns\",\"name\":\"web\"},\"localEndpoints\":2,\"serviceProxyHealthy\":true}"
         ));
+        let unhealthy = h.response(false);
+        assert!(unhealthy.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{unhealthy}");
+        assert!(unhealthy.ends_with("\"localEndpoints\":2,\"serviceProxyHealthy\":false}"), "{unhealthy}");
         let none = ServiceHealth { local_endpoints: 0, ..h };
-        assert!(none.response().starts_with("HTTP/1.1 503 Service Unavailable\r\n"));
+        assert!(none.response(true).starts_with("HTTP/1.1 503 Service Unavailable\r\n"));
     }
 }

@@ -9,19 +9,23 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
-use crate::agent::SharedAgent;
+use tokio::sync::watch;
 
-fn health(agent: &SharedAgent) -> Response {
-    let (code, body) = agent.lock().status.health(SystemTime::now());
+use crate::agent::SharedAgent;
+use crate::status::ProxyHealth;
+
+fn health(health: &watch::Receiver<ProxyHealth>) -> Response {
+    // Read from what every sync publishes, never waiting for an apply in progress.
+    let (code, body) = health.borrow().answer(SystemTime::now());
     let code = StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     (code, [(header::CONTENT_TYPE, "application/json"), (header::X_CONTENT_TYPE_OPTIONS, "nosniff")], body)
         .into_response()
 }
 
-pub fn health_router(agent: SharedAgent) -> Router {
-    let livez = agent.clone();
+pub fn health_router(proxy_health: watch::Receiver<ProxyHealth>) -> Router {
+    let livez = proxy_health.clone();
     Router::new()
-        .route("/healthz", get(move || async move { health(&agent) }))
+        .route("/healthz", get(move || async move { health(&proxy_health) }))
         .route("/livez", get(move || async move { health(&livez) }))
 }
 

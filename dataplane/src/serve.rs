@@ -28,8 +28,12 @@ pub async fn start(agent: &SharedAgent, listen: Listen) -> anyhow::Result<()> {
     let admin = bind(listen.admin, "--admin-listen").await?;
     let healthz = bind(listen.healthz, "--healthz-listen").await?;
     let metrics = bind(listen.metrics, "--metrics-listen").await?;
-    tokio::spawn(healthcheck::serve(agent.lock().health_checks()));
-    tokio::spawn(http::serve(healthz, http::health_router(agent.clone())));
+    let (checks, proxy_health) = {
+        let agent = agent.lock();
+        (agent.health_checks(), agent.proxy_health())
+    };
+    tokio::spawn(healthcheck::serve(checks, proxy_health.clone()));
+    tokio::spawn(http::serve(healthz, http::health_router(proxy_health)));
     tokio::spawn(http::serve(metrics, http::metrics_router(agent.clone())));
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<NodeAdminServer<NodeAdminService>>().await;

@@ -54,17 +54,41 @@ pub fn rfc3339(t: SystemTime) -> String {
     )
 }
 
-impl AgentStatus {
-    /// kube-proxy's health answer: healthy when the kernel matches the accepted state.
-    /// Returns the HTTP status and the JSON body.
-    pub fn health(&self, now: SystemTime) -> (u16, String) {
-        let healthy = self.last_synced_at.is_some() && !self.out_of_sync;
+/// What `/healthz` and the health-check ports answer from, published on every sync so
+/// they never wait for the agent (an apply may hold it for seconds, e.g. behind the
+/// xtables lock).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProxyHealth {
+    pub last_synced_at: Option<SystemTime>,
+    pub out_of_sync: bool,
+}
+
+impl ProxyHealth {
+    /// Healthy: the kernel has been synced and matches the accepted state.
+    pub fn healthy(&self) -> bool {
+        self.last_synced_at.is_some() && !self.out_of_sync
+    }
+
+    /// kube-proxy's health answer: the HTTP status and the JSON body.
+    pub fn answer(&self, now: SystemTime) -> (u16, String) {
         let last = self.last_synced_at.map_or_else(String::new, rfc3339);
         let body = format!(
             "{{\"lastUpdated\":\"{last}\",\"currentTime\":\"{}\",\"nodeEligible\":true}}",
             rfc3339(now)
         );
-        (if healthy { 200 } else { 503 }, body)
+        (if self.healthy() { 200 } else { 503 }, body)
+    }
+}
+
+impl AgentStatus {
+    pub fn proxy_health(&self) -> ProxyHealth {
+        ProxyHealth { last_synced_at: self.last_synced_at, out_of_sync: self.out_of_sync }
+    }
+
+    /// kube-proxy's health answer: healthy when the kernel matches the accepted state.
+    /// Returns the HTTP status and the JSON body.
+    pub fn health(&self, now: SystemTime) -> (u16, String) {
+        self.proxy_health().answer(now)
     }
 }
 

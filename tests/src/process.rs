@@ -37,6 +37,19 @@ impl KpxProcess {
         Self::start_path(ns, &binary(program), program, &args, log)
     }
 
+    /// Starts kpx's `program args…` inside `ns` with extra environment variables.
+    pub fn start_with_env(
+        ns: &Netns,
+        program: &str,
+        args: &[String],
+        log: PathBuf,
+        env: &[(&str, String)],
+    ) -> KpxProcess {
+        let mut args = args.to_vec();
+        args.push("--log-format=json".into());
+        Self::spawn(ns, &binary(program), program, &args, log, env)
+    }
+
     /// Starts any program inside `ns` (as `name` in messages), its output to `log`.
     pub fn start_path(
         ns: &Netns,
@@ -45,12 +58,24 @@ impl KpxProcess {
         args: &[String],
         log: PathBuf,
     ) -> KpxProcess {
+        Self::spawn(ns, path, name, args, log, &[])
+    }
+
+    fn spawn(
+        ns: &Netns,
+        path: &std::path::Path,
+        name: &str,
+        args: &[String],
+        log: PathBuf,
+        env: &[(&str, String)],
+    ) -> KpxProcess {
         let program = name;
         let file = File::options().create(true).append(true).open(&log).expect("log file");
         let child = Command::new("ip")
             .args(["netns", "exec", &ns.name])
             .arg(path)
             .args(args)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("log file"))

@@ -20,8 +20,8 @@ use crate::topology::{
     sock, ProxyBackend, Topology, CLIENT_IP, CLIENT_IP_2, CLUSTER_CIDR, NODE_IP, NODE_IP_2,
 };
 use crate::traffic::{
-    http_get, http_get_path, tcp_request, tcp_request_from, udp_exchange, udp_request, Answer, Backend,
-    Prober,
+    http_get, http_get_path, http_get_with_headers, tcp_request, tcp_request_from, udp_exchange, udp_request,
+    Answer, Backend, Prober,
 };
 use crate::{wait_for, DEADLINE};
 
@@ -286,10 +286,17 @@ pub fn external_traffic_policy_local(backend: ProxyBackend) {
     wait_answered_by(&s.t.client, sock("192.0.2.11", 80), &["pod0"]);
     assert!(s.peers(0).contains(&ip(CLIENT_IP)), "the client address is kept: {:?}", s.peers(0));
     wait_answered_by(&s.t.client, sock("10.96.1.3", 80), &["pod0", "pod1"]);
-    let health = s.t.client.run_in(|| http_get(sock(NODE_IP, 32000)));
-    let (status, body) = health.expect("health-check answer");
-    assert_eq!(status, 200, "{body}");
-    assert!(body.contains("\"localEndpoints\":1") && body.contains("\"name\":\"local\""), "{body}");
+    // kube-proxy's answer, on both families: 200, the endpoint weight, nosniff.
+    for addr in [NODE_IP, crate::topology::NODE_IP6] {
+        let health = s.t.client.run_in(move || http_get_with_headers(sock(addr, 32000), "/"));
+        let (status, headers, body) = health.expect("health-check answer");
+        assert_eq!(status, 200, "{addr}: {body}");
+        assert!(body.contains("\"localEndpoints\":1") && body.contains("\"name\":\"local\""), "{body}");
+        assert!(body.contains("\"serviceProxyHealthy\":true"), "{body}");
+        for header in ["X-Load-Balancing-Endpoint-Weight: 1", "X-Content-Type-Options: nosniff"] {
+            assert!(headers.iter().any(|h| h == header), "{addr}: {header} in {headers:?}");
+        }
+    }
     // A pod on this node is short-circuited to all endpoints.
     assert!(matches!(s.t.pods[1].run_in(|| tcp_request(sock(NODE_IP, 30082))), Answer::From(_)));
 
@@ -612,7 +619,9 @@ pub fn ignored_services(backend: ProxyBackend) {
     )];
     let s = Scene::start(backend, 1, &manifests, &[], &[]);
     wait_answered_by(&s.t.client, sock("10.96.1.13", 80), &["pod0"]);
-    for (vip, what) in [("10.96.1.12", "another proxy's Service"), ("10.96.1.14", "a Service labelled headless")] {
+    for (vip, what) in
+        [("10.96.1.12", "another proxy's Service"), ("10.96.1.14", "a Service labelled headless")]
+    {
         assert!(!s.rules_mention(vip), "{what} is not programmed");
         assert!(!matches!(s.t.client.run_in(move || tcp_request(sock(vip, 80))), Answer::From(_)), "{what}");
     }
@@ -812,7 +821,13 @@ pub fn full_syncs_under_traffic(backend: ProxyBackend) {
             service("synced", spec, ""),
             slice("synced", "synced-1", false, &[("http", "TCP", 8080)], &[ep(pod(0))]),
             service("sticky", sticky, ""),
-            slice("sticky", "sticky-1", false, &[("http", "TCP", 8080)], &[ep(pod(0)), ep(pod(1)), ep(pod(2))]),
+            slice(
+                "sticky",
+                "sticky-1",
+                false,
+                &[("http", "TCP", 8080)],
+                &[ep(pod(0)), ep(pod(1)), ep(pod(2))],
+            ),
         ]),
     )];
     let s = Scene::start(backend, 3, &manifests, &[], &["--full-sync-period", "50ms"]);
@@ -838,8 +853,13 @@ pub fn full_syncs_under_traffic(backend: ProxyBackend) {
         Duration::from_millis(2),
         Duration::from_secs(20),
     );
-    let affinity =
-        Prober::start(&s.t.client, &[sticky_vip], &stuck_to, Duration::from_millis(10), Duration::from_secs(20));
+    let affinity = Prober::start(
+        &s.t.client,
+        &[sticky_vip],
+        &stuck_to,
+        Duration::from_millis(10),
+        Duration::from_secs(20),
+    );
     let seen = prober.wait();
     let kept_affinity = affinity.wait();
     let synced = full_syncs() - before;

@@ -213,6 +213,22 @@ impl Topology {
         KpxProcess::start(&self.node, "kpx-dataplane", &args, self.log_path("dataplane"))
     }
 
+    /// The node agent driving `backend`, with extra flags and environment variables.
+    pub fn start_dataplane_with_env(
+        &self,
+        backend: ProxyBackend,
+        extra: &[&str],
+        env: &[(&str, String)],
+    ) -> KpxProcess {
+        let mut args = vec![
+            format!("--node-name={NODE_NAME}"),
+            format!("--control-plane=http://{CONTROL_PLANE_ADDR}"),
+            format!("--state-dir={}", self.dir.path().join("state").display()),
+        ];
+        args.extend(backend.args().iter().chain(extra).map(|a| (*a).to_owned()));
+        KpxProcess::start_with_env(&self.node, "kpx-dataplane", &args, self.log_path("dataplane"), env)
+    }
+
     /// The node agent driving `backend` with its state directory on a tmpfs of `size` of
     /// its own (see [`KpxProcess::start_on_tmpfs`]); returns the directory too.
     pub fn start_dataplane_on_tmpfs(&self, backend: ProxyBackend, size: &str) -> (KpxProcess, PathBuf) {

@@ -257,6 +257,11 @@ pub fn http_get(to: SocketAddr) -> Result<(u16, String), String> {
 
 /// `GET path` over HTTP/1.1: the status code and the body, or why it failed.
 pub fn http_get_path(to: SocketAddr, path: &str) -> Result<(u16, String), String> {
+    http_get_with_headers(to, path).map(|(status, _, body)| (status, body))
+}
+
+/// `GET path` over HTTP/1.1: the status code, the header lines and the body.
+pub fn http_get_with_headers(to: SocketAddr, path: &str) -> Result<(u16, Vec<String>, String), String> {
     let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2)).map_err(|e| e.to_string())?;
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
     s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {to}\r\nConnection: close\r\n\r\n").as_bytes())
@@ -268,8 +273,9 @@ pub fn http_get_path(to: SocketAddr, path: &str) -> Result<(u16, String), String
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| format!("not an HTTP response: {text:?}"))?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    Ok((status, body))
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((text.as_str(), ""));
+    let headers = head.lines().skip(1).map(str::to_owned).collect();
+    Ok((status, headers, body.to_owned()))
 }
 
 /// One UDP exchange from a fresh socket (a fresh conntrack entry): who answered.

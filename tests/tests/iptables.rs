@@ -1,12 +1,14 @@
 //! The iptables backend's own promises, beyond the behaviour suite: it runs
 //! beside a kube-proxy (its `KUBE-*` chains and a user's rules stay as they
-//! are) and `--cleanup` removes exactly what kpx owns, in both flavours.
+//! are) and `--cleanup` removes exactly what kpx owns, in both flavours; a
+//! program that holds the xtables lock makes the node unhealthy, not stuck.
 //! Run as root (network namespaces); binaries built first (see README).
 
 use kpx_e2e::manifests::web_on_pod0;
 use kpx_e2e::process::binary;
 use kpx_e2e::topology::{ProxyBackend, Topology};
 use kpx_e2e::{wait_for, DEADLINE};
+use std::time::Duration;
 
 /// The rules and user chains of `*-save` output (per tool and table), without counters.
 fn saved(t: &Topology, flavour: &str) -> String {
@@ -117,4 +119,73 @@ fn the_periodic_full_resync_repairs_rules_changed_behind_its_back() {
     });
     assert!(rule_there(), "the resync put the rule back");
     t.wait_answered_by("10.96.2.2", 80, "pod0");
+}
+
+/// Another program holds the xtables lock (the legacy flavour takes it; the agent's
+/// lock file is the test's own, through `XTABLES_LOCKFILE`): a change cannot be
+/// programmed (iptables gives up after 5 s), so the node says it is unhealthy — the
+/// `healthCheckNodePort` answers 503 with `serviceProxyHealthy: false` although its
+/// local endpoint is there, and `/healthz` answers 503 — and once the lock is free the
+/// change is asked for again, programmed, and both answer 200.
+#[test]
+fn a_held_xtables_lock_makes_the_node_unhealthy_until_it_is_free() {
+    use kpx_e2e::manifests::{documents, ep, service, slice};
+    use kpx_e2e::topology::{sock, NODE_IP};
+    use kpx_e2e::traffic::http_get_path;
+    use std::os::fd::AsRawFd;
+
+    let t = Topology::new(1);
+    let _backends = t.start_backends(8080);
+    t.write_node();
+    let spec = "  type: LoadBalancer\n  clusterIP: 10.96.7.1\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 32070\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30170}\n";
+    let local = documents(&[
+        service("local", spec, ""),
+        slice("local", "local-1", false, &[("http", "TCP", 8080)], &[ep(Topology::pod_ip(0))]),
+    ]);
+    t.write_manifest("local.yaml", &local);
+    let _cp = t.start_control_plane();
+    let lock_path = t.dir.path().join("xtables.lock");
+    let env = [("XTABLES_LOCKFILE", lock_path.display().to_string())];
+    let dp = t.start_dataplane_with_env(ProxyBackend::IptablesLegacy, &[], &env);
+    let answer =
+        |port: u16, path: &'static str| t.client.run_in(move || http_get_path(sock(NODE_IP, port), path));
+    let health_check = || answer(32070, "/");
+    wait_for("the health check to say 200", DEADLINE, || {
+        health_check()
+            .ok()
+            .filter(|(status, body)| *status == 200 && body.contains("\"serviceProxyHealthy\":true"))
+    });
+
+    let lock = std::fs::File::create(&lock_path).expect("the lock file");
+    // SAFETY: flock on a descriptor this test owns.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0, "take the xtables lock");
+    t.write_manifest("more.yaml", &web_on_pod0("more", "10.96.7.2"));
+    let (_, body) =
+        wait_for("the health check to say 503: the proxy is unhealthy", Duration::from_secs(60), || {
+            health_check().ok().filter(|(status, _)| *status == 503)
+        });
+    assert!(
+        body.contains("\"localEndpoints\":1") && body.contains("\"serviceProxyHealthy\":false"),
+        "{body}"
+    );
+    let (healthz, _) = answer(10256, "/healthz").expect("/healthz");
+    assert_eq!(healthz, 503, "/healthz: the rules do not match what the node accepted");
+    dp.wait_event("the change NACKed", Duration::from_secs(60), |e| {
+        e["message"] == "delta refused (NACK); keeping the last good state"
+    });
+
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_UN) }, 0, "free the xtables lock");
+    let freed = std::time::Instant::now();
+    wait_for("the health check to say 200 again", Duration::from_secs(60), || {
+        health_check()
+            .ok()
+            .filter(|(status, body)| *status == 200 && body.contains("\"serviceProxyHealthy\":true"))
+    });
+    t.wait_answered_by("10.96.7.2", 80, "pod0");
+    assert_eq!(answer(10256, "/healthz").expect("/healthz").0, 200);
+    println!(
+        "the lock freed: healthy again and the change programmed {:.1} s later",
+        freed.elapsed().as_secs_f64()
+    );
 }

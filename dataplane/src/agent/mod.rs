@@ -19,7 +19,7 @@ use crate::exec::conntrack::SharedConntrack;
 use crate::healthcheck::{self, ServiceHealth};
 use crate::metrics::{labels, AgentMetrics};
 use crate::state::{Delta, NodeState, RawResource};
-use crate::status::{unix_seconds, AgentStatus};
+use crate::status::{unix_seconds, AgentStatus, ProxyHealth};
 use crate::store::{Damaged, Store};
 
 pub struct Agent {
@@ -35,6 +35,9 @@ pub struct Agent {
     conntrack: SharedConntrack,
     /// The health-check ports the accepted state asks for.
     health: watch::Sender<BTreeMap<u16, ServiceHealth>>,
+    /// Whether the kernel holds the accepted state, for `/healthz` and the health-check
+    /// ports (503 while it does not), which read it without taking the agent.
+    proxy_health: watch::Sender<ProxyHealth>,
     pub status: AgentStatus,
     metrics: Arc<AgentMetrics>,
     /// Since when the agent recovers from a damaged store (see [`Agent::start`]).
@@ -125,6 +128,7 @@ impl Agent {
         let metrics = Arc::new(AgentMetrics::new(backend.name()));
         let context = NodeContext::derive(&settings, state.node.as_ref().map(|n| &n.value));
         let (health, _) = watch::channel(healthcheck::desired(&state));
+        let (proxy_health, _) = watch::channel(ProxyHealth::default());
         let status = AgentStatus { control_plane, ..Default::default() };
         let mut agent = Agent {
             node_name,
@@ -135,6 +139,7 @@ impl Agent {
             store,
             conntrack,
             health,
+            proxy_health,
             status,
             metrics,
             recovering: None,
@@ -201,6 +206,7 @@ impl Agent {
         let now = SystemTime::now();
         self.status.last_synced_at = Some(now);
         self.status.out_of_sync = false;
+        self.proxy_health.send_replace(self.status.proxy_health());
         self.metrics.sync_duration.observe(elapsed.as_secs_f64());
         let which = if full { &self.metrics.full_sync_duration } else { &self.metrics.partial_sync_duration };
         which.observe(elapsed.as_secs_f64());
@@ -251,6 +257,7 @@ impl Agent {
 
     fn sync_failed(&mut self, error: &BackendError) {
         self.status.out_of_sync = true;
+        self.proxy_health.send_replace(self.status.proxy_health());
         self.status.last_error = error.to_string();
         self.metrics.sync_failures.inc();
     }
@@ -319,6 +326,11 @@ impl Agent {
     /// The health-check ports to serve, kept current (see [`healthcheck::serve`]).
     pub fn health_checks(&self) -> watch::Receiver<BTreeMap<u16, ServiceHealth>> {
         self.health.subscribe()
+    }
+
+    /// Whether the proxy is healthy, kept current (for `/healthz` and the health-check ports).
+    pub fn proxy_health(&self) -> watch::Receiver<ProxyHealth> {
+        self.proxy_health.subscribe()
     }
 
     pub fn node_name(&self) -> &str {

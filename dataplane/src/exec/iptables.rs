@@ -60,6 +60,12 @@ pub trait Iptables: Send {
     fn list_chain(&mut self, family: Family, table: &str, chain: &str) -> Result<String, ExecError>;
 }
 
+/// How long (seconds) iptables waits for the xtables lock another program holds (the
+/// legacy flavour takes it): then the call fails, the change is NACKed and asked for
+/// again, and the node reports itself unhealthy meanwhile, as kube-proxy's `-w 5` does;
+/// never waiting forever behind a stuck program.
+const XTABLES_WAIT: &str = "5";
+
 /// The iptables tools of one flavour, one process per call.
 pub struct IptablesProcess {
     pub flavour: Flavour,
@@ -68,7 +74,7 @@ pub struct IptablesProcess {
 impl Iptables for IptablesProcess {
     fn restore(&mut self, family: Family, script: &str) -> Result<(), ExecError> {
         let program = self.flavour.program(family, "restore");
-        process::run("iptables-restore", &program, &["--noflush", "-w"], Some(script)).map(drop)
+        process::run("iptables-restore", &program, &["--noflush", "-w", XTABLES_WAIT], Some(script)).map(drop)
     }
 
     fn save(&mut self, family: Family) -> Result<String, ExecError> {
@@ -77,7 +83,8 @@ impl Iptables for IptablesProcess {
 
     fn list_chain(&mut self, family: Family, table: &str, chain: &str) -> Result<String, ExecError> {
         let program = self.flavour.command(family);
-        let out = process::output("iptables", &program, &["-w", "-t", table, "-S", chain], None)?;
+        let out =
+            process::output("iptables", &program, &["-w", XTABLES_WAIT, "-t", table, "-S", chain], None)?;
         if out.status.success() {
             return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
         }

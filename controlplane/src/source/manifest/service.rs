@@ -425,7 +425,8 @@ mod tests {
 
     #[test]
     fn addresses_of_another_family_are_left_out_and_the_service_kept() {
-        let svc = one("spec: {clusterIP: 10.96.0.1, externalIPs: [192.0.2.1, '2001:db8::1']}\n").expect("kept");
+        let svc =
+            one("spec: {clusterIP: 10.96.0.1, externalIPs: [192.0.2.1, '2001:db8::1']}\n").expect("kept");
         assert_eq!(svc.external_ips, ["192.0.2.1".parse::<IpAddr>().expect("ip")]);
         let svc = one(
             "spec: {type: LoadBalancer, clusterIP: 'fd00::1'}\nstatus: {loadBalancer: {ingress: [{ip: 203.0.113.1}, {ip: 'fd00::99'}]}}\n",
