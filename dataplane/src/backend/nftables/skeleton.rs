@@ -55,15 +55,22 @@ impl EndpointSet {
     }
 }
 
+/// Whether a set's picks mark for masquerade under `masqueradeAll`: the cluster set's
+/// (ClusterIP and policy-Cluster external traffic); never the policy-Local external set,
+/// whose traffic keeps its client address, as in kube-proxy.
+pub fn masquerades_all(set: EndpointSet, masquerade_all: bool) -> bool {
+    masquerade_all && set == EndpointSet::Cluster
+}
+
 /// The pick chain for `endpoints` endpoints of a set; its name says all its rule depends
-/// on (with `masqueradeAll` it also marks for masquerade), so that a pick chain in the
-/// kernel under this name is the one wanted.
+/// on (with `masqueradeAll` the cluster set's also marks for masquerade), so that a pick
+/// chain in the kernel under this name is the one wanted.
 pub fn pick_chain_name(set: EndpointSet, family: Family, endpoints: usize, masquerade_all: bool) -> String {
+    let masq = if masquerades_all(set, masquerade_all) { "masq-" } else { "" };
     let set = match set {
         EndpointSet::Cluster => "",
         EndpointSet::Local => "local-",
     };
-    let masq = if masquerade_all { "masq-" } else { "" };
     format!("pick-{set}{masq}{}-{endpoints}", family.suffix())
 }
 
@@ -248,7 +255,7 @@ fn declare_collections(s: &mut String, f: Family) {
 fn pick_chain(set: EndpointSet, family: Family, endpoints: usize, masquerade_all: bool) -> String {
     let (t, nft) = (format!("{FAMILY} {TABLE}"), family.nft());
     let name = pick_chain_name(set, family, endpoints, masquerade_all);
-    let mark = if masquerade_all { format!("{} ", mark_for_masquerade()) } else { String::new() };
+    let mark = if masquerades_all(set, masquerade_all) { format!("{} ", mark_for_masquerade()) } else { String::new() };
     format!(
         "add chain {t} {name}\nadd rule {t} {name} {mark}dnat {nft} to {nft} daddr . meta l4proto . th dport . numgen random mod {endpoints} map @{}\n",
         set.map(family).name()
