@@ -483,7 +483,11 @@ pub fn masquerade(backend: ProxyBackend) {
     // External traffic of policy Local keeps its client address, masqueradeAll or not.
     s.clear_peers();
     assert_eq!(s.t.client.run_in(|| tcp_request(sock(NODE_IP, 30108))), Answer::From("pod0".into()));
-    assert_eq!(s.peers(0), BTreeSet::from([ip(CLIENT_IP)]), "--masquerade-all: an ETP Local NodePort is not masqueraded");
+    assert_eq!(
+        s.peers(0),
+        BTreeSet::from([ip(CLIENT_IP)]),
+        "--masquerade-all: an ETP Local NodePort is not masqueraded"
+    );
 }
 
 /// Dual-stack and single-stack IPv6 Services, TCP and UDP.

@@ -255,7 +255,11 @@ fn declare_collections(s: &mut String, f: Family) {
 fn pick_chain(set: EndpointSet, family: Family, endpoints: usize, masquerade_all: bool) -> String {
     let (t, nft) = (format!("{FAMILY} {TABLE}"), family.nft());
     let name = pick_chain_name(set, family, endpoints, masquerade_all);
-    let mark = if masquerades_all(set, masquerade_all) { format!("{} ", mark_for_masquerade()) } else { String::new() };
+    let mark = if masquerades_all(set, masquerade_all) {
+        format!("{} ", mark_for_masquerade())
+    } else {
+        String::new()
+    };
     format!(
         "add chain {t} {name}\nadd rule {t} {name} {mark}dnat {nft} to {nft} daddr . meta l4proto . th dport . numgen random mod {endpoints} map @{}\n",
         set.map(family).name()
