@@ -308,8 +308,9 @@ pub fn a_full_state_filesystem_nacks_and_recovers(backend: ProxyBackend) {
     let filled = fill(&filler);
     let nacks = |cp: &KpxProcess| cp.events().iter().filter(|e| message(e).starts_with("NACK")).count();
     let before = nacks(&cp);
-    // Big enough to need new room in the store's log (a small one fits in what it has);
-    // Services without endpoints, cheap to program even on an emulated CPU.
+    // Big enough to need new room in the store's log (a small one fits in what it has):
+    // Services without endpoints (about 6 minutes with IPVS on the emulated CPU, where
+    // each new Service costs a conntrack process; 2 s here).
     t.write_manifest("many.yaml", &services_without_endpoints(FILLER_SERVICES));
     manifests(&t, 0);
     let slow = Duration::from_secs(if crate::traffic::patience() > 1 { 300 } else { 30 });
