@@ -245,12 +245,12 @@ pub fn rolling_update(backend: ProxyBackend) {
     for (what, seen) in [("per request", &per_request), ("keep-alive", &keep_alive), ("UDP", &udp)] {
         assert_eq!(seen.failed, 0, "{what}: {:?}", seen.failures);
     }
-    // IPVS drops the first datagram of a flow whose destination was just removed (with
-    // expire_nodest_conn it expires the connection on that datagram and drops it while
-    // its conntrack entry is still the old one); the netfilter backends lose none.
-    if backend != ProxyBackend::Ipvs {
-        assert_eq!(udp.resent, 0, "no datagram lost");
-    }
+    // When the UDP flow moves, one datagram may need sending twice (counted in `resent`,
+    // a failure only if the second is lost too): with the netfilter backends, one whose
+    // answer crosses the deletion of its conntrack entry (the answer is no longer
+    // translated back; seen once in ~3,000 on the Debian-kernel VM, never on this
+    // machine); with IPVS, the first datagram after its destination is removed
+    // (expire_nodest_conn drops it while the conntrack entry is still the old one).
     assert!(during >= wanted, "{during} requests during the rollouts");
     assert!(
         keep_alive.connections > rollouts,
