@@ -49,6 +49,11 @@ fn message(e: &serde_json::Value) -> &str {
     e["message"].as_str().unwrap_or_default()
 }
 
+/// How many times the agent has found its control plane unreachable so far.
+fn unreachable(dp: &KpxProcess) -> usize {
+    dp.events().iter().filter(|e| message(e).starts_with("control plane unreachable")).count()
+}
+
 /// How many streams the agent has opened so far.
 fn streams_opened(dp: &KpxProcess) -> usize {
     dp.events().iter().filter(|e| message(e).starts_with("stream open")).count()
@@ -172,9 +177,6 @@ pub fn a_cut_link_is_noticed_by_keepalive_and_the_stream_resumes(backend: ProxyB
         t.node.exec("nft", &["add", "rule", "inet", "cut", "out", "tcp", direction, port, "drop"]);
     }
     let since = Instant::now();
-    let unreachable = |dp: &KpxProcess| {
-        dp.events().iter().filter(|e| message(e).starts_with("control plane unreachable")).count()
-    };
     let before = unreachable(&dp);
     wait_for("the agent to notice the dead stream", Duration::from_secs(60), || {
         (unreachable(&dp) > before).then_some(())
@@ -231,9 +233,6 @@ pub fn a_stalled_control_plane_is_noticed_and_another_replica_followed(backend: 
     t.wait_answered_by(WEB_VIP, 80, "pod0");
     first.wait_event("the node's stream", DEADLINE, |e| message(e) == "subscription synced");
     let prober = probe(&t);
-    let unreachable = |dp: &KpxProcess| {
-        dp.events().iter().filter(|e| message(e).starts_with("control plane unreachable")).count()
-    };
     let (failed_before, opened) = (unreachable(&dp), streams_opened(&dp));
     first.freeze();
     let stalled = Instant::now();
@@ -335,6 +334,14 @@ pub fn a_full_state_filesystem_nacks_and_recovers(backend: ProxyBackend) {
             == crate::traffic::Answer::From("pod0".into()))
         .then_some(())
     });
+    if backend != ProxyBackend::Ipvs {
+        // The check above sees these Services once they are programmed (rejected: they
+        // have no endpoints), so its "none" meant none.
+        let key = format!("{}:80", many_vip(0));
+        wait_for("the filler Services in the kernel, rejected", slow, || {
+            (tcp_cluster_ips(&t.node, backend).get(&key) == Some(&Programmed::Rejected)).then_some(())
+        });
+    }
     let seen = prober.finish();
     println!(
         "{backend:?}: space back: the change programmed {:.1} s later; {} requests, {} failed",

@@ -360,10 +360,16 @@ impl Session {
     }
 }
 
+/// A new connection to `to`, counted in `shared`.
 fn connect(to: SocketAddr, shared: &Mutex<LoadResult>) -> Result<BufReader<TcpStream>, String> {
+    let conn = open(to)?;
+    shared.lock().unwrap_or_else(|p| p.into_inner()).connections += 1;
+    Ok(conn)
+}
+
+fn open(to: SocketAddr) -> Result<BufReader<TcpStream>, String> {
     let conn = TcpStream::connect_timeout(&to, request_timeout()).map_err(|e| format!("connect: {e}"))?;
     conn.set_read_timeout(Some(request_timeout())).map_err(|e| e.to_string())?;
-    shared.lock().unwrap_or_else(|p| p.into_inner()).connections += 1;
     Ok(BufReader::new(conn))
 }
 
@@ -400,7 +406,5 @@ fn exchange(conn: &mut BufReader<TcpStream>, to: SocketAddr, close: bool) -> Res
 
 /// `GET /` once over a new connection: the pod that answered.
 pub fn http_name(to: SocketAddr) -> Result<String, String> {
-    let shared = Mutex::new(LoadResult::default());
-    let mut conn = connect(to, &shared)?;
-    exchange(&mut conn, to, true).map(|(name, _)| name)
+    exchange(&mut open(to)?, to, true).map(|(name, _)| name)
 }

@@ -19,6 +19,8 @@ pub enum Programmed {
     Whole(BTreeSet<String>),
     /// Some of its objects but not all, and which are missing.
     Partial(String),
+    /// Rejected: programmed as a Service without endpoints.
+    Rejected,
 }
 
 /// Every TCP ClusterIP in the kernel's rules of `backend` in `node`, keyed `VIP:port`.
@@ -81,6 +83,8 @@ fn nftables(node: &Netns) -> BTreeMap<String, Programmed> {
     }
     let entries: BTreeSet<String> =
         elems("cluster-entries-v4").iter().filter_map(|e| tcp_key(&parts(e))).collect();
+    let rejected: BTreeSet<String> =
+        elems("no-endpoints-v4").iter().filter_map(|e| tcp_key(&parts(e))).collect();
     let mut endpoints: BTreeMap<String, BTreeMap<usize, String>> = BTreeMap::new();
     for e in elems("endpoints-v4") {
         let Some(pair) = e.as_array() else { continue };
@@ -90,11 +94,13 @@ fn nftables(node: &Netns) -> BTreeMap<String, Programmed> {
             endpoints.entry(k).or_default().insert(index, parts(value).join(":"));
         }
     }
-    let all: BTreeSet<&String> = picks.keys().chain(&entries).chain(endpoints.keys()).collect();
+    let all: BTreeSet<&String> =
+        picks.keys().chain(&entries).chain(&rejected).chain(endpoints.keys()).collect();
     all.into_iter()
         .map(|k| {
             let eps = endpoints.get(k).cloned().unwrap_or_default();
             let state = match (picks.get(k), entries.contains(k)) {
+                (None, true) if rejected.contains(k) && eps.is_empty() => Programmed::Rejected,
                 (None, _) => Programmed::Partial("no service-ips entry".into()),
                 (_, false) => Programmed::Partial("not in cluster-entries".into()),
                 (Some(None), true) => Programmed::Partial("its entry does not go to a pick chain".into()),
@@ -110,8 +116,11 @@ fn nftables(node: &Netns) -> BTreeMap<String, Programmed> {
         .collect()
 }
 
-fn iptables(node: &Netns, save: &str) -> BTreeMap<String, Programmed> {
-    let out = node.try_exec(save, &["-t", "nat"]);
+/// `save -t table`: the chains declared and each chain's rules as words.
+type SavedTable = (BTreeSet<String>, BTreeMap<String, Vec<Vec<String>>>);
+
+fn saved_table(node: &Netns, save: &str, table: &str) -> SavedTable {
+    let out = node.try_exec(save, &["-t", table]);
     assert!(out.status.success(), "{save}: {}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let mut declared = BTreeSet::new();
@@ -126,10 +135,27 @@ fn iptables(node: &Netns, save: &str) -> BTreeMap<String, Programmed> {
             }
         }
     }
+    (declared, rules)
+}
+
+fn iptables(node: &Netns, save: &str) -> BTreeMap<String, Programmed> {
+    let (declared, rules) = saved_table(node, save, "nat");
     let arg = |words: &[String], flag: &str| {
         words.iter().position(|w| w == flag).and_then(|i| words.get(i + 1)).cloned()
     };
     let mut out = BTreeMap::new();
+    // Services without endpoints: rejected in the filter table.
+    let (_, filter) = saved_table(node, save, "filter");
+    for words in filter.get("KPX-REJECT").into_iter().flatten() {
+        if let (Some(vip), Some(port), Some("tcp"), Some("REJECT")) = (
+            arg(words, "-d"),
+            arg(words, "--dport"),
+            arg(words, "-p").as_deref(),
+            arg(words, "-j").as_deref(),
+        ) {
+            out.insert(format!("{}:{port}", vip.trim_end_matches("/32")), Programmed::Rejected);
+        }
+    }
     for words in rules.get("KPX-SERVICES").into_iter().flatten() {
         let (Some(vip), Some(port), Some(target)) =
             (arg(words, "-d"), arg(words, "--dport"), arg(words, "-j"))

@@ -69,20 +69,23 @@ impl KpxProcess {
         log: PathBuf,
         env: &[(&str, String)],
     ) -> KpxProcess {
-        let program = name;
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &ns.name]).arg(path).args(args);
+        command.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
+        Self::run(command, name, log)
+    }
+
+    /// Starts `command` (its stdio to `log`, `RUST_LOG=info`), named `name` in messages.
+    fn run(mut command: Command, name: &str, log: PathBuf) -> KpxProcess {
         let file = File::options().create(true).append(true).open(&log).expect("log file");
-        let child = Command::new("ip")
-            .args(["netns", "exec", &ns.name])
-            .arg(path)
-            .args(args)
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        let child = command
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("log file"))
             .stderr(file)
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
-        KpxProcess { child, log, name: program.to_owned() }
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        KpxProcess { child, log, name: name.to_owned() }
     }
 
     /// Starts kpx's `program args…` inside `ns` in a mount namespace of its own where
@@ -97,22 +100,16 @@ impl KpxProcess {
         size: &str,
     ) -> KpxProcess {
         std::fs::create_dir_all(dir).expect("the tmpfs mount point");
-        let file = File::options().create(true).append(true).open(&log).expect("log file");
         // unshare, sh and ip each exec the next: the PID is the program's.
-        let child = Command::new("unshare")
+        let mut command = Command::new("unshare");
+        command
             .args(["--mount", "--propagation", "private", "sh", "-c"])
             .arg(format!("mount -t tmpfs -o size={size} kpx-test-state '{}' && exec \"$@\"", dir.display()))
             .args(["sh", "ip", "netns", "exec", &ns.name])
             .arg(binary(program))
             .args(args)
-            .arg("--log-format=json")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("log file"))
-            .stderr(file)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
-        KpxProcess { child, log, name: program.to_owned() }
+            .arg("--log-format=json");
+        Self::run(command, program, log)
     }
 
     /// `path` as this process sees it (through its mount namespace).

@@ -154,10 +154,7 @@ pub fn agent_metric(node: &Netns, name: &str) -> f64 {
         node.run_in(|| http_get_path(sock("127.0.0.1", 10249), "/metrics")).ok()
     });
     assert_eq!(code, 200, "{body}");
-    body.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} in {body}"))
+    crate::traffic::metric_value(&body, name).unwrap_or_else(|| panic!("{name} in {body}"))
 }
 
 fn pod(i: usize) -> String {

@@ -202,14 +202,20 @@ impl Topology {
         self.start_dataplane_with(ProxyBackend::Nftables, &[])
     }
 
-    /// The node agent driving `backend`, with extra flags (e.g. `--masquerade-all`).
-    pub fn start_dataplane_with(&self, backend: ProxyBackend, extra: &[&str]) -> KpxProcess {
+    /// The node agent's flags: this node, the control plane, `state`, `backend` and `extra`.
+    fn dataplane_args(state: &Path, backend: ProxyBackend, extra: &[&str]) -> Vec<String> {
         let mut args = vec![
             format!("--node-name={NODE_NAME}"),
             format!("--control-plane=http://{CONTROL_PLANE_ADDR}"),
-            format!("--state-dir={}", self.dir.path().join("state").display()),
+            format!("--state-dir={}", state.display()),
         ];
         args.extend(backend.args().iter().chain(extra).map(|a| (*a).to_owned()));
+        args
+    }
+
+    /// The node agent driving `backend`, with extra flags (e.g. `--masquerade-all`).
+    pub fn start_dataplane_with(&self, backend: ProxyBackend, extra: &[&str]) -> KpxProcess {
+        let args = Self::dataplane_args(&self.dir.path().join("state"), backend, extra);
         KpxProcess::start(&self.node, "kpx-dataplane", &args, self.log_path("dataplane"))
     }
 
@@ -220,12 +226,7 @@ impl Topology {
         extra: &[&str],
         env: &[(&str, String)],
     ) -> KpxProcess {
-        let mut args = vec![
-            format!("--node-name={NODE_NAME}"),
-            format!("--control-plane=http://{CONTROL_PLANE_ADDR}"),
-            format!("--state-dir={}", self.dir.path().join("state").display()),
-        ];
-        args.extend(backend.args().iter().chain(extra).map(|a| (*a).to_owned()));
+        let args = Self::dataplane_args(&self.dir.path().join("state"), backend, extra);
         KpxProcess::start_with_env(&self.node, "kpx-dataplane", &args, self.log_path("dataplane"), env)
     }
 
@@ -233,12 +234,7 @@ impl Topology {
     /// its own (see [`KpxProcess::start_on_tmpfs`]); returns the directory too.
     pub fn start_dataplane_on_tmpfs(&self, backend: ProxyBackend, size: &str) -> (KpxProcess, PathBuf) {
         let state = self.dir.path().join("state-tmpfs");
-        let mut args = vec![
-            format!("--node-name={NODE_NAME}"),
-            format!("--control-plane=http://{CONTROL_PLANE_ADDR}"),
-            format!("--state-dir={}", state.display()),
-        ];
-        args.extend(backend.args().iter().map(|a| (*a).to_owned()));
+        let args = Self::dataplane_args(&state, backend, &[]);
         let dp = KpxProcess::start_on_tmpfs(
             &self.node,
             "kpx-dataplane",

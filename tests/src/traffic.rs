@@ -278,6 +278,14 @@ pub fn http_get_with_headers(to: SocketAddr, path: &str) -> Result<(u16, Vec<Str
     Ok((status, headers, body.to_owned()))
 }
 
+/// The value of metric `name` (no labels) in a Prometheus text exposition.
+pub fn metric_value(exposition: &str, name: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// One UDP exchange from a fresh socket (a fresh conntrack entry): who answered.
 pub fn udp_request(to: SocketAddr) -> Answer {
     let any: SocketAddr = if to.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { ([0u16; 8], 0).into() };

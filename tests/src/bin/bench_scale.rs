@@ -142,10 +142,7 @@ fn control_plane_metric(name: &str) -> f64 {
     let Ok((200, body)) = kpx_e2e::traffic::http_get_path(sock("127.0.0.1", 28002), "/metrics") else {
         return f64::NAN;
     };
-    body.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(f64::NAN)
+    kpx_e2e::traffic::metric_value(&body, name).unwrap_or(f64::NAN)
 }
 
 fn cpu_seconds(pid: u32) -> f64 {
