@@ -39,7 +39,7 @@ pub struct Flags {
     /// gRPC address: delta ADS, the admin API, health and reflection.
     #[arg(long, default_value = "0.0.0.0:18000")]
     pub listen: SocketAddr,
-    /// Prometheus /metrics.
+    /// Prometheus /metrics, and the probes /readyz (every source synced) and /livez.
     #[arg(long, default_value = "127.0.0.1:18002")]
     pub metrics_listen: SocketAddr,
     /// This server's certificate (PEM): with --tls-key and --tls-client-ca, --listen

@@ -4,6 +4,7 @@ pub mod admin;
 pub mod config;
 pub mod metrics;
 pub mod model;
+pub mod probes;
 pub mod publisher;
 pub mod source;
 pub mod trust;

@@ -10,6 +10,7 @@ use clap::Parser;
 use kpx_controlplane::admin::ControlPlaneAdminService;
 use kpx_controlplane::config::{Config, Flags, Security};
 use kpx_controlplane::metrics::ControlPlaneMetrics;
+use kpx_controlplane::probes;
 use kpx_controlplane::publisher::Publisher;
 use kpx_controlplane::source::{self, kubernetes::TokenReviews, Prepared};
 use kpx_controlplane::trust::{self, TokenReviewer, Trust};
@@ -121,7 +122,7 @@ async fn run(
     let metrics_listener = tokio::net::TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("cannot listen on {} (--metrics-listen)", args.metrics_listen))?;
-    let router = metrics_router(Arc::clone(&metrics));
+    let router = metrics_router(Arc::clone(&metrics)).merge(probes::router(status_rx.clone()));
     tokio::spawn(async move {
         if let Err(e) = axum::serve(metrics_listener, router).await {
             tracing::error!(error = %e, "metrics server failed");
@@ -131,6 +132,7 @@ async fn run(
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<xds::transport::AdsService>().await;
     health_reporter.set_serving::<ControlPlaneAdminServer<ControlPlaneAdminService>>().await;
+    tokio::spawn(probes::follow_in_grpc_health(status_rx.clone(), health_reporter));
     let trust = Arc::new(Trust::new(
         tls.is_some(),
         reviewer,

@@ -8,7 +8,7 @@ use kpx_e2e::fake_apiserver::{FakeApiServer, Kind};
 use kpx_e2e::manifests::{documents, ep, service, slice, web_on_pod0};
 use kpx_e2e::process::{binary, KpxProcess};
 use kpx_e2e::topology::{node_yaml, sock, Topology, NODE_NAME};
-use kpx_e2e::traffic::Backend;
+use kpx_e2e::traffic::{http_get_path, Backend};
 use kpx_e2e::{wait_for, DEADLINE};
 
 const API_PORT: u16 = 16443;
@@ -39,6 +39,23 @@ impl Cluster {
 
 fn kpxctl(t: &Topology, args: &[&str]) -> std::process::Output {
     t.node.try_exec(&binary("kpxctl").display().to_string(), args)
+}
+
+/// The control plane's `/readyz` (on its metrics listener).
+fn readyz(t: &Topology) -> (u16, String) {
+    t.node.run_in(|| http_get_path(sock("127.0.0.1", 18002), "/readyz")).expect("/readyz answers")
+}
+
+/// The control plane's overall gRPC health status, as grpcurl reads it.
+fn grpc_health(t: &Topology) -> String {
+    let grpcurl = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/pyenv/bin/grpcurl");
+    let out = t.node.try_exec(
+        grpcurl,
+        &["-plaintext", kpx_e2e::topology::CONTROL_PLANE_ADDR, "grpc.health.v1.Health/Check"],
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    value["status"].as_str().unwrap_or_default().to_owned()
 }
 
 /// How many deltas the node agent has applied.
@@ -80,9 +97,19 @@ fn nothing_is_served_until_every_initial_list_is_complete() {
         e["message"].as_str().is_some_and(|m| m.starts_with("stream open"))
     });
     assert_eq!(applied(&dp), 0);
+    // The replica is not ready: its kubelet probe (/readyz) and gRPC health say so.
+    let (code, body) = readyz(&c.t);
+    assert_eq!(code, 503, "/readyz before the lists are complete: {body}");
+    assert!(body.contains("waiting for the first state of default"), "{body}");
+    assert_eq!(grpc_health(&c.t), "NOT_SERVING");
 
     c.api.release(Kind::EndpointSlice);
     c.t.wait_answered_by("10.96.0.10", 80, "pod0");
+    let (code, body) = readyz(&c.t);
+    assert_eq!(code, 200, "/readyz once every source synced: {body}");
+    assert_eq!(grpc_health(&c.t), "SERVING");
+    let (code, _) = c.t.node.run_in(|| http_get_path(sock("127.0.0.1", 18002), "/livez")).expect("/livez");
+    assert_eq!(code, 200);
     rbac_covers_what_was_asked(&c.api);
 }
 
