@@ -103,6 +103,8 @@ pub struct FakeApiServer {
     listener_ns: NetnsPlace,
     addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
+    /// HTTPS with this configuration (as a pod's in-cluster client requires), else HTTP.
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl FakeApiServer {
@@ -113,8 +115,43 @@ impl FakeApiServer {
             .enable_all()
             .build()
             .expect("runtime");
-        let mut server =
-            FakeApiServer { runtime, state: Arc::default(), listener_ns: ns.place(), addr, stop: None };
+        let mut server = FakeApiServer {
+            runtime,
+            state: Arc::default(),
+            listener_ns: ns.place(),
+            addr,
+            stop: None,
+            tls: None,
+        };
+        server.listen();
+        server
+    }
+
+    /// Serves HTTPS on `addr` inside `ns` with the certificate `cert` (and its key), as a
+    /// pod's in-cluster client (`KUBERNETES_SERVICE_HOST`) requires.
+    pub fn start_tls(ns: &Netns, addr: SocketAddr, cert: &crate::pki::Issued) -> FakeApiServer {
+        let chain = kpx_proto::tls::certificates(&cert.cert).expect("the API server's certificate");
+        let key = kpx_proto::tls::private_key(&cert.key).expect("the API server's key");
+        let config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .expect("TLS versions")
+                .with_no_client_auth()
+                .with_single_cert(chain, key)
+                .expect("the API server's certificate and key");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let mut server = FakeApiServer {
+            runtime,
+            state: Arc::default(),
+            listener_ns: ns.place(),
+            addr,
+            stop: None,
+            tls: Some(Arc::new(config)),
+        };
         server.listen();
         server
     }
@@ -134,13 +171,22 @@ impl FakeApiServer {
             .route("/api/v1/nodes", get(|s, q| serve(s, q, Kind::Node)))
             .route("/apis/authentication.k8s.io/v1/tokenreviews", post(token_review))
             .with_state(Arc::clone(&self.state));
+        let tls = self.tls.clone();
         self.runtime.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await;
+            let stopped = async {
+                let _ = stopped.await;
+            };
+            match tls {
+                Some(config) => {
+                    let listener =
+                        TlsListener { tcp: listener, acceptor: tokio_rustls::TlsAcceptor::from(config) };
+                    let _ = axum::serve(listener, app).with_graceful_shutdown(stopped).await;
+                }
+                None => {
+                    let _ = axum::serve(listener, app).with_graceful_shutdown(stopped).await;
+                }
+            }
         });
         self.stop = Some(stop);
     }
@@ -250,6 +296,32 @@ impl Drop for FakeApiServer {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+}
+
+/// Connections whose TLS handshake succeeded (one that fails is dropped).
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((stream, peer)) = self.tcp.accept().await else { continue };
+            if let Ok(Ok(tls)) =
+                tokio::time::timeout(Duration::from_secs(10), self.acceptor.accept(stream)).await
+            {
+                return (tls, peer);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
     }
 }
 

@@ -75,6 +75,11 @@ impl KpxProcess {
         Self::run(command, name, log)
     }
 
+    /// Starts a command made elsewhere (e.g. a pod's launcher), its output to `log`.
+    pub fn start_command(command: Command, name: &str, log: PathBuf) -> KpxProcess {
+        Self::run(command, name, log)
+    }
+
     /// Starts `command` (its stdio to `log`, `RUST_LOG=info`), named `name` in messages.
     fn run(mut command: Command, name: &str, log: PathBuf) -> KpxProcess {
         let file = File::options().create(true).append(true).open(&log).expect("log file");
@@ -159,14 +164,20 @@ impl KpxProcess {
 
     /// Ends the process: SIGTERM, then SIGKILL if it lingers.
     pub fn stop(&mut self) {
+        self.terminate();
+    }
+
+    /// Like [`KpxProcess::stop`]; how the process ended (`None`: it had to be killed).
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
         self.signal(libc::SIGTERM);
-        for _ in 0..200 {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
+        for _ in 0..400 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
             }
             std::thread::sleep(Duration::from_millis(25));
         }
         self.kill();
+        None
     }
 
     /// Kills the process at once (a crash).

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use kpx_e2e::fake_apiserver::{FakeApiServer, Kind};
+use kpx_e2e::install;
 use kpx_e2e::manifests::{documents, ep, service, slice, web_on_pod0};
 use kpx_e2e::process::{binary, KpxProcess};
 use kpx_e2e::topology::{node_yaml, sock, Topology, NODE_NAME};
@@ -113,46 +114,31 @@ fn nothing_is_served_until_every_initial_list_is_complete() {
     rbac_covers_what_was_asked(&c.api);
 }
 
-/// deploy/kubernetes/rbac.yaml grants every request the control plane made (the fake
-/// API server serves nothing else, so anything more would have failed above).
+/// The RBAC the install renders (kustomize and Helm alike) grants the control plane's
+/// ServiceAccount every request it made (the fake API server serves nothing else, so
+/// anything more would have failed above), and nothing beyond them but the TokenReviews
+/// of trust.rs.
 fn rbac_covers_what_was_asked(api: &FakeApiServer) {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes/rbac.yaml");
-    let text = std::fs::read_to_string(path).expect("deploy/kubernetes/rbac.yaml");
-    let mut granted = std::collections::BTreeSet::new();
-    for document in serde_yaml::Deserializer::from_str(&text) {
-        let doc: serde_json::Value = serde::Deserialize::deserialize(document).expect("YAML");
-        if doc["kind"] != "ClusterRole" {
-            continue;
-        }
-        for rule in doc["rules"].as_array().into_iter().flatten() {
-            for group in rule["apiGroups"].as_array().into_iter().flatten() {
-                for resource in rule["resources"].as_array().into_iter().flatten() {
-                    for verb in rule["verbs"].as_array().into_iter().flatten() {
-                        granted.insert(format!(
-                            "{}/{}:{}",
-                            group.as_str().unwrap_or("?"),
-                            resource.as_str().unwrap_or("?"),
-                            verb.as_str().unwrap_or("?")
-                        ));
-                    }
-                }
+    for (how, objects) in install::default_installs() {
+        let granted = install::granted_to_control_plane(&objects);
+        for (kind, resource) in [
+            (Kind::Service, "/services"),
+            (Kind::EndpointSlice, "discovery.k8s.io/endpointslices"),
+            (Kind::Node, "/nodes"),
+        ] {
+            for verb in ["list", "watch"] {
+                assert!(api.requests(verb, kind) > 0, "the control plane did {verb} {resource}");
+                assert!(
+                    granted.contains(&format!("{resource}:{verb}")),
+                    "{how} must grant {verb} on {resource}: {granted:?}"
+                );
             }
         }
+        let beyond: Vec<_> =
+            granted.iter().filter(|g| !g.ends_with(":list") && !g.ends_with(":watch")).collect();
+        assert_eq!(beyond, ["authentication.k8s.io/tokenreviews:create"], "{how}: nothing else is granted");
+        assert_eq!(granted.len(), 7, "{how}: list/watch of the three kinds and TokenReviews: {granted:?}");
     }
-    for (kind, resource) in [
-        (Kind::Service, "/services"),
-        (Kind::EndpointSlice, "discovery.k8s.io/endpointslices"),
-        (Kind::Node, "/nodes"),
-    ] {
-        for verb in ["list", "watch"] {
-            assert!(api.requests(verb, kind) > 0, "the control plane did {verb} {resource}");
-            assert!(
-                granted.contains(&format!("{resource}:{verb}")),
-                "rbac.yaml must grant {verb} on {resource}: {granted:?}"
-            );
-        }
-    }
-    assert_eq!(granted.len(), 6, "nothing beyond list/watch of the three kinds: {granted:?}");
 }
 
 #[test]

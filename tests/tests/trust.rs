@@ -240,13 +240,9 @@ fn service_account_tokens_are_checked_by_token_review() {
     t.wait_answered_by("10.96.8.3", 80, "pod0");
     assert!(api.token_reviews() > reviews, "the good token was reviewed too");
 
-    // deploy/kubernetes/rbac-token-review.yaml grants what that took.
-    let rbac = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/kubernetes/rbac-token-review.yaml"
-    ))
-    .expect("rbac-token-review.yaml");
-    assert!(
-        rbac.contains("authentication.k8s.io") && rbac.contains("tokenreviews") && rbac.contains("create")
-    );
+    // The install (kustomize and Helm alike) grants the control plane what that took.
+    for (how, objects) in kpx_e2e::install::default_installs() {
+        let granted = kpx_e2e::install::granted_to_control_plane(&objects);
+        assert!(granted.contains("authentication.k8s.io/tokenreviews:create"), "{how}: {granted:?}");
+    }
 }

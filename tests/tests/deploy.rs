@@ -1,0 +1,273 @@
+//! The install: kustomize and Helm render the same objects for the default and for each
+//! overlay, those objects validate against Kubernetes 1.36's schemas, the chart lints
+//! clean, and the systemd units verify without a word.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use kpx_e2e::fake_apiserver::{FakeApiServer, FakeToken};
+use kpx_e2e::install::{
+    self, by_identity, documents, helm_template, kustomize, output_of, provided_tool, repo_path,
+};
+use kpx_e2e::manifests::web_on_pod0;
+use kpx_e2e::pki::Pki;
+use kpx_e2e::pod::{self, PodWorld, RunningPod};
+use kpx_e2e::topology::{node_yaml, sock, ProxyBackend, Topology, NODE_IP, NODE_NAME};
+use kpx_e2e::traffic::http_get_path;
+use kpx_e2e::{wait_for, DEADLINE};
+
+/// The fake API server's port (in the node's namespace).
+const API_PORT: u16 = 16445;
+
+/// Each kustomization and the chart values rendering the same objects.
+const VARIANTS: [(&str, Option<&str>); 4] = [
+    ("", None),
+    ("overlays/iptables", Some("ci/iptables-values.yaml")),
+    ("overlays/ipvs", Some("ci/ipvs-values.yaml")),
+    ("overlays/multi-cluster", Some("ci/multi-cluster-values.yaml")),
+];
+
+#[test]
+fn helm_renders_what_kustomize_renders() {
+    for (overlay, values) in VARIANTS {
+        let kustomized = by_identity(&documents(&kustomize(overlay)));
+        let templated = by_identity(&documents(&helm_template(values)));
+        let kinds: Vec<_> = kustomized.keys().collect();
+        println!("deploy/kubernetes/{overlay} = helm -f {values:?}: {kinds:?}");
+        assert_eq!(
+            kustomized.keys().collect::<Vec<_>>(),
+            templated.keys().collect::<Vec<_>>(),
+            "{overlay}: the same objects"
+        );
+        for (id, object) in &kustomized {
+            let other = &templated[id];
+            assert!(
+                object == other,
+                "{overlay}: {id} differs\nkustomize: {}\nhelm: {}",
+                serde_json::to_string_pretty(object).unwrap_or_default(),
+                serde_json::to_string_pretty(other).unwrap_or_default()
+            );
+        }
+    }
+}
+
+#[test]
+fn the_overlays_change_only_what_they_say() {
+    let base = documents(&kustomize(""));
+    let agent = |objects: &[serde_json::Value]| {
+        install::object(objects, "DaemonSet", "kpx-dataplane")["spec"]["template"]["spec"]["containers"][0]
+            .clone()
+    };
+    let default = agent(&base);
+    assert!(
+        default["args"].as_array().is_some_and(|a| a.iter().any(|a| a == "--backend=nftables")),
+        "{default}"
+    );
+    assert_eq!(
+        default["securityContext"]["capabilities"]["add"],
+        serde_json::json!(["NET_ADMIN", "NET_RAW"])
+    );
+    assert!(default["securityContext"].get("privileged").is_none(), "not privileged by default");
+    let ipvs = agent(&documents(&kustomize("overlays/ipvs")));
+    assert!(ipvs["args"].as_array().is_some_and(|a| a.iter().any(|a| a == "--backend=ipvs")), "{ipvs}");
+    assert_eq!(ipvs["securityContext"]["privileged"], true);
+    let iptables = agent(&documents(&kustomize("overlays/iptables")));
+    assert!(iptables["args"].as_array().is_some_and(|a| a.iter().any(|a| a == "--backend=iptables")));
+    assert!(!iptables["args"].as_array().is_some_and(|a| a.iter().any(|a| a == "--backend=nftables")));
+}
+
+#[test]
+fn a_backend_the_chart_does_not_know_is_refused_naming_it() {
+    let out = Command::new(provided_tool("target/tools/helm"))
+        .args(["template", "kpx"])
+        .arg(repo_path("deploy/helm/kpx"))
+        .args(["--set", "backend=userspace"])
+        .output()
+        .expect("helm runs");
+    assert!(!out.status.success(), "helm must refuse backend=userspace");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("backend: \"userspace\" is not one of nftables, iptables, ipvs"), "{stderr}");
+}
+
+#[test]
+fn the_chart_lints_clean() {
+    for (_, values) in VARIANTS {
+        let chart = repo_path("deploy/helm/kpx");
+        let mut command = Command::new(provided_tool("target/tools/helm"));
+        command.args(["lint", "--strict"]).arg(&chart);
+        if let Some(values) = values {
+            command.arg("-f").arg(chart.join(values));
+        }
+        let text = output_of(&mut command);
+        println!("{text}");
+        assert!(text.contains("1 chart(s) linted, 0 chart(s) failed"), "{text}");
+        assert!(!text.contains("[WARNING]") && !text.contains("[ERROR]"), "{text}");
+    }
+}
+
+/// The systemd units, pointed at the built binaries, as `systemd-analyze verify` reads
+/// them: it exits 0 on warnings, so any word it says fails the test.
+#[test]
+fn the_systemd_units_verify_without_a_word() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let binaries = repo_path("target/debug");
+    let mut units = Vec::new();
+    for unit in ["kpx-controlplane.service", "kpx-dataplane.service"] {
+        let text = std::fs::read_to_string(repo_path(&format!("deploy/systemd/{unit}"))).expect("unit");
+        assert!(text.contains("ExecStart=/usr/local/bin/"), "{unit} starts the installed binary");
+        let text = text
+            .replace("/usr/local/bin/", &format!("{}/", binaries.display()))
+            .replace("EnvironmentFile=/etc/kpx/", &format!("EnvironmentFile={}/", dir.path().display()));
+        std::fs::write(dir.path().join(unit), text).expect("write unit");
+        units.push(dir.path().join(unit));
+    }
+    for env in ["controlplane.env", "dataplane.env"] {
+        std::fs::copy(repo_path(&format!("deploy/systemd/{env}")), dir.path().join(env)).expect("env file");
+    }
+    let out =
+        Command::new("systemd-analyze").arg("verify").args(&units).output().expect("systemd-analyze runs");
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "systemd-analyze verify ({}): {said}",
+        out.status
+    );
+
+    // It does speak up: a misspelt key is reported.
+    let broken = dir.path().join("kpx-dataplane.service");
+    let text = std::fs::read_to_string(&broken).expect("unit").replace("ProtectHome=", "ProtectHomee=");
+    std::fs::write(&broken, text).expect("write unit");
+    let out =
+        Command::new("systemd-analyze").arg("verify").arg(&broken).output().expect("systemd-analyze runs");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Unknown key 'ProtectHomee'"), "{out:?}");
+}
+
+/// The rendered control plane Deployment and node agent DaemonSet, each run as its kubelet
+/// would (pod.rs: its command, flags, volumes, read-only root, user and capabilities)
+/// against an API server speaking HTTPS, with the TLS material of deploy/tls/make-certs.sh:
+/// the control plane becomes ready, the agent authenticates with its projected token,
+/// programs the node with NET_ADMIN and NET_RAW only, answers its probes, and traffic to a
+/// ClusterIP reaches the pod. When the agent stops, the rules stay.
+fn rendered_pods_serve(overlay: &str, backend: ProxyBackend) {
+    let objects = documents(&kustomize(overlay));
+    let t = Topology::new(1);
+    let _backends = t.start_backends(8080);
+    let api_pki = Pki::new(t.dir.path(), "apiserver");
+    let api = FakeApiServer::start_tls(&t.node, sock("127.0.0.1", API_PORT), &api_pki.server("apiserver"));
+    api.apply_yaml(&node_yaml(NODE_NAME, "zone-a"));
+    api.apply_yaml(&web_on_pod0("web", "10.96.9.1"));
+    api.add_token(
+        "agent-token",
+        FakeToken { audiences: vec!["kpx".into()], node: Some(NODE_NAME.into()), expired: false },
+    );
+
+    let certs = t.dir.path().join("certs");
+    output_of(Command::new(repo_path("deploy/tls/make-certs.sh")).arg(&certs).args(["--name", "127.0.0.1"]));
+    let file = |name: &str| std::fs::read(certs.join(name)).expect("made by make-certs.sh");
+    let secrets = BTreeMap::from([(
+        "kpx-controlplane-tls".to_owned(),
+        BTreeMap::from([
+            ("tls.crt".to_owned(), file("tls.crt")),
+            ("tls.key".to_owned(), file("tls.key")),
+            ("ca.crt".to_owned(), file("ca.crt")),
+        ]),
+    )]);
+    let pods = t.dir.path().join("pods");
+    let api_ca = api_pki.ca();
+    let world = PodWorld {
+        objects: &objects,
+        secrets: &secrets,
+        node_name: NODE_NAME,
+        token: "agent-token",
+        api_server: Some((&api_ca, "127.0.0.1", API_PORT)),
+        hosts: &[("127.0.0.1", "kpx-controlplane.kube-system.svc")],
+        dir: &pods,
+    };
+
+    let cp = pod::start(&t.node, &world, "Deployment", "kpx-controlplane");
+    let cp_container = pod::container(&objects, "Deployment", "kpx-controlplane");
+    wait_probe(&t, &cp, cp_container, "readinessProbe", "127.0.0.1");
+    wait_probe(&t, &cp, cp_container, "livenessProbe", "127.0.0.1");
+
+    // As the securityContext says: an unprivileged user, no capabilities, a read-only root.
+    assert_eq!(cp.status("Uid").split_whitespace().next(), Some("65532"));
+    assert_eq!(cp.status("CapEff"), "0000000000000000");
+    assert_eq!(cp.status("NoNewPrivs"), "1");
+    assert!(
+        cp.read_only("/") && cp.read_only("/etc") && cp.read_only("/var"),
+        "the control plane's root is read-only"
+    );
+
+    let mut agent = pod::start(&t.node, &world, "DaemonSet", "kpx-dataplane");
+    let agent_container = pod::container(&objects, "DaemonSet", "kpx-dataplane");
+    t.wait_answered_by("10.96.9.1", 80, "pod0");
+    // hostNetwork: the kubelet probes the node's address.
+    wait_probe(&t, &agent, agent_container, "readinessProbe", NODE_IP);
+    wait_probe(&t, &agent, agent_container, "livenessProbe", NODE_IP);
+    assert!(api.token_reviews() > 0, "the agent proved itself with its projected token");
+    // Root, but with NET_ADMIN and NET_RAW only (bits 12 and 13), on a read-only root.
+    assert_eq!(agent.status("CapEff"), "0000000000003000");
+    assert_eq!(agent.status("CapBnd"), "0000000000003000");
+    assert!(agent.read_only("/") && agent.read_only("/etc"), "the agent's root is read-only");
+    assert!(!agent.read_only("/var/lib/kpx"), "its state directory is writable");
+    let iptables = t.node.exec("iptables-nft-save", &["-t", "nat"]);
+    match backend {
+        ProxyBackend::Nftables => {
+            assert!(!iptables.contains("10.96.9.1"), "nftables, not iptables: {iptables}")
+        }
+        _ => assert!(iptables.contains("10.96.9.1"), "the iptables overlay programs iptables: {iptables}"),
+    }
+    let state = agent.host_root.join("var/lib/kpx");
+    assert!(
+        std::fs::read_dir(&state).map(|d| d.count()).unwrap_or(0) > 0,
+        "the agent keeps its state in the hostPath {}",
+        state.display()
+    );
+
+    // An operator with the admin certificate make-certs.sh made (kpxctl through a
+    // port-forward, as it were).
+    let out = t.node.try_exec(
+        &kpx_e2e::process::binary("kpxctl").display().to_string(),
+        &[
+            "--control-plane=https://127.0.0.1:18000",
+            &format!("--tls-ca={}", certs.join("ca.crt").display()),
+            &format!("--tls-cert={}", certs.join("admin.crt").display()),
+            &format!("--tls-key={}", certs.join("admin.key").display()),
+            "sources",
+        ],
+    );
+    assert!(out.status.success(), "kpxctl with the admin certificate: {out:?}");
+
+    // A rolling update stops the agent: the node keeps its Service routing meanwhile.
+    let status = agent.process.terminate();
+    assert!(status.is_some_and(|s| s.success()), "the agent ends cleanly on SIGTERM: {status:?}");
+    t.wait_answered_by("10.96.9.1", 80, "pod0");
+    drop(cp);
+}
+
+/// Waits until the container's `probe` (an httpGet on a named port) answers 200 at `host`.
+fn wait_probe(t: &Topology, pod: &RunningPod, container: &serde_json::Value, probe: &str, host: &str) {
+    let get = &container[probe]["httpGet"];
+    let path = get["path"].as_str().expect("httpGet path").to_owned();
+    let port = RunningPod::port(container, get["port"].as_str().expect("a named port"));
+    let to = sock(host, port);
+    let what = format!("{} {probe} (GET {to}{path})", pod.process.name);
+    wait_for(&what, DEADLINE, || {
+        let path = path.clone();
+        match t.node.run_in(move || http_get_path(to, &path)) {
+            Ok((200, _)) => Some(()),
+            _ => None,
+        }
+    });
+    println!("{what}: 200");
+}
+
+#[test]
+fn the_rendered_pods_serve_with_nftables() {
+    rendered_pods_serve("", ProxyBackend::Nftables);
+}
+
+#[test]
+fn the_rendered_pods_serve_with_iptables() {
+    rendered_pods_serve("overlays/iptables", ProxyBackend::Iptables);
+}
