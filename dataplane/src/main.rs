@@ -10,11 +10,15 @@ use clap::Parser;
 use kpx_dataplane::agent::{Agent, SharedAgent};
 use kpx_dataplane::backend::iptables::IptablesBackend;
 use kpx_dataplane::backend::ipvs::{IpvsBackend, IpvsKernel};
+use kpx_dataplane::backend::kube_proxy::{self, KubeProxyKernel};
 use kpx_dataplane::backend::nftables::NftablesBackend;
 use kpx_dataplane::backend::Backend;
 use kpx_dataplane::config::{AgentConfig, BackendConfig, Flags, IptablesMode, Mode, RunConfig};
 use kpx_dataplane::exec::conntrack::{ConntrackProcess, SharedConntrack};
-use kpx_dataplane::exec::iptables::{Flavour, IptablesProcess};
+use kpx_dataplane::exec::ipset::IpsetProcess;
+use kpx_dataplane::exec::iptables::{Flavour, Iptables, IptablesProcess};
+use kpx_dataplane::exec::ipvs::NetlinkIpvs;
+use kpx_dataplane::exec::links::IpProcess;
 use kpx_dataplane::exec::nft;
 use kpx_dataplane::store::Store;
 use kpx_dataplane::{serve, upkeep, xds_client};
@@ -45,7 +49,7 @@ fn main() -> ExitCode {
     let conntrack: SharedConntrack = Arc::new(ConntrackProcess);
     let mut backend = backend(&config.backend, &conntrack);
     let result = match config.mode {
-        Mode::Cleanup => cleanup(backend.as_mut()),
+        Mode::Cleanup { own, kube_proxy } => cleanup(backend.as_mut(), own, kube_proxy),
         Mode::Run(run_config) => run(*run_config, config.proxy, backend, conntrack),
     };
     match result {
@@ -81,9 +85,33 @@ fn backend(config: &BackendConfig, conntrack: &SharedConntrack) -> Box<dyn Backe
     }
 }
 
-fn cleanup(backend: &mut dyn Backend) -> anyhow::Result<()> {
-    backend.cleanup().context("cleanup failed")?;
-    tracing::info!(backend = backend.name(), "removed everything kpx programmed");
+fn cleanup(backend: &mut dyn Backend, own: bool, kube_proxy: bool) -> anyhow::Result<()> {
+    if kube_proxy {
+        let mut kernel = KubeProxyKernel {
+            nft: nft::system(),
+            iptables: [Flavour::Nft, Flavour::Legacy]
+                .into_iter()
+                .map(|flavour| (flavour, Box::new(IptablesProcess { flavour }) as Box<dyn Iptables>))
+                .collect(),
+            ipset: Box::new(IpsetProcess),
+            links: Box::new(IpProcess),
+            ipvs: Box::new(NetlinkIpvs::default()),
+        };
+        let removed =
+            kube_proxy::remove_leftovers(&mut kernel).context("removing kube-proxy's rules failed")?;
+        tracing::info!(
+            nft_tables = ?removed.nft_tables,
+            iptables_chains = removed.chains.len(),
+            ipvs_services = removed.ipvs_services,
+            ipsets = removed.ipsets.len(),
+            interface = removed.interface,
+            "removed what kube-proxy left behind"
+        );
+    }
+    if own {
+        backend.cleanup().context("cleanup failed")?;
+        tracing::info!(backend = backend.name(), "removed everything kpx programmed");
+    }
     Ok(())
 }
 

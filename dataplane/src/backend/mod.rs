@@ -10,6 +10,7 @@
 pub mod fixtures;
 pub mod iptables;
 pub mod ipvs;
+pub mod kube_proxy;
 pub mod nftables;
 pub mod owners;
 pub mod rules_text;

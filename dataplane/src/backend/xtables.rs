@@ -121,29 +121,49 @@ pub fn owned_lines(saved: &str, prefix: &str) -> String {
 /// Restore input that removes every chain named `prefix…` and the hooks into them (hooks
 /// first), given `iptables-save` output.
 pub fn cleanup_script(saved: &str, prefix: &str) -> String {
+    let tables: Vec<&str> = Table::ALL.iter().map(|t| t.name()).collect();
+    removal_script(saved, &tables, |chain| chain.starts_with(prefix))
+}
+
+/// Restore input that removes, in `tables`, every chain `owned` says is to go and every
+/// rule of another chain that jumps (or goes) to one of them, rules first; given
+/// `iptables-save` output. Tables with nothing to remove are left out.
+pub fn removal_script(saved: &str, tables: &[&str], owned: impl Fn(&str) -> bool) -> String {
+    let mut chains: Vec<(&str, &str)> = Vec::new();
+    let mut rules: Vec<(&str, &str)> = Vec::new();
+    let mut table = None;
+    for line in saved.lines() {
+        if let Some(name) = line.strip_prefix('*') {
+            table = tables.iter().copied().find(|t| *t == name);
+        } else if let Some(t) = table {
+            if let Some(chain) = line.strip_prefix(':').and_then(|rest| rest.split_whitespace().next()) {
+                chains.push((t, chain));
+            } else if let Some(rule) = line.strip_prefix("-A ") {
+                rules.push((t, rule));
+            }
+        }
+    }
     let mut s = String::new();
-    for table in Table::ALL {
-        let ours: Vec<String> = saved_chains(saved)
-            .into_iter()
-            .filter(|(t, c)| *t == table && c.starts_with(prefix))
-            .map(|(_, c)| c)
-            .collect();
-        let hooks: Vec<&str> = saved_rules(saved, table)
-            .into_iter()
-            .filter(|l| {
-                let chain = l.split_whitespace().nth(1).unwrap_or_default();
-                !chain.starts_with(prefix) && l.contains(&format!("-j {prefix}"))
+    for table in tables {
+        let ours: Vec<&str> =
+            chains.iter().filter(|(t, c)| t == table && owned(c)).map(|(_, c)| *c).collect();
+        let hooks: Vec<&str> = rules
+            .iter()
+            .filter(|(t, rule)| {
+                let chain = rule.split_whitespace().next().unwrap_or_default();
+                t == table && !owned(chain) && jump_target(rule).is_some_and(&owned)
             })
+            .map(|(_, rule)| *rule)
             .collect();
         if ours.is_empty() && hooks.is_empty() {
             continue;
         }
-        let _ = writeln!(s, "*{}", table.name());
+        let _ = writeln!(s, "*{table}");
         for chain in &ours {
             let _ = writeln!(s, ":{chain} - [0:0]");
         }
         for hook in hooks {
-            let _ = writeln!(s, "-D {}", hook.trim_start_matches("-A "));
+            let _ = writeln!(s, "-D {hook}");
         }
         for chain in &ours {
             let _ = writeln!(s, "-X {chain}");
@@ -151,6 +171,17 @@ pub fn cleanup_script(saved: &str, prefix: &str) -> String {
         let _ = writeln!(s, "COMMIT");
     }
     s
+}
+
+/// The chain a saved rule jumps (`-j`) or goes (`-g`) to.
+fn jump_target(rule: &str) -> Option<&str> {
+    let mut words = rule.split_whitespace();
+    while let Some(word) = words.next() {
+        if word == "-j" || word == "-g" {
+            return words.next();
+        }
+    }
+    None
 }
 
 #[cfg(test)]

@@ -89,6 +89,14 @@ pub struct Flags {
     /// Remove everything kpx programmed, then exit.
     #[arg(long)]
     pub cleanup: bool,
+    /// With --cleanup: also remove what kube-proxy left behind (its nftables tables, its
+    /// KUBE- iptables chains but kubelet's, kube-ipvs0 with its IPVS services and ipsets).
+    #[arg(long, requires = "cleanup")]
+    pub kube_proxy: bool,
+    /// With --cleanup: remove only what kube-proxy left behind, leaving kpx's rules
+    /// serving (the step of a migration from kube-proxy to kpx).
+    #[arg(long, requires = "cleanup", conflicts_with = "kube_proxy")]
+    pub kube_proxy_only: bool,
     /// Log format: human or json.
     #[arg(long, default_value = "human", value_parser = str::parse::<LogFormat>)]
     pub log_format: LogFormat,

@@ -83,8 +83,9 @@ impl BackendConfig {
 /// What the agent is to do.
 #[derive(Debug, Clone)]
 pub enum Mode {
-    /// `--cleanup`: remove everything kpx programmed with the backend, then exit.
-    Cleanup,
+    /// `--cleanup`: remove what kpx programmed with the backend (`own`) and what kube-proxy
+    /// left (`kube_proxy`), then exit.
+    Cleanup { own: bool, kube_proxy: bool },
     /// Follow a control plane and program the kernel.
     Run(Box<RunConfig>),
 }
@@ -187,7 +188,11 @@ impl AgentConfig {
             },
         };
         if flags.cleanup {
-            return Ok(AgentConfig { backend, proxy, mode: Mode::Cleanup });
+            let mode = Mode::Cleanup {
+                own: !flags.kube_proxy_only,
+                kube_proxy: flags.kube_proxy || flags.kube_proxy_only,
+            };
+            return Ok(AgentConfig { backend, proxy, mode });
         }
         let listen = Listen {
             admin: flags
@@ -393,7 +398,7 @@ mod tests {
     fn run(config: &AgentConfig) -> &RunConfig {
         match &config.mode {
             Mode::Run(run) => run,
-            Mode::Cleanup => panic!("not a run"),
+            Mode::Cleanup { .. } => panic!("not a run"),
         }
     }
 
@@ -458,7 +463,11 @@ mod tests {
         let err = AgentConfig::resolve(one_bad).expect_err("an empty replica").to_string();
         assert!(err.starts_with("--control-plane \"\""), "{err}");
         let cleaning = AgentConfig::resolve(cleanup()).expect("cleanup needs none of them");
-        assert!(matches!(cleaning.mode, Mode::Cleanup));
+        assert!(matches!(cleaning.mode, Mode::Cleanup { own: true, kube_proxy: false }));
+        let both = AgentConfig::resolve(Flags { kube_proxy: true, ..cleanup() }).expect("both");
+        assert!(matches!(both.mode, Mode::Cleanup { own: true, kube_proxy: true }));
+        let theirs = AgentConfig::resolve(Flags { kube_proxy_only: true, ..cleanup() }).expect("theirs");
+        assert!(matches!(theirs.mode, Mode::Cleanup { own: false, kube_proxy: true }));
     }
 
     #[test]

@@ -10,8 +10,8 @@ use super::{process, ExecError};
 pub trait Links: Send {
     /// Creates the dummy interface `name` unless it exists, and sets it up.
     fn ensure_dummy(&mut self, name: &str) -> Result<(), ExecError>;
-    /// Removes the interface `name` if it exists.
-    fn remove(&mut self, name: &str) -> Result<(), ExecError>;
+    /// Removes the interface `name` if it exists; whether it did.
+    fn remove(&mut self, name: &str) -> Result<bool, ExecError>;
     /// The addresses on `name` that are not the kernel's own link-local ones (none when
     /// it does not exist).
     fn addresses(&mut self, name: &str) -> Result<BTreeSet<IpAddr>, ExecError>;
@@ -55,11 +55,12 @@ impl Links for IpProcess {
         ip(&["link", "set", name, "up"], None).map(drop)
     }
 
-    fn remove(&mut self, name: &str) -> Result<(), ExecError> {
-        if Self::exists(name)? {
-            ip(&["link", "del", name], None)?;
+    fn remove(&mut self, name: &str) -> Result<bool, ExecError> {
+        if !Self::exists(name)? {
+            return Ok(false);
         }
-        Ok(())
+        ip(&["link", "del", name], None)?;
+        Ok(true)
     }
 
     fn addresses(&mut self, name: &str) -> Result<BTreeSet<IpAddr>, ExecError> {

@@ -36,9 +36,8 @@ impl Links for FakeLinks {
         Ok(())
     }
 
-    fn remove(&mut self, name: &str) -> Result<(), ExecError> {
-        self.links().remove(name);
-        Ok(())
+    fn remove(&mut self, name: &str) -> Result<bool, ExecError> {
+        Ok(self.links().remove(name).is_some())
     }
 
     fn addresses(&mut self, name: &str) -> Result<BTreeSet<IpAddr>, ExecError> {
