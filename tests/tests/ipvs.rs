@@ -20,7 +20,7 @@ fn in_vm(program: &str, args: &[&str]) -> String {
 #[test]
 fn ipvs_netlink_programs_a_real_ipvs_kernel() {
     let stdout = in_vm("ipvs_vm_checks", &[]);
-    assert_eq!(stdout.lines().filter(|l| l.starts_with("ok: ")).count(), 5, "{stdout}");
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("ok: ")).count(), 6, "{stdout}");
 }
 
 #[test]

@@ -107,4 +107,57 @@ fn main() {
     let gone = t.node.run_in(|| open_socket().expect("ipvs").services().expect("list"));
     assert!(gone.is_empty(), "{gone:?}");
     println!("ok: destination and service deleted ({error})");
+
+    kube_proxy_leftovers_go_and_kpxs_stay(
+        &t,
+        VirtualService { key, scheduler: "rr".into(), flags: 0, timeout: 0 },
+    );
+}
+
+/// kube-proxy's IPVS mode left behind: `kube-ipvs0` with its address, a virtual service
+/// there, a `KUBE-` ipset and the iptables chains matching it. `kpx-dataplane --cleanup
+/// --kube-proxy-only` removes all of it, and kpx's own virtual service keeps serving.
+fn kube_proxy_leftovers_go_and_kpxs_stay(t: &Topology, ours: VirtualService) {
+    const THEIRS: &str = "10.96.0.20";
+    t.node.ip(&["link", "add", "kube-ipvs0", "type", "dummy"]);
+    t.node.ip(&["addr", "add", &format!("{THEIRS}/32"), "dev", "kube-ipvs0"]);
+    t.node.exec("ipset", &["create", "KUBE-CLUSTER-IP", "hash:ip,port"]);
+    t.node.exec("ipset", &["add", "KUBE-CLUSTER-IP", &format!("{THEIRS},tcp:80")]);
+    let rules = "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n\
+                 -A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+                 -A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT\n\
+                 -A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\nCOMMIT\n";
+    let file = std::env::temp_dir().join(format!("kube-proxy-{}.rules", std::process::id()));
+    std::fs::write(&file, rules).expect("rules");
+    t.node.exec("iptables-nft-restore", &["--noflush", &file.display().to_string()]);
+    let _ = std::fs::remove_file(&file);
+    let theirs = ServiceKey { address: THEIRS.parse().expect("ip"), protocol: PROTO_TCP, port: 80 };
+    let key = ours.key;
+    t.node.run_in(move || {
+        let mut ipvs = open_socket().expect("ipvs");
+        ipvs.add_service(&VirtualService { key: theirs, scheduler: "rr".into(), flags: 0, timeout: 0 })
+            .expect("kube-proxy's service");
+        ipvs.add_destination(&theirs, &dest(0, 1)).expect("its destination");
+        ipvs.add_service(&ours).expect("kpx's service");
+        ipvs.add_destination(&ours.key, &dest(0, 1)).expect("destination 0");
+        ipvs.add_destination(&ours.key, &dest(1, 1)).expect("destination 1");
+    });
+
+    let out = t.node.try_exec(
+        &kpx_e2e::process::binary("kpx-dataplane").display().to_string(),
+        &["--cleanup", "--kube-proxy-only", "--backend=ipvs"],
+    );
+    assert!(out.status.success(), "kpx-dataplane --cleanup --kube-proxy-only: {out:?}");
+    let left = t.node.run_in(|| open_socket().expect("ipvs").services().expect("list"));
+    assert_eq!(left.iter().map(|s| s.key).collect::<Vec<_>>(), [key], "only kpx's virtual service stays");
+    assert!(!t.node.try_exec("ip", &["link", "show", "kube-ipvs0"]).status.success(), "kube-ipvs0 is gone");
+    assert!(
+        !t.node.try_exec("ipset", &["list", "KUBE-CLUSTER-IP"]).status.success(),
+        "the KUBE- set is gone"
+    );
+    let saved = t.node.exec("iptables-nft-save", &["-t", "nat"]);
+    assert!(!saved.contains("KUBE-"), "kube-proxy's chains are gone: {saved}");
+    let seen = answers(t, 4);
+    assert_eq!(seen.values().sum::<usize>(), 4, "kpx's virtual service still serves: {seen:?}");
+    println!("ok: kube-proxy's IPVS leftovers removed, kpx's virtual service serving {seen:?}");
 }
