@@ -52,6 +52,51 @@ fn helm_renders_what_kustomize_renders() {
 }
 
 #[test]
+fn the_comparison_tells_the_variants_apart() {
+    // helm_renders_what_kustomize_renders can fail: each variant differs from the default.
+    let default = by_identity(&documents(&kustomize("")));
+    for (overlay, values) in &VARIANTS[1..] {
+        assert!(by_identity(&documents(&helm_template(*values))) != default, "{overlay} renders the default");
+    }
+}
+
+/// Every rendered object, both ways and for every variant, against Kubernetes 1.36's
+/// schemas with unknown fields refused; and a misspelt field is refused (the validator's
+/// exit status is checked both ways, and an object it has no schema for fails the test).
+#[test]
+fn the_rendered_objects_validate_against_kubernetes_1_36() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let validate = |name: &str, yaml: &str| -> (bool, String) {
+        let file = dir.path().join(name);
+        std::fs::write(&file, yaml).expect("write");
+        let out = Command::new(provided_tool("target/pyenv/bin/kubernetes-validate"))
+            .args(["--kubernetes-version", "1.36.0", "--strict"])
+            .arg(&file)
+            .output()
+            .expect("kubernetes-validate runs");
+        let said =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), said)
+    };
+    for (overlay, values) in VARIANTS {
+        for (how, yaml) in [("kustomize", kustomize(overlay)), ("helm", helm_template(values))] {
+            let objects = documents(&yaml).len();
+            let (ok, said) = validate(&format!("{how}-{}.yaml", overlay.replace('/', "-")), &yaml);
+            let passed = said
+                .lines()
+                .filter(|l| l.contains("passed for resource") && l.contains("against version 1.36"))
+                .count();
+            println!("{how} {overlay:?}: {passed} of {objects} objects valid for Kubernetes 1.36");
+            assert!(ok && passed == objects, "{how} {overlay}: {said}");
+            assert!(!said.contains("WARN") && !said.contains("ERROR"), "{how} {overlay}: {said}");
+        }
+    }
+    let misspelt = kustomize("").replace("imagePullPolicy:", "imagePullPolicyy:");
+    let (ok, said) = validate("misspelt.yaml", &misspelt);
+    assert!(!ok && said.contains("'imagePullPolicyy' was unexpected"), "{said}");
+}
+
+#[test]
 fn the_overlays_change_only_what_they_say() {
     let base = documents(&kustomize(""));
     let agent = |objects: &[serde_json::Value]| {
