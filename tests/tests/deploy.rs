@@ -316,3 +316,36 @@ fn the_rendered_pods_serve_with_nftables() {
 fn the_rendered_pods_serve_with_iptables() {
     rendered_pods_serve("overlays/iptables", ProxyBackend::Iptables);
 }
+
+/// The image, built without a daemon from the binaries the tests use: it unpacks, runs
+/// both binaries under chroot, holds every tool the backends call, and its own agent
+/// (its nft library, its iptables) programs a real kernel; the manifests and the chart
+/// name it by the workspace version.
+#[test]
+fn the_image_holds_both_binaries_and_every_tool_the_backends_call() {
+    let built = output_of(
+        Command::new(repo_path("deploy/image/build.sh")).args(["--binaries"]).arg(repo_path("target/debug")),
+    );
+    println!("{built}");
+    let ns = kpx_e2e::netns::Netns::new("image");
+    let checked = output_of(Command::new(repo_path("deploy/image/check.sh")).args(["--netns", &ns.name]));
+    println!("{checked}");
+    for what in [
+        "kpx-dataplane --version",
+        "kpx-controlplane --version",
+        "nft",
+        "iptables-legacy-restore",
+        "ip6tables-nft-save",
+        "ipset",
+        "conntrack",
+    ] {
+        assert!(checked.lines().any(|l| l.starts_with(&format!("PASS {what}:"))), "{what}: {checked}");
+    }
+    assert!(checked.contains("PASS kpx-dataplane --cleanup --backend iptables"), "{checked}");
+    let image = format!("localhost/kpx:{}", env!("CARGO_PKG_VERSION"));
+    for (how, objects) in install::default_installs() {
+        for (kind, name) in [("Deployment", "kpx-controlplane"), ("DaemonSet", "kpx-dataplane")] {
+            assert_eq!(pod::container(&objects, kind, name)["image"], image.as_str(), "{how}: {kind} {name}");
+        }
+    }
+}
