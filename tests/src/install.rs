@@ -44,11 +44,19 @@ pub fn kustomize(dir: &str) -> String {
 /// `helm template kpx deploy/helm/kpx --namespace kube-system`, with `values` files of the
 /// chart's folder (`-f`).
 pub fn helm_template(values: Option<&str>) -> String {
+    helm_template_with(values, &[])
+}
+
+/// [`helm_template`] with `--set` values too (`key=value`).
+pub fn helm_template_with(values: Option<&str>, set: &[&str]) -> String {
     let chart = repo_path("deploy/helm/kpx");
     let mut command = Command::new(provided_tool("target/tools/helm"));
     command.args(["template", "kpx"]).arg(&chart).args(["--namespace", NAMESPACE]);
     if let Some(values) = values {
         command.arg("-f").arg(chart.join(values));
+    }
+    for value in set {
+        command.args(["--set", value]);
     }
     output_of(&mut command)
 }

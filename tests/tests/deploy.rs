@@ -193,8 +193,7 @@ fn the_systemd_units_verify_without_a_word() {
 /// the control plane becomes ready, the agent authenticates with its projected token,
 /// programs the node with NET_ADMIN and NET_RAW only, answers its probes, and traffic to a
 /// ClusterIP reaches the pod. When the agent stops, the rules stay.
-fn rendered_pods_serve(overlay: &str, backend: ProxyBackend) {
-    let objects = documents(&kustomize(overlay));
+fn rendered_pods_serve(objects: Vec<serde_json::Value>, backend: ProxyBackend) {
     let t = Topology::new(1);
     let _backends = t.start_backends(8080);
     let api_pki = Pki::new(t.dir.path(), "apiserver");
@@ -309,12 +308,30 @@ fn wait_probe(t: &Topology, pod: &RunningPod, container: &serde_json::Value, pro
 
 #[test]
 fn the_rendered_pods_serve_with_nftables() {
-    rendered_pods_serve("", ProxyBackend::Nftables);
+    rendered_pods_serve(documents(&kustomize("")), ProxyBackend::Nftables);
 }
 
 #[test]
 fn the_rendered_pods_serve_with_iptables() {
-    rendered_pods_serve("overlays/iptables", ProxyBackend::Iptables);
+    rendered_pods_serve(documents(&kustomize("overlays/iptables")), ProxyBackend::Iptables);
+}
+
+/// The chart's settings reach the programs as flags and config they accept: NodePort
+/// addresses, masqueradeAll and the cluster CIDR (a value the agent refused would stop
+/// it before it served).
+#[test]
+fn the_rendered_pods_serve_with_the_charts_settings() {
+    let set = ["nodePortAddresses={10.0.0.0/24}", "masqueradeAll=true", "clusterCIDRs={10.244.0.0/16}"];
+    let objects = documents(&install::helm_template_with(None, &set));
+    let config = &install::object(&objects, "ConfigMap", "kpx-dataplane")["data"]["config.yaml"];
+    let config = config.as_str().expect("config.yaml");
+    assert!(
+        config.contains("nodePortAddresses: [\"10.0.0.0/24\"]") && config.contains("masqueradeAll: true"),
+        "{config}"
+    );
+    let args = &pod::container(&objects, "Deployment", "kpx-controlplane")["args"];
+    assert!(args.as_array().is_some_and(|a| a.iter().any(|a| a == "--cluster-cidr=10.244.0.0/16")), "{args}");
+    rendered_pods_serve(objects, ProxyBackend::Nftables);
 }
 
 /// The image, built without a daemon from the binaries the tests use: it unpacks, runs
