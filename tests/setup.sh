@@ -5,10 +5,8 @@
 #   mmdebstrap for the image check, systemd-analyze for the units;
 # - the Python venv target/pyenv (a gRPC reflection client, the Python control plane of
 #   clients/python, grpcurl, kubernetes-validate);
-# - helm (pinned, checked by sha256: tests/deploy/tools.sh);
+# - helm and kubectl (pinned, checked by sha256: tests/deploy/tools.sh);
 # - the IPVS VM's qemu and Debian kernel (tests/vm/run-in-vm.sh, about 35 s the first time).
-# kubectl (for `kubectl kustomize`) is not packaged usefully in Debian and is expected on
-# the machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "tests/setup.sh: run as root (it installs packages)" >&2; exit 2; }
@@ -31,7 +29,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-command -v kubectl >/dev/null || { echo "tests/setup.sh: kubectl is missing (the deploy tests render deploy/kubernetes with kubectl kustomize)" >&2; exit 2; }
 
 # Python for the tests, kept in target/ and made once: a reflection client of another
 # implementation (grpcio-reflection), the Python control plane of clients/python

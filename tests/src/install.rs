@@ -1,6 +1,7 @@
 //! The install as a cluster receives it: the objects `kubectl kustomize` and `helm
 //! template` render from deploy/, read as JSON values, and what their RBAC grants.
-//! helm and kubernetes-validate come from tests/deploy/tools.sh (tests/run.sh runs it).
+//! kubectl, helm and kubernetes-validate come from tests/deploy/tools.sh (tests/run.sh
+//! runs it).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -38,7 +39,7 @@ pub fn output_of(command: &mut Command) -> String {
 
 /// `kubectl kustomize deploy/kubernetes/<dir>`.
 pub fn kustomize(dir: &str) -> String {
-    output_of(Command::new("kubectl").arg("kustomize").arg(repo_path(&format!("deploy/kubernetes/{dir}"))))
+    output_of(Command::new(provided_tool("target/tools/kubectl")).arg("kustomize").arg(repo_path(&format!("deploy/kubernetes/{dir}"))))
 }
 
 /// `helm template kpx deploy/helm/kpx --namespace kube-system`, with `values` files of the
