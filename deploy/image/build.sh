@@ -20,7 +20,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cd "$ROOT"
+CALLER=$PWD
 
 SUITE=bookworm
 VARIANT=minbase
@@ -30,7 +30,7 @@ VARIANT=minbase
 # ipset run to load kernel modules, and which IPVS needs (kmod). Plus CA certificates.
 PACKAGES=(ca-certificates conntrack iproute2 ipset iptables kmod libnftables1 nftables)
 # Bump when the recipe below (excludes, cleanup) changes: it is part of the cache key.
-RECIPE=2
+RECIPE=3
 DPKG_EXCLUDES=(
     'path-exclude=/usr/share/doc/*'
     'path-include=/usr/share/doc/*/copyright'
@@ -47,7 +47,7 @@ die() { echo "build.sh: error: $*" >&2; exit 1; }
 usage() { sed -n '7,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 BINARIES=
-OUT=target/image
+OUT=
 TAG=
 STRIP=1
 while [ $# -gt 0 ]; do
@@ -63,6 +63,11 @@ while [ $# -gt 0 ]; do
         *) echo "build.sh: unknown argument: $1" >&2; usage ;;
     esac
 done
+# Paths given are taken from where the script was called; the defaults from the repo.
+case ${BINARIES} in ""|/*) ;; *) BINARIES=$CALLER/$BINARIES ;; esac
+case ${OUT} in ""|/*) ;; *) OUT=$CALLER/$OUT ;; esac
+[ -n "$OUT" ] || OUT=target/image
+cd "$ROOT"
 
 [ "$(id -u)" = 0 ] || die "run as root (mmdebstrap and umoci keep the root filesystem's owners)"
 START=$SECONDS
@@ -164,18 +169,20 @@ else
     dpkgopts=()
     for opt in "${DPKG_EXCLUDES[@]}"; do dpkgopts+=("--dpkgopt=$opt"); done
     # Nothing of the build machine stays (resolv.conf, hostname: the runtime provides
-    # them), nor apt's lists and caches, logs, docs, man pages, locales.
+    # them), nor logs, docs, man pages, locales. mmdebstrap's own cleanup (after this
+    # hook) removes apt's lists and caches, /tmp, /run, and empties /etc/machine-id.
+    # Never touch "$1"/tmp here: mmdebstrap keeps its apt config there (TMPDIR), and
+    # without it that cleanup's "apt-get update" and "apt-get clean" act on the build
+    # machine's own apt (emptying its /var/lib/apt/lists).
     # shellcheck disable=SC2016 # expanded by mmdebstrap's hook shell, not here
     hook='set -e; r="$1"
-        rm -rf "$r"/var/lib/apt/lists/* "$r"/var/cache/apt/* "$r"/var/cache/debconf/*-old \
-            "$r"/var/lib/dpkg/*-old "$r"/usr/share/man/* "$r"/usr/share/info/* \
-            "$r"/usr/share/locale/* "$r"/usr/share/lintian/* "$r"/usr/share/linda/* \
-            "$r"/var/cache/ldconfig/aux-cache "$r"/var/log/apt/* "$r"/tmp/* "$r"/var/tmp/*
+        rm -rf "$r"/var/cache/debconf/*-old "$r"/var/lib/dpkg/*-old \
+            "$r"/usr/share/man/* "$r"/usr/share/info/* "$r"/usr/share/locale/* \
+            "$r"/usr/share/lintian/* "$r"/usr/share/linda/* "$r"/var/tmp/*
         find "$r"/usr/share/doc -mindepth 1 -not -name copyright -not -type d -delete
         find "$r"/usr/share/doc -mindepth 1 -type d -empty -delete
         find "$r"/var/log -type f -delete
-        rm -f "$r"/etc/resolv.conf "$r"/etc/hostname
-        : > "$r"/etc/machine-id'
+        rm -f "$r"/etc/resolv.conf "$r"/etc/hostname'
     if ! mmdebstrap --mode=root --variant="$VARIANT" --format=tar \
             --include="$(IFS=,; echo "${PACKAGES[*]}")" \
             --aptopt='APT::Install-Recommends "false"' \
