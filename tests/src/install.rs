@@ -39,7 +39,11 @@ pub fn output_of(command: &mut Command) -> String {
 
 /// `kubectl kustomize deploy/kubernetes/<dir>`.
 pub fn kustomize(dir: &str) -> String {
-    output_of(Command::new(provided_tool("target/tools/kubectl")).arg("kustomize").arg(repo_path(&format!("deploy/kubernetes/{dir}"))))
+    output_of(
+        Command::new(provided_tool("target/tools/kubectl"))
+            .arg("kustomize")
+            .arg(repo_path(&format!("deploy/kubernetes/{dir}"))),
+    )
 }
 
 /// `helm template kpx deploy/helm/kpx --namespace kube-system`, with `values` files of the
