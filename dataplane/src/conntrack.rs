@@ -1,14 +1,22 @@
-//! Stale UDP conntrack entries, whatever the backend.
+//! Stale conntrack entries, whatever the backend.
 //!
 //! UDP has no connection to close: a client that keeps one socket keeps its
 //! conntrack entry, and with it the endpoint NAT chose for the first datagram.
 //! When that endpoint goes away, kpx deletes the entries that were NATed to it
 //! through the Service's addresses and NodePorts, so the next datagram is NATed
 //! afresh. When a UDP port gains its first endpoint, entries towards its
-//! addresses (made while nothing could answer) are deleted too. Pure: the
-//! deletions go to [`crate::exec::conntrack`].
+//! addresses (made while nothing could answer) are deleted too.
+//!
+//! TCP has the same trap at a port's first endpoint: a SYN sent before the rules
+//! existed leaves an untranslated `SYN_SENT` entry for two minutes. Its
+//! retransmissions, and any later connection that happens to reuse the client's
+//! port, follow that entry past the new rules and time out. Those entries (and only
+//! those: unanswered, untranslated) are deleted once the port is programmed. One
+//! listing per family finds them, so a start with thousands of new Services runs
+//! one `conntrack` process, not thousands. Pure but for [`delete`], which hands
+//! the work to [`crate::exec::conntrack`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use kpx_proto::types::{Protocol, ServicePort, ServiceView};
@@ -24,6 +32,8 @@ pub enum StaleFlows {
     ToNodePort { port: u16, endpoint: IpAddr },
     /// Every flow to `address:port` (the port had no endpoint).
     AllToAddress { address: IpAddr, port: u16 },
+    /// TCP attempts to `address:port` that no rule translated (the port had no endpoint).
+    Untranslated { address: IpAddr, port: u16 },
 }
 
 impl StaleFlows {
@@ -32,14 +42,18 @@ impl StaleFlows {
         let (destination, port, nat_to) = match *self {
             StaleFlows::ToAddress { address, port, endpoint } => (Some(address), port, Some(endpoint)),
             StaleFlows::ToNodePort { port, endpoint } => (None, port, Some(endpoint)),
-            StaleFlows::AllToAddress { address, port } => (Some(address), port, None),
+            StaleFlows::AllToAddress { address, port } | StaleFlows::Untranslated { address, port } => {
+                (Some(address), port, None)
+            }
         };
         let ipv6 = destination.or(nat_to).is_some_and(|a| a.is_ipv6());
-        FlowFilter { protocol: Protocol::Udp, ipv6, destination, port, nat_to }
+        let untranslated = matches!(self, StaleFlows::Untranslated { .. });
+        let protocol = if untranslated { Protocol::Tcp } else { Protocol::Udp };
+        FlowFilter { protocol, ipv6, destination, port, nat_to, untranslated }
     }
 }
 
-fn udp_endpoints(port: &ServicePort) -> BTreeSet<IpAddr> {
+fn endpoints_of(port: &ServicePort) -> BTreeSet<IpAddr> {
     port.endpoints.iter().chain(&port.local_endpoints).map(|e| e.address).collect()
 }
 
@@ -49,18 +63,16 @@ pub fn stale_flows(old: Option<&ServiceView>, new: Option<&ServiceView>) -> Vec<
     let addresses = |v: &ServiceView| -> Vec<IpAddr> {
         v.cluster_ips.iter().chain(&v.external_ips).chain(&v.load_balancer_ips).copied().collect()
     };
-    let udp = |v: Option<&ServiceView>| -> Vec<ServicePort> {
-        v.map(|v| v.ports.iter().filter(|p| p.protocol == Protocol::Udp).cloned().collect())
-            .unwrap_or_default()
+    let of = |v: Option<&ServiceView>, protocol: Protocol| -> Vec<ServicePort> {
+        v.map(|v| v.ports.iter().filter(|p| p.protocol == protocol).cloned().collect()).unwrap_or_default()
     };
-    let (old_ports, new_ports) = (udp(old), udp(new));
+    let (old_ports, new_ports) = (of(old, Protocol::Udp), of(new, Protocol::Udp));
     let find = |ports: &[ServicePort], p: &ServicePort| {
-        ports.iter().find(|q| q.name == p.name && q.port == p.port).map(udp_endpoints).unwrap_or_default()
+        ports.iter().find(|q| q.name == p.name && q.port == p.port).map(endpoints_of).unwrap_or_default()
     };
     if let Some(old) = old {
         for port in &old_ports {
-            let gone: Vec<IpAddr> =
-                udp_endpoints(port).difference(&find(&new_ports, port)).copied().collect();
+            let gone: Vec<IpAddr> = endpoints_of(port).difference(&find(&new_ports, port)).copied().collect();
             for endpoint in gone {
                 for address in addresses(old) {
                     out.insert(StaleFlows::ToAddress { address, port: port.port, endpoint });
@@ -73,9 +85,17 @@ pub fn stale_flows(old: Option<&ServiceView>, new: Option<&ServiceView>) -> Vec<
     }
     if let Some(new) = new {
         for port in &new_ports {
-            if find(&old_ports, port).is_empty() && !udp_endpoints(port).is_empty() {
+            if find(&old_ports, port).is_empty() && !endpoints_of(port).is_empty() {
                 for address in addresses(new) {
                     out.insert(StaleFlows::AllToAddress { address, port: port.port });
+                }
+            }
+        }
+        let (old_tcp, new_tcp) = (of(old, Protocol::Tcp), of(Some(new), Protocol::Tcp));
+        for port in &new_tcp {
+            if find(&old_tcp, port).is_empty() && !endpoints_of(port).is_empty() {
+                for address in addresses(new) {
+                    out.insert(StaleFlows::Untranslated { address, port: port.port });
                 }
             }
         }
@@ -83,12 +103,28 @@ pub fn stale_flows(old: Option<&ServiceView>, new: Option<&ServiceView>) -> Vec<
     out.into_iter().collect()
 }
 
-/// Deletes the flows. Failures are logged: a stale flow is a nuisance, not a reason to
-/// refuse the update.
+/// Deletes the flows; [`StaleFlows::Untranslated`] ones only where a listing shows some.
+/// Failures are logged: a stale flow is a nuisance, not a reason to refuse the update.
 pub fn delete(conntrack: &dyn Conntrack, flows: &[StaleFlows]) {
+    let mut listed: BTreeMap<bool, BTreeSet<(IpAddr, u16)>> = BTreeMap::new();
     for flow in flows {
+        if let StaleFlows::Untranslated { address, port } = *flow {
+            let ipv6 = address.is_ipv6();
+            if let std::collections::btree_map::Entry::Vacant(slot) = listed.entry(ipv6) {
+                match conntrack.untranslated_tcp(ipv6) {
+                    Ok(found) => slot.insert(found),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot list unanswered TCP attempts; they stay until they time out");
+                        slot.insert(BTreeSet::new())
+                    }
+                };
+            }
+            if !listed.get(&ipv6).is_some_and(|found| found.contains(&(address, port))) {
+                continue;
+            }
+        }
         if let Err(e) = conntrack.delete(&flow.filter()) {
-            tracing::warn!(?flow, error = %e, "cannot delete stale UDP flows; they stay until they time out");
+            tracing::warn!(?flow, error = %e, "cannot delete stale flows; they stay until they time out");
             return;
         }
     }
@@ -141,5 +177,30 @@ mod tests {
             "-D -p udp -f ipv6 --orig-port-dst 30053 --dst-nat fd00::1"
         );
         assert_eq!(stale_flows(Some(&view(&["10.0.0.1"])), None).len(), 2);
+    }
+
+    fn tcp_view(endpoints: &[&str]) -> ServiceView {
+        let mut v = view(endpoints);
+        v.ports[0].protocol = Protocol::Tcp;
+        v
+    }
+
+    #[test]
+    fn a_first_tcp_endpoint_deletes_only_the_untranslated_attempts_a_listing_shows() {
+        let ip = |s: &str| s.parse::<IpAddr>().expect("ip");
+        let first = StaleFlows::Untranslated { address: ip("10.96.0.53"), port: 53 };
+        assert_eq!(stale_flows(None, Some(&tcp_view(&["10.0.0.1"]))), vec![first.clone()]);
+        assert_eq!(stale_flows(Some(&tcp_view(&[])), Some(&tcp_view(&["10.0.0.1"]))), vec![first.clone()]);
+        assert!(stale_flows(Some(&tcp_view(&["10.0.0.1"])), Some(&tcp_view(&["10.0.0.2"]))).is_empty());
+        assert!(stale_flows(None, Some(&tcp_view(&[]))).is_empty(), "nothing answers yet");
+
+        let conntrack = crate::exec::fake::FakeConntrack::new();
+        delete(&conntrack, std::slice::from_ref(&first));
+        assert!(conntrack.take().is_empty(), "no attempt listed: no deletion");
+        conntrack.attempt(ip("10.96.0.53"), 53);
+        conntrack.attempt(ip("10.96.0.99"), 80);
+        delete(&conntrack, std::slice::from_ref(&first));
+        assert_eq!(conntrack.take(), [first.filter()]);
+        assert_eq!(conntrack.untranslated_tcp(false).expect("list"), [(ip("10.96.0.99"), 80)].into());
     }
 }

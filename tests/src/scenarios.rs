@@ -20,8 +20,8 @@ use crate::topology::{
     sock, ProxyBackend, Topology, CLIENT_IP, CLIENT_IP_2, CLUSTER_CIDR, NODE_IP, NODE_IP_2,
 };
 use crate::traffic::{
-    http_get, http_get_path, http_get_with_headers, tcp_request, tcp_request_from, udp_exchange, udp_request,
-    Answer, Backend, Prober,
+    http_get, http_get_path, http_get_with_headers, tcp_request, tcp_request_from, tcp_request_from_port,
+    udp_exchange, udp_request, Answer, Backend, Prober,
 };
 use crate::{wait_for, DEADLINE};
 
@@ -32,7 +32,7 @@ macro_rules! behaviour_suite {
         $crate::behaviour_suite!(@tests $backend;
             node_port, external_and_load_balancer_ips, external_traffic_policy_local,
             internal_traffic_policy_local, topology_hints, session_affinity, terminating_endpoints,
-            masquerade, dual_stack, ports, udp_conntrack, ignored_services, bad_input, damaged_store, flushed_behind_its_back,
+            masquerade, dual_stack, ports, udp_conntrack, tcp_before_the_rules, ignored_services, bad_input, damaged_store, flushed_behind_its_back,
             full_syncs_under_traffic, rolling_update, rolling_update_local);
     };
     (@tests $backend:expr; $($scenario:ident),*) => {
@@ -62,6 +62,7 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("dual_stack", dual_stack),
     ("ports", ports),
     ("udp_conntrack", udp_conntrack),
+    ("tcp_before_the_rules", tcp_before_the_rules),
     ("ignored_services", ignored_services),
     ("bad_input", bad_input),
     ("damaged_store", damaged_store),
@@ -600,6 +601,48 @@ pub fn udp_conntrack(backend: ProxyBackend) {
     for (_, _, thread) in handles {
         let _ = thread.join();
     }
+}
+
+/// A client whose SYN reaches the node before a Service's rules exist leaves an
+/// untranslated `SYN_SENT` conntrack entry there, which lives two minutes and is renewed by
+/// every SYN that matches it. Once the Service is programmed, a connection from that same
+/// client port (its retransmission, or a later connection that reuses the port, as a busy
+/// client's do) is answered: kpx deleted the entry. Without that, every such SYN follows the
+/// entry past the new rules and times out.
+pub fn tcp_before_the_rules(backend: ProxyBackend) {
+    const PORT: u16 = 41_016;
+    let warm = "  clusterIP: 10.96.1.15\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
+    let late = "  clusterIP: 10.96.1.16\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
+    let http = [("http", "TCP", 8080)];
+    let warm_docs = [service("warm", warm, ""), slice("warm", "warm-1", false, &http, &[ep(pod(0))])];
+    let s = Scene::start(backend, 1, &[("warm.yaml", documents(&warm_docs))], &[], &[]);
+    // kpx's rules are in place (and with them connection tracking in the node).
+    wait_answered_by(&s.t.client, sock("10.96.1.15", 80), &["pod0"]);
+    let to = sock("10.96.1.16", 80);
+    let early = s.t.client.run_in(move || tcp_request_from_port(PORT, to, Duration::from_secs(1)));
+    assert!(matches!(early, Answer::Failed(_)), "before its rules: {early:?}");
+    let listed = s.t.node.try_exec("conntrack", &["-L", "-p", "tcp", "--sport", &PORT.to_string()]);
+    let entries = String::from_utf8_lossy(&listed.stdout).into_owned();
+    assert!(listed.status.success(), "conntrack -L: {}", String::from_utf8_lossy(&listed.stderr));
+    assert!(
+        entries
+            .lines()
+            .any(|l| l.contains("SYN_SENT") && l.contains(&format!("src=10.96.1.16 dst={CLIENT_IP}"))),
+        "the early SYN left an untranslated entry: {entries:?}"
+    );
+    let mut docs = warm_docs.to_vec();
+    docs.extend([service("late", late, ""), slice("late", "late-1", false, &http, &[ep(pod(0))])]);
+    s.t.write_manifest("warm.yaml", &documents(&docs));
+    wait_answered_by(&s.t.client, to, &["pod0"]);
+    let programmed = std::time::Instant::now();
+    wait_for(&format!("a connection from port {PORT} to {to} to be answered"), DEADLINE, || {
+        let answer = s.t.client.run_in(move || tcp_request_from_port(PORT, to, Duration::from_secs(1)));
+        (answer == Answer::From("pod0".into())).then_some(())
+    });
+    println!(
+        "{backend:?}: a SYN sent before the rules left {early:?}; the same client port answered {} ms after the Service was",
+        programmed.elapsed().as_millis()
+    );
 }
 
 /// Services of another proxy (`service.kubernetes.io/service-proxy-name`), headless and

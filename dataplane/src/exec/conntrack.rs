@@ -1,5 +1,7 @@
-//! Deleting conntrack entries with the `conntrack` tool (netlink underneath).
+//! Deleting conntrack entries with the `conntrack` tool (netlink underneath), and
+//! finding the TCP connection attempts that no Service rule translated.
 
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -8,7 +10,9 @@ use kpx_proto::types::Protocol;
 use super::{process, ExecError};
 
 /// One `conntrack -D` filter: flows of `protocol` to `destination` (any address when
-/// `None`) on `port` that were NATed to `nat_to` (any endpoint when `None`).
+/// `None`) on `port` that were NATed to `nat_to` (any endpoint when `None`); with
+/// `untranslated`, only TCP attempts still unanswered (`SYN_SENT`) that no rule NATed
+/// (their answer would come from `destination` itself).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FlowFilter {
     pub protocol: Protocol,
@@ -16,6 +20,7 @@ pub struct FlowFilter {
     pub destination: Option<IpAddr>,
     pub port: u16,
     pub nat_to: Option<IpAddr>,
+    pub untranslated: bool,
 }
 
 impl FlowFilter {
@@ -31,14 +36,45 @@ impl FlowFilter {
         if let Some(endpoint) = self.nat_to {
             args.extend(["--dst-nat".into(), endpoint.to_string()]);
         }
+        if let (true, Some(address)) = (self.untranslated, self.destination) {
+            args.extend(["--reply-src".into(), address.to_string(), "--state".into(), "SYN_SENT".into()]);
+        }
         args
     }
+}
+
+/// The original destinations (address, port) of the TCP entries in `conntrack -L -p tcp
+/// --state SYN_SENT` output whose answer would come from that destination itself: attempts
+/// that no rule translated. Lines it cannot read are skipped.
+pub fn untranslated_destinations(listing: &str) -> BTreeSet<(IpAddr, u16)> {
+    let mut out = BTreeSet::new();
+    for line in listing.lines() {
+        let field = |key: &str, nth: usize| {
+            line.split_whitespace().filter_map(|w| w.strip_prefix(key)).nth(nth).map(str::to_owned)
+        };
+        let destination = field("dst=", 0).and_then(|a| a.parse::<IpAddr>().ok());
+        let port = field("dport=", 0).and_then(|p| p.parse::<u16>().ok());
+        let (reply_source, reply_port) = (field("src=", 1), field("sport=", 1));
+        if let (Some(destination), Some(port), Some(reply_source), Some(reply_port)) =
+            (destination, port, reply_source, reply_port)
+        {
+            let same_address = reply_source.parse::<IpAddr>().ok() == Some(destination);
+            if same_address && reply_port.parse::<u16>().ok() == Some(port) {
+                out.insert((destination, port));
+            }
+        }
+    }
+    out
 }
 
 /// What kpx asks of conntrack. Shared by the agent and a backend, hence `&self`.
 pub trait Conntrack: Send + Sync {
     /// Deletes the flows `filter` matches; none matching is no error.
     fn delete(&self, filter: &FlowFilter) -> Result<(), ExecError>;
+
+    /// The destinations of the TCP connection attempts of one family that are still
+    /// unanswered and were not translated (see [`untranslated_destinations`]).
+    fn untranslated_tcp(&self, ipv6: bool) -> Result<BTreeSet<(IpAddr, u16)>, ExecError>;
 }
 
 /// Shared handle.
@@ -58,6 +94,17 @@ impl Conntrack for ConntrackProcess {
         tracing::debug!(?filter, result = %String::from_utf8_lossy(&out.stderr).trim(), "conntrack entries deleted");
         Ok(())
     }
+
+    fn untranslated_tcp(&self, ipv6: bool) -> Result<BTreeSet<(IpAddr, u16)>, ExecError> {
+        let family = if ipv6 { "ipv6" } else { "ipv4" };
+        let args = ["-L", "-p", "tcp", "--state", "SYN_SENT", "-f", family];
+        let out = process::output(TOOL, TOOL, &args, None)?;
+        if !out.status.success() {
+            let message = format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+            return Err(ExecError::refused(TOOL, message));
+        }
+        Ok(untranslated_destinations(&String::from_utf8_lossy(&out.stdout)))
+    }
 }
 
 #[cfg(test)]
@@ -73,6 +120,7 @@ mod tests {
             destination: Some(ip("10.96.0.53")),
             port: 53,
             nat_to: Some(ip("10.0.0.1")),
+            untranslated: false,
         };
         assert_eq!(
             to_address.args().join(" "),
@@ -84,6 +132,7 @@ mod tests {
             destination: None,
             port: 30053,
             nat_to: Some(ip("fd00::1")),
+            untranslated: false,
         };
         assert_eq!(node_port.args().join(" "), "-D -p udp -f ipv6 --orig-port-dst 30053 --dst-nat fd00::1");
         let all = FlowFilter {
@@ -92,7 +141,33 @@ mod tests {
             destination: Some(ip("10.96.0.9")),
             port: 9,
             nat_to: None,
+            untranslated: false,
         };
         assert_eq!(all.args().join(" "), "-D -p sctp -f ipv4 --orig-dst 10.96.0.9 --orig-port-dst 9");
+        let unanswered = FlowFilter {
+            protocol: Protocol::Tcp,
+            ipv6: false,
+            destination: Some(ip("10.96.0.9")),
+            port: 80,
+            nat_to: None,
+            untranslated: true,
+        };
+        assert_eq!(
+            unanswered.args().join(" "),
+            "-D -p tcp -f ipv4 --orig-dst 10.96.0.9 --orig-port-dst 80 --reply-src 10.96.0.9 --state SYN_SENT"
+        );
+    }
+
+    #[test]
+    fn only_attempts_that_no_rule_translated_are_untranslated() {
+        let listing = "tcp      6 99 SYN_SENT src=10.0.0.2 dst=10.96.1.50 sport=4002 dport=80 [UNREPLIED] src=10.244.1.2 dst=10.0.0.2 sport=8080 dport=4002 mark=0 use=1\n\
+            tcp      6 99 SYN_SENT src=10.0.0.2 dst=10.96.1.50 sport=4000 dport=80 [UNREPLIED] src=10.96.1.50 dst=10.0.0.2 sport=80 dport=4000 mark=0 use=1\n\
+            tcp      6 99 SYN_SENT src=fd00::2 dst=fd00:96::1 sport=4000 dport=443 [UNREPLIED] src=fd00:96::1 dst=fd00::2 sport=443 dport=4000 mark=0 use=1\n\
+            garbage dst=10.1.1.1\n";
+        let ip = |s: &str| s.parse::<IpAddr>().expect("ip");
+        assert_eq!(
+            untranslated_destinations(listing).into_iter().collect::<Vec<_>>(),
+            [(ip("10.96.1.50"), 80), (ip("fd00:96::1"), 443)]
+        );
     }
 }

@@ -162,6 +162,7 @@ impl IpvsBackend {
                 destination: Some(key.address),
                 port: key.port,
                 nat_to: None,
+                untranslated: false,
             };
             if let Err(e) = self.kernel.conntrack.delete(&filter) {
                 tracing::warn!(service = %key, error = %e, "cannot delete flows made before the entry point existed; they stay until they time out");
