@@ -98,18 +98,24 @@ fn a_python_control_plane_drives_a_node_acks_nacks_removes_and_resumes() {
         "web still answers: {answer:?}"
     );
 
-    // A removal: web goes, and so do its rules.
+    // A removal: web goes, and so do its rules. The agent logs "delta applied" once the
+    // kernel, the store and conntrack are done: after the rules are visible.
+    let applied = |dp: &KpxProcess| dp.events().iter().filter(|e| e["message"] == "delta applied").count();
+    let applied_earlier = applied(&dp);
     write(&config, &services(None, false));
     wait_for("web's rules to go", DEADLINE, || (!t.ruleset().contains("10.96.7.1")).then_some(()));
+    wait_for("the agent to log web's removal", DEADLINE, || (applied(&dp) > applied_earlier).then_some(()));
 
     // Back, then the Python server restarts: the node resumes and nothing is resent.
+    let applied_removal = applied(&dp);
     write(&config, &services(Some(&[1]), false));
     wait_for(&format!("{vip} answered by pod1 only"), DEADLINE, || {
         (t.ruleset().contains("10.96.7.1")
             && t.client.run_in(move || tcp_request(vip)) == Answer::From("pod1".into()))
         .then_some(())
     });
-    let applied_before = dp.events().iter().filter(|e| e["message"] == "delta applied").count();
+    wait_for("the agent to log web's return", DEADLINE, || (applied(&dp) > applied_removal).then_some(()));
+    let applied_before = applied(&dp);
     cp.kill();
     cp = start_python(&t, &config);
     let resumed = cp.wait_event("the node to resume its Services", DEADLINE, |e| {
@@ -127,7 +133,7 @@ fn a_python_control_plane_drives_a_node_acks_nacks_removes_and_resumes() {
     std::thread::sleep(std::time::Duration::from_secs(2));
     let sent: Vec<_> = cp.events().into_iter().filter(|e| e["message"] == "sending").collect();
     assert!(sent.is_empty(), "nothing is resent to a node that has everything: {sent:?}");
-    let applied_after = dp.events().iter().filter(|e| e["message"] == "delta applied").count();
+    let applied_after = applied(&dp);
     assert_eq!(applied_before, applied_after, "the node applied nothing on resume");
     assert_eq!(t.client.run_in(move || tcp_request(vip)), Answer::From("pod1".into()));
 }
