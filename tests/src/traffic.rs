@@ -201,76 +201,7 @@ pub fn patience() -> u32 {
 /// Like [`tcp_request_within`], from local port `local_port` (IPv4, `SO_REUSEADDR`): what
 /// a retransmission, or a later connection that reuses a client's port, meets.
 pub fn tcp_request_from_port(local_port: u16, to: SocketAddr, timeout: Duration) -> Answer {
-    use std::os::fd::FromRawFd;
-    let SocketAddr::V4(to4) = to else { return Answer::Failed("IPv4 only".into()) };
-    // SAFETY: plain socket calls on a descriptor this function owns; it is handed to a
-    // TcpStream (which closes it) or closed here.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Answer::Failed(std::io::Error::last_os_error().to_string());
-        }
-        let one: libc::c_int = 1;
-        let size = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        let mut local: libc::sockaddr_in = std::mem::zeroed();
-        local.sin_family = libc::AF_INET as libc::sa_family_t;
-        local.sin_port = local_port.to_be();
-        let bound = libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_REUSEADDR,
-            (&one as *const libc::c_int).cast(),
-            size,
-        ) == 0
-            && libc::bind(
-                fd,
-                (&local as *const libc::sockaddr_in).cast(),
-                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-            ) == 0;
-        if !bound {
-            let e = std::io::Error::last_os_error();
-            libc::close(fd);
-            return Answer::Failed(format!("bind port {local_port}: {e}"));
-        }
-        let mut remote: libc::sockaddr_in = std::mem::zeroed();
-        remote.sin_family = libc::AF_INET as libc::sa_family_t;
-        remote.sin_port = to4.port().to_be();
-        remote.sin_addr.s_addr = u32::from(*to4.ip()).to_be();
-        // A blocking connect bounded by the send timeout (Linux applies SO_SNDTIMEO to connect).
-        let tv = libc::timeval {
-            tv_sec: timeout.as_secs() as libc::time_t,
-            tv_usec: timeout.subsec_micros() as libc::suseconds_t,
-        };
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_SNDTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        );
-        if libc::connect(
-            fd,
-            (&remote as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        ) != 0
-        {
-            let e = std::io::Error::last_os_error();
-            libc::close(fd);
-            return match e.raw_os_error() {
-                Some(libc::ECONNREFUSED) => Answer::Refused,
-                Some(libc::EINPROGRESS) | Some(libc::EAGAIN) => Answer::Failed("connection timed out".into()),
-                _ => Answer::Failed(e.to_string()),
-            };
-        }
-        let mut stream = TcpStream::from_raw_fd(fd);
-        let _ = stream.set_read_timeout(Some(timeout));
-        let mut name = String::new();
-        match stream.read_to_string(&mut name) {
-            Ok(_) if !name.is_empty() => Answer::From(name),
-            Ok(_) => Answer::Failed("empty answer".into()),
-            Err(e) => Answer::Failed(e.to_string()),
-        }
-    }
+    tcp_request_bound(SocketAddr::from(([0, 0, 0, 0], local_port)), to, timeout)
 }
 
 /// One TCP connection, connecting and reading each within `timeout`: who answered.
@@ -292,9 +223,17 @@ pub fn tcp_request_within(to: SocketAddr, timeout: Duration) -> Answer {
 
 /// One TCP connection from source address `from` (one of the caller's namespace).
 pub fn tcp_request_from(from: IpAddr, to: SocketAddr) -> Answer {
-    let fd = bound_socket(SocketAddr::new(from, 0), libc::SOCK_STREAM);
+    tcp_request_bound(SocketAddr::new(from, 0), to, Duration::from_secs(2))
+}
+
+/// One TCP connection from `local`, connecting and reading each within `timeout`.
+fn tcp_request_bound(local: SocketAddr, to: SocketAddr, timeout: Duration) -> Answer {
+    let fd = bound_socket(local, libc::SOCK_STREAM);
     let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
-    let timeout = libc::timeval { tv_sec: 2, tv_usec: 0 };
+    let tv = libc::timeval {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_usec: timeout.subsec_micros() as libc::suseconds_t,
+    };
     let (storage, len) = sockaddr(to);
     // SAFETY: socket calls on a descriptor we own; on Linux SO_SNDTIMEO bounds a blocking connect.
     let rc = unsafe {
@@ -302,7 +241,7 @@ pub fn tcp_request_from(from: IpAddr, to: SocketAddr) -> Answer {
             raw,
             libc::SOL_SOCKET,
             libc::SO_SNDTIMEO,
-            (&timeout as *const libc::timeval).cast(),
+            (&tv as *const libc::timeval).cast(),
             std::mem::size_of::<libc::timeval>() as libc::socklen_t,
         );
         libc::connect(raw, (&storage as *const libc::sockaddr_storage).cast(), len)
@@ -316,7 +255,7 @@ pub fn tcp_request_from(from: IpAddr, to: SocketAddr) -> Answer {
         };
     }
     let mut stream = TcpStream::from(fd);
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = stream.set_read_timeout(Some(timeout));
     let mut name = String::new();
     match stream.read_to_string(&mut name) {
         Ok(_) if !name.is_empty() => Answer::From(name),

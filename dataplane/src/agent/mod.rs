@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use kpx_proto::node_context::{NodeContext, ProxySettings};
-use kpx_proto::types::{Protocol, ServiceView};
+use kpx_proto::types::ServiceView;
 use tokio::sync::watch;
 
 use crate::backend::{Backend, BackendError};
@@ -409,7 +409,7 @@ impl Agent {
         // A store whose last write failed is opened again and rewritten first.
         self.store.heal(&self.state)?;
         let (resources, removed) = (delta.resource_count(), delta.removed_services.len());
-        let flows_before = self.services_with_flows(&delta);
+        let stale = self.stale_flows(&delta);
         let (endpoint_changes, service_changes) = self.classify(&delta);
         let locality = self.touches_locality(&delta);
         let (changes, undo) = self.state.apply(delta);
@@ -465,12 +465,6 @@ impl Agent {
         self.synced(sync_elapsed, false);
         self.metrics.endpoint_changes.inc_by(endpoint_changes);
         self.metrics.service_changes.inc_by(service_changes);
-        let stale: Vec<conntrack::StaleFlows> = flows_before
-            .iter()
-            .flat_map(|(name, old)| {
-                conntrack::stale_flows(old.as_ref(), self.state.services.get(name).map(|s| &s.value))
-            })
-            .collect();
         if !stale.is_empty() {
             conntrack::delete(self.conntrack.as_ref(), &stale);
         }
@@ -496,27 +490,16 @@ impl Agent {
     }
 
     /// The Services of a delta that have (or get) UDP ports, as they are before it.
-    /// The Services of `delta` whose conntrack entries the change may leave stale (see
-    /// [`conntrack`]), with what they were before: those with a UDP port, and those with a
-    /// TCP port that may gain its first endpoint.
-    fn services_with_flows(&self, delta: &Delta) -> Vec<(String, Option<ServiceView>)> {
-        let has_udp = |v: &ServiceView| v.ports.iter().any(|p| p.protocol == Protocol::Udp);
-        let has_tcp = |v: &ServiceView| v.ports.iter().any(|p| p.protocol == Protocol::Tcp);
-        let old = |name: &str| self.state.services.get(name).map(|s| s.value.clone());
-        let mut out: BTreeMap<String, Option<ServiceView>> = BTreeMap::new();
-        for svc in &delta.services {
-            let name = svc.value.resource_name();
-            let before = self.state.services.get(&name).map(|s| &s.value);
-            if has_udp(&svc.value) || has_tcp(&svc.value) || before.is_some_and(has_udp) {
-                out.insert(name.clone(), old(&name));
-            }
-        }
-        for name in &delta.removed_services {
-            if self.state.services.get(name).is_some_and(|s| has_udp(&s.value)) {
-                out.insert(name.clone(), old(name));
-            }
-        }
-        out.into_iter().collect()
+    /// The conntrack entries `delta` will leave stale (see [`conntrack`]), from the
+    /// Services as they are and as the delta makes them; deleted once the kernel took it.
+    fn stale_flows(&self, delta: &Delta) -> Vec<conntrack::StaleFlows> {
+        let now = |name: &str| self.state.services.get(name).map(|s| &s.value);
+        let changed = delta
+            .services
+            .iter()
+            .flat_map(|svc| conntrack::stale_flows(now(&svc.value.resource_name()), Some(&svc.value)));
+        let removed = delta.removed_services.iter().flat_map(|name| conntrack::stale_flows(now(name), None));
+        changed.chain(removed).collect()
     }
 }
 
