@@ -46,6 +46,11 @@ pub fn parse(text: &str) -> Vec<Result<Object, ManifestError>> {
         let value = match serde_yaml::Value::deserialize(de) {
             Ok(v) => v,
             Err(e) => {
+                // The parser can count trailing garbage as one more document
+                // (`""(` is a scalar, then a second document that fails);
+                // the file's own `---` markers say which document the error is in.
+                let document =
+                    e.location().map_or(document, |at| document.min(document_at(text, at.index())));
                 out.push(Err(ManifestError {
                     document,
                     object: String::new(),
@@ -59,6 +64,29 @@ pub fn parse(text: &str) -> Vec<Result<Object, ManifestError>> {
         read_value(document, value, &mut out);
     }
     out
+}
+
+/// Which document (from 0) the byte at `index` is in, counting `---` markers:
+/// a marker before any content opens document 0, every later one the next.
+fn document_at(text: &str, index: usize) -> usize {
+    let mut end = index.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let before = &text[..end];
+    let mut document = 0;
+    let mut started = false;
+    for line in before.lines() {
+        if line.starts_with("---") {
+            if started {
+                document += 1;
+            }
+            started = true;
+        } else if !line.trim().is_empty() && !line.trim_start().starts_with('#') {
+            started = true;
+        }
+    }
+    document
 }
 
 /// Reads one object as an API server delivers it (a Service, EndpointSlice or Node);
@@ -265,6 +293,16 @@ metadata: {name: ignored}
         assert!(results[1].is_ok());
         let err = results[2].as_ref().expect_err("port not a number");
         assert_eq!((err.document, err.field.as_str()), (2, "spec.ports[0].port"));
+    }
+
+    #[test]
+    fn a_syntax_error_names_the_document_it_is_in() {
+        // The parser reads `""` as a document and the `(` after it as another.
+        let err = parse("\"\"(").pop().and_then(Result::err).expect("not YAML");
+        assert_eq!((err.document, err.field.as_str()), (0, "<document>"), "{err}");
+        let text = "---\nkind: ConfigMap\n---\n# a comment\nkind: Service\nmetadata: [\n";
+        let err = parse(text).pop().and_then(Result::err).expect("not YAML");
+        assert_eq!(err.document, 1, "{err}");
     }
 }
 
