@@ -12,11 +12,11 @@ use axum::Router;
 use tokio::sync::watch;
 
 use crate::agent::SharedAgent;
-use crate::status::ProxyHealth;
+use crate::status::{Probe, ProxyHealth};
 
-fn health(health: &watch::Receiver<ProxyHealth>) -> Response {
+fn health(health: &watch::Receiver<ProxyHealth>, probe: Probe) -> Response {
     // Read from what every sync publishes, never waiting for an apply in progress.
-    let (code, body) = health.borrow().answer(SystemTime::now());
+    let (code, body) = health.borrow().answer(probe, SystemTime::now());
     let code = StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     (code, [(header::CONTENT_TYPE, "application/json"), (header::X_CONTENT_TYPE_OPTIONS, "nosniff")], body)
         .into_response()
@@ -25,8 +25,8 @@ fn health(health: &watch::Receiver<ProxyHealth>) -> Response {
 pub fn health_router(proxy_health: watch::Receiver<ProxyHealth>) -> Router {
     let livez = proxy_health.clone();
     Router::new()
-        .route("/healthz", get(move || async move { health(&proxy_health) }))
-        .route("/livez", get(move || async move { health(&livez) }))
+        .route("/healthz", get(move || async move { health(&proxy_health, Probe::Healthz) }))
+        .route("/livez", get(move || async move { health(&livez, Probe::Livez) }))
 }
 
 pub fn metrics_router(agent: SharedAgent) -> Router {

@@ -18,6 +18,8 @@ pub struct AgentStatus {
     pub last_synced_at: Option<SystemTime>,
     /// The kernel does not match the accepted state (a sync failed since the last success).
     pub out_of_sync: bool,
+    /// The node config says the Node is being deleted (see [`ProxyHealth::node_eligible`]).
+    pub node_being_deleted: bool,
     pub applies: u64,
     pub nacks: u64,
 }
@@ -54,13 +56,24 @@ pub fn rfc3339(t: SystemTime) -> String {
     )
 }
 
-/// What `/healthz` and the health-check ports answer from, published on every sync so
-/// they never wait for the agent (an apply may hold it for seconds, e.g. behind the
-/// xtables lock).
+/// What `/healthz`, `/livez` and the health-check ports answer from, published on every
+/// sync so they never wait for the agent (an apply may hold it for seconds, e.g. behind
+/// the xtables lock).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProxyHealth {
     pub last_synced_at: Option<SystemTime>,
     pub out_of_sync: bool,
+    /// The Node has a deletion timestamp or the `ToBeDeletedByClusterAutoscaler` taint.
+    pub node_being_deleted: bool,
+}
+
+/// Which of kube-proxy's two health answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// `/healthz`: healthy, and the node eligible for load-balancer traffic.
+    Healthz,
+    /// `/livez`: healthy, whatever becomes of the Node.
+    Livez,
 }
 
 impl ProxyHealth {
@@ -69,26 +82,34 @@ impl ProxyHealth {
         self.last_synced_at.is_some() && !self.out_of_sync
     }
 
-    /// kube-proxy's health answer: the HTTP status and the JSON body.
-    pub fn answer(&self, now: SystemTime) -> (u16, String) {
+    /// Whether load balancers may send to this node: not while its Node is being deleted
+    /// (kube-proxy's `nodeEligible`).
+    pub fn node_eligible(&self) -> bool {
+        !self.node_being_deleted
+    }
+
+    /// kube-proxy's answer to `probe`: the HTTP status and the JSON body.
+    pub fn answer(&self, probe: Probe, now: SystemTime) -> (u16, String) {
         let last = self.last_synced_at.map_or_else(String::new, rfc3339);
-        let body = format!(
-            "{{\"lastUpdated\":\"{last}\",\"currentTime\":\"{}\",\"nodeEligible\":true}}",
-            rfc3339(now)
-        );
-        (if self.healthy() { 200 } else { 503 }, body)
+        let times = format!("\"lastUpdated\":\"{last}\",\"currentTime\":\"{}\"", rfc3339(now));
+        match probe {
+            Probe::Healthz => {
+                let eligible = self.node_eligible();
+                let code = if self.healthy() && eligible { 200 } else { 503 };
+                (code, format!("{{{times},\"nodeEligible\":{eligible}}}"))
+            }
+            Probe::Livez => (if self.healthy() { 200 } else { 503 }, format!("{{{times}}}")),
+        }
     }
 }
 
 impl AgentStatus {
     pub fn proxy_health(&self) -> ProxyHealth {
-        ProxyHealth { last_synced_at: self.last_synced_at, out_of_sync: self.out_of_sync }
-    }
-
-    /// kube-proxy's health answer: healthy when the kernel matches the accepted state.
-    /// Returns the HTTP status and the JSON body.
-    pub fn health(&self, now: SystemTime) -> (u16, String) {
-        self.proxy_health().answer(now)
+        ProxyHealth {
+            last_synced_at: self.last_synced_at,
+            out_of_sync: self.out_of_sync,
+            node_being_deleted: self.node_being_deleted,
+        }
     }
 }
 
@@ -101,15 +122,20 @@ mod tests {
         let t = UNIX_EPOCH + Duration::from_millis(1_732_876_245_123);
         assert_eq!(rfc3339(t), "2024-11-29T10:30:45.123Z");
         let mut s = AgentStatus::default();
-        assert_eq!(s.health(t).0, 503, "never synced");
+        let answer = |s: &AgentStatus, probe| s.proxy_health().answer(probe, t);
+        assert_eq!(answer(&s, Probe::Healthz).0, 503, "never synced");
+        assert_eq!(answer(&s, Probe::Livez).0, 503, "never synced");
         s.last_synced_at = Some(t);
-        let (code, body) = s.health(t);
-        assert_eq!(code, 200);
-        assert_eq!(
-            body,
-            "{\"lastUpdated\":\"2024-11-29T10:30:45.123Z\",\"currentTime\":\"2024-11-29T10:30:45.123Z\",\"nodeEligible\":true}"
-        );
+        let times =
+            "\"lastUpdated\":\"2024-11-29T10:30:45.123Z\",\"currentTime\":\"2024-11-29T10:30:45.123Z\"";
+        assert_eq!(answer(&s, Probe::Healthz), (200, format!("{{{times},\"nodeEligible\":true}}")));
+        assert_eq!(answer(&s, Probe::Livez), (200, format!("{{{times}}}")));
+        s.node_being_deleted = true;
+        assert_eq!(answer(&s, Probe::Healthz), (503, format!("{{{times},\"nodeEligible\":false}}")));
+        assert_eq!(answer(&s, Probe::Livez).0, 200, "a leaving node is still alive");
+        s.node_being_deleted = false;
         s.out_of_sync = true;
-        assert_eq!(s.health(t).0, 503);
+        assert_eq!(answer(&s, Probe::Healthz).0, 503);
+        assert_eq!(answer(&s, Probe::Livez).0, 503);
     }
 }

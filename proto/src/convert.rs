@@ -296,7 +296,14 @@ impl NodeConfig {
         };
         let pod_cidrs = cidrs("pod_cidrs", &msg.pod_cidrs)?;
         let cluster_cidrs = cidrs("cluster_cidrs", &msg.cluster_cidrs)?;
-        Ok(NodeConfig { name: msg.name, addresses, pod_cidrs, zone: msg.zone, cluster_cidrs })
+        Ok(NodeConfig {
+            name: msg.name,
+            addresses,
+            pod_cidrs,
+            zone: msg.zone,
+            cluster_cidrs,
+            being_deleted: msg.being_deleted,
+        })
     }
 
     pub fn to_proto(&self) -> pb::NodeConfig {
@@ -306,6 +313,7 @@ impl NodeConfig {
             pod_cidrs: self.pod_cidrs.iter().map(ToString::to_string).collect(),
             zone: self.zone.clone(),
             cluster_cidrs: self.cluster_cidrs.iter().map(ToString::to_string).collect(),
+            being_deleted: self.being_deleted,
         }
     }
 

@@ -140,6 +140,9 @@ pub struct NodeConfig {
     pub zone: String,
     /// The cluster's pod CIDRs; when empty, `pod_cidrs` detect local traffic.
     pub cluster_cidrs: Vec<IpNet>,
+    /// The Node has a deletion timestamp or the `ToBeDeletedByClusterAutoscaler` taint:
+    /// not eligible for load-balancer traffic (`/healthz` answers 503).
+    pub being_deleted: bool,
 }
 
 impl NodeConfig {

@@ -9,7 +9,7 @@ use std::process::Output;
 
 use kpx_e2e::manifests::{documents, ep, service, slice};
 use kpx_e2e::process::binary;
-use kpx_e2e::topology::{sock, Topology, CLUSTER_CIDR, NODE_IP};
+use kpx_e2e::topology::{node_yaml, sock, Topology, CLUSTER_CIDR, NODE_IP, NODE_NAME};
 use kpx_e2e::traffic::{http_get_path, tcp_request, Answer};
 use kpx_e2e::{wait_for, DEADLINE};
 
@@ -197,8 +197,55 @@ fn metrics_under_kube_proxy_names_and_health_endpoints() {
         let v: serde_json::Value =
             serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
         assert!(v["lastUpdated"].as_str().is_some_and(|s| s.ends_with('Z')), "{body}");
-        assert!(v["currentTime"].is_string() && v["nodeEligible"] == true, "{body}");
+        assert!(v["currentTime"].is_string(), "{body}");
+        let eligible = if path == "/healthz" { serde_json::json!(true) } else { serde_json::Value::Null };
+        assert_eq!(v["nodeEligible"], eligible, "{path}: {body}");
     }
+}
+
+/// kube-proxy's `/healthz` (and `/livez`), read from the client as a load balancer would.
+fn health(t: &Topology, path: &'static str) -> (u16, serde_json::Value) {
+    let (code, body) = get(t, &t.client, NODE_IP, 10256, path);
+    let v = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
+    (code, v)
+}
+
+/// Waits until `/healthz` answers `code` with `nodeEligible` = `eligible`; then `/livez`
+/// must answer 200 and the Service must still be served (a leaving node keeps proxying).
+fn wait_healthz(t: &Topology, code: u16, eligible: bool, why: &str) {
+    wait_for(&format!("/healthz to answer {code}, nodeEligible {eligible} ({why})"), DEADLINE, || {
+        let (got, v) = health(t, "/healthz");
+        (got == code && v["nodeEligible"] == eligible).then_some(())
+    });
+    let (live, body) = health(t, "/livez");
+    assert_eq!(live, 200, "/livez while {why}: {body}");
+    let answer = t.client.run_in(|| tcp_request(sock(VIP, 80)));
+    assert!(matches!(answer, Answer::From(_)), "the Service while {why}: {answer:?}");
+}
+
+#[test]
+fn healthz_turns_away_load_balancers_while_the_node_is_being_deleted() {
+    let (t, _backends, _cp, _dp) = started();
+    wait_healthz(&t, 200, true, "the Node is in service");
+    let node = node_yaml(NODE_NAME, "zone-a");
+    let tainted = node.replacen(
+        "spec: {",
+        "spec: {taints: [{key: ToBeDeletedByClusterAutoscaler, value: '1764756000', effect: NoSchedule}], ",
+        1,
+    );
+    assert_ne!(tainted, node, "the Node manifest has a spec to add the taint to");
+    t.write_manifest("node.yaml", &tainted);
+    wait_healthz(&t, 503, false, "the autoscaler's taint is on the Node");
+    t.write_manifest("node.yaml", &node);
+    wait_healthz(&t, 200, true, "the taint was taken off again");
+    let deleted = node.replacen(
+        &format!("  name: {NODE_NAME}\n"),
+        &format!("  name: {NODE_NAME}\n  deletionTimestamp: '2026-12-03T10:00:00Z'\n"),
+        1,
+    );
+    assert_ne!(deleted, node, "the Node manifest has a name line to add the timestamp after");
+    t.write_manifest("node.yaml", &deleted);
+    wait_healthz(&t, 503, false, "the Node has a deletion timestamp");
 }
 
 fn python() -> PathBuf {

@@ -74,7 +74,13 @@ mod tests {
     use super::*;
 
     fn node(name: &str, zone: Option<&str>) -> Node {
-        Node { name: name.into(), addresses: vec![], pod_cidrs: vec![], zone: zone.map(str::to_owned) }
+        Node {
+            name: name.into(),
+            addresses: vec![],
+            pod_cidrs: vec![],
+            zone: zone.map(str::to_owned),
+            being_deleted: false,
+        }
     }
 
     #[test]

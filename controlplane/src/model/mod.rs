@@ -182,4 +182,7 @@ pub struct Node {
     pub addresses: Vec<IpAddr>,
     pub pod_cidrs: Vec<IpNet>,
     pub zone: Option<String>,
+    /// A deletion timestamp, or the cluster autoscaler's `ToBeDeletedByClusterAutoscaler`
+    /// taint: the node is leaving and load balancers should stop sending to it.
+    pub being_deleted: bool,
 }

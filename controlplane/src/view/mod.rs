@@ -264,5 +264,6 @@ pub fn node_config(node: &Node, cluster_cidrs: &[IpNet]) -> NodeConfig {
         pod_cidrs: node.pod_cidrs.clone(),
         zone: node.zone.clone().unwrap_or_default(),
         cluster_cidrs: cluster_cidrs.to_vec(),
+        being_deleted: node.being_deleted,
     }
 }

@@ -144,6 +144,7 @@ mod tests {
                         addresses: vec![],
                         pod_cidrs: vec![],
                         zone: zone.map(str::to_owned),
+                        being_deleted: false,
                     };
                     state.nodes.insert((*name).into(), node);
                 }

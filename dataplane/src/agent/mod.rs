@@ -206,7 +206,7 @@ impl Agent {
         let now = SystemTime::now();
         self.status.last_synced_at = Some(now);
         self.status.out_of_sync = false;
-        self.proxy_health.send_replace(self.status.proxy_health());
+        self.publish_health();
         self.metrics.sync_duration.observe(elapsed.as_secs_f64());
         let which = if full { &self.metrics.full_sync_duration } else { &self.metrics.partial_sync_duration };
         which.observe(elapsed.as_secs_f64());
@@ -255,9 +255,16 @@ impl Agent {
         [("internal", internal as i64), ("external", external as i64)]
     }
 
+    /// Publishes what the health answers read: the sync status and whether the Node is
+    /// being deleted (a node config change is always followed by a sync).
+    fn publish_health(&mut self) {
+        self.status.node_being_deleted = self.state.node.as_ref().is_some_and(|n| n.value.being_deleted);
+        self.proxy_health.send_replace(self.status.proxy_health());
+    }
+
     fn sync_failed(&mut self, error: &BackendError) {
         self.status.out_of_sync = true;
-        self.proxy_health.send_replace(self.status.proxy_health());
+        self.publish_health();
         self.status.last_error = error.to_string();
         self.metrics.sync_failures.inc();
     }

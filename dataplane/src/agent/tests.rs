@@ -93,7 +93,11 @@ fn a_delta_reaches_the_kernel_and_the_store_before_it_is_acked() {
     let node = Node::new();
     let mut agent = node.agent();
     assert!(!node.nft.has_table(), "a first start has nothing to program");
-    assert_eq!(agent.status.health(std::time::SystemTime::now()).0, 200, "and nothing out of sync");
+    assert_eq!(
+        agent.status.proxy_health().answer(crate::status::Probe::Healthz, std::time::SystemTime::now()).0,
+        200,
+        "and nothing out of sync"
+    );
     let applied = agent.apply(SERVICES, vec![raw(&web(&["10.244.0.1"]))], vec![]).expect("ACK");
     assert_eq!((applied.resources, applied.removed), (1, 0));
     assert_eq!(node.nft.elements("service-ips-v4"), ["10.96.0.10 . tcp . 80 : goto pick-v4-1"]);
@@ -135,10 +139,16 @@ fn a_refused_update_is_a_nack_and_the_last_good_state_stays_in_kernel_and_store(
     node.nft.fail_next("refused again");
     agent.apply(SERVICES, vec![raw(&web(&["10.244.0.3"]))], vec![]).expect_err("NACK");
     assert!(agent.status.out_of_sync);
-    assert_eq!(agent.status.health(std::time::SystemTime::now()).0, 503);
+    assert_eq!(
+        agent.status.proxy_health().answer(crate::status::Probe::Healthz, std::time::SystemTime::now()).0,
+        503
+    );
     agent.resync();
     assert!(!agent.status.out_of_sync && node.table() == kernel_before, "the periodic resync repairs it");
-    assert_eq!(agent.status.health(std::time::SystemTime::now()).0, 200);
+    assert_eq!(
+        agent.status.proxy_health().answer(crate::status::Probe::Healthz, std::time::SystemTime::now()).0,
+        200
+    );
 }
 
 #[test]
@@ -201,7 +211,11 @@ fn a_damaged_store_leaves_the_kernel_alone_until_the_control_planes_full_state_i
     );
     assert_eq!(node.nft.transactions(), transactions, "the kernel was not touched");
     assert!(agent.status.last_error.contains("damaged"), "{}", agent.status.last_error);
-    assert_eq!(agent.status.health(std::time::SystemTime::now()).0, 503, "not synced yet");
+    assert_eq!(
+        agent.status.proxy_health().answer(crate::status::Probe::Healthz, std::time::SystemTime::now()).0,
+        503,
+        "not synced yet"
+    );
     // The control plane sends the state in parts; none of it reaches the kernel yet.
     agent.apply(SERVICES, vec![raw(&web(&["10.244.0.2"]))], vec![]).expect("ACK");
     agent.resync();
@@ -213,7 +227,10 @@ fn a_damaged_store_leaves_the_kernel_alone_until_the_control_planes_full_state_i
         node.nft.elements("endpoints-v4"),
         ["10.96.0.10 . tcp . 80 . 0 : 10.244.0.2 . 8080", "10.96.0.11 . tcp . 80 . 0 : 10.244.0.9 . 8080"]
     );
-    assert_eq!(agent.status.health(std::time::SystemTime::now()).0, 200);
+    assert_eq!(
+        agent.status.proxy_health().answer(crate::status::Probe::Healthz, std::time::SystemTime::now()).0,
+        200
+    );
     drop(agent);
     let reopened = node.store().load().expect("read").expect("the store is whole again");
     assert_eq!(reopened.services.len(), 2);

@@ -176,6 +176,8 @@ struct Metadata {
     labels: BTreeMap<String, String>,
     #[serde(default)]
     annotations: BTreeMap<String, String>,
+    #[serde(default, rename = "deletionTimestamp")]
+    deletion_timestamp: Option<String>,
 }
 
 impl Metadata {

@@ -21,7 +21,17 @@ struct NodeSpec {
     pod_cidr: Option<String>,
     #[serde(rename = "podCIDRs")]
     pod_cidrs: Option<Vec<String>>,
+    #[serde(default)]
+    taints: Vec<Taint>,
 }
+
+#[derive(Deserialize)]
+struct Taint {
+    key: String,
+}
+
+/// The taint the cluster autoscaler puts on a node it is about to delete.
+const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 
 #[derive(Deserialize, Default)]
 struct NodeStatus {
@@ -58,5 +68,32 @@ pub(super) fn node(m: NodeManifest) -> Result<Node, FieldError> {
         addresses,
         pod_cidrs,
         zone: m.metadata.labels.get("topology.kubernetes.io/zone").cloned(),
+        being_deleted: m.metadata.deletion_timestamp.is_some()
+            || m.spec.taints.iter().any(|t| t.key == TO_BE_DELETED_TAINT),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::source::manifest::{parse, Object};
+
+    fn being_deleted(metadata: &str, spec: &str) -> bool {
+        let text = format!("kind: Node\nmetadata: {{name: n1{metadata}}}\nspec: {{{spec}}}\n");
+        match parse(&text).pop() {
+            Some(Ok(Object::Node(node))) => node.being_deleted,
+            other => panic!("not a Node: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_deletion_timestamp_or_the_autoscaler_taint_means_being_deleted() {
+        assert!(!being_deleted("", ""));
+        assert!(!being_deleted("", "taints: [{key: node.kubernetes.io/unschedulable, effect: NoSchedule}]"));
+        assert!(being_deleted(", deletionTimestamp: '2026-12-03T10:00:00Z'", ""));
+        assert!(being_deleted(
+            "",
+            "taints: [{key: ToBeDeletedByClusterAutoscaler, value: '1764756000', effect: NoSchedule}]"
+        ));
+        assert!(!being_deleted(", deletionTimestamp: null", ""));
+    }
 }
