@@ -54,7 +54,12 @@ impl StaleFlows {
 }
 
 fn endpoints_of(port: &ServicePort) -> BTreeSet<IpAddr> {
-    port.endpoints.iter().chain(&port.local_endpoints).map(|e| e.address).collect()
+    port.endpoints
+        .iter()
+        .chain(&port.local_endpoints)
+        .chain(&port.external_endpoints)
+        .map(|e| e.address)
+        .collect()
 }
 
 /// The flows that became stale when a Service went from `old` to `new` (`None`: absent).

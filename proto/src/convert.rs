@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use prost::Message;
 
+use crate::family::Family;
 use crate::pb;
 use crate::types::{Endpoint, NodeConfig, Protocol, ServicePort, ServiceView};
 
@@ -106,6 +107,30 @@ fn endpoints(field: &str, list: Vec<pb::Endpoint>, families: Families) -> Result
         .collect()
 }
 
+/// Kubernetes' names of the IP families (`spec.ipFamilies`).
+fn family_name(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "IPv4",
+        Family::V6 => "IPv6",
+    }
+}
+
+/// A list of family names, each once, sorted.
+fn endpoint_families(field: &str, names: &[String]) -> Result<Vec<Family>> {
+    let mut out = Vec::with_capacity(names.len());
+    for (i, text) in names.iter().enumerate() {
+        let family = Family::ALL.into_iter().find(|f| family_name(*f) == text).ok_or_else(|| {
+            InvalidResource::new(format!("{field}[{i}]"), format!("{text:?} is not IPv4 or IPv6"))
+        })?;
+        if out.contains(&family) {
+            return Err(InvalidResource::new(format!("{field}[{i}]"), format!("{text} is listed twice")));
+        }
+        out.push(family);
+    }
+    out.sort();
+    Ok(out)
+}
+
 /// The longest name kpx takes (a DNS subdomain).
 pub const MAX_NAME: usize = 253;
 
@@ -198,6 +223,15 @@ impl ServiceView {
                 node_port: optional_port(&format!("{at}.node_port"), p.node_port)?,
                 endpoints: endpoints(&format!("{at}.endpoints"), p.endpoints, families)?,
                 local_endpoints: endpoints(&format!("{at}.local_endpoints"), p.local_endpoints, families)?,
+                external_endpoints: endpoints(
+                    &format!("{at}.external_endpoints"),
+                    p.external_endpoints,
+                    families,
+                )?,
+                endpoint_families: endpoint_families(
+                    &format!("{at}.endpoint_families"),
+                    &p.endpoint_families,
+                )?,
                 name: p.name,
             });
         }
@@ -246,6 +280,12 @@ impl ServiceView {
                     endpoints: endpoints(&p.endpoints),
                     node_port: p.node_port.map_or(0, u32::from),
                     local_endpoints: endpoints(&p.local_endpoints),
+                    external_endpoints: endpoints(&p.external_endpoints),
+                    endpoint_families: p
+                        .endpoint_families
+                        .iter()
+                        .map(|f| family_name(*f).to_owned())
+                        .collect(),
                 })
                 .collect(),
             external_ips: strings(&self.external_ips),
@@ -345,6 +385,8 @@ mod tests {
                 }],
                 node_port: 30080,
                 local_endpoints: vec![],
+                external_endpoints: vec![],
+                endpoint_families: vec!["IPv4".into()],
             }],
             external_ips: vec!["192.0.2.10".into()],
             load_balancer_ips: vec!["192.0.2.20".into()],
@@ -398,6 +440,21 @@ mod tests {
         let mut bad = valid();
         bad.external_ips[0] = "2001:db8::1".into();
         assert_eq!(ServiceView::from_proto(bad).expect_err("family").field, "external_ips[0]");
+
+        let mut bad = valid();
+        bad.ports[0].endpoint_families = vec!["IPv5".into()];
+        let err = ServiceView::from_proto(bad).expect_err("family name");
+        assert_eq!(err.field, "ports[0].endpoint_families[0]");
+
+        let mut bad = valid();
+        bad.ports[0].endpoint_families = vec!["IPv4".into(), "IPv4".into()];
+        assert_eq!(ServiceView::from_proto(bad).expect_err("twice").field, "ports[0].endpoint_families[1]");
+
+        let mut bad = valid();
+        bad.ports[0].external_endpoints = bad.ports[0].endpoints.clone();
+        bad.ports[0].external_endpoints[0].address = "fd00::1".into();
+        let err = ServiceView::from_proto(bad).expect_err("external family");
+        assert_eq!(err.field, "ports[0].external_endpoints[0].address");
 
         let mut bad = valid();
         bad.ipvs_scheduler = "fastest".into();
@@ -485,10 +542,30 @@ mod properties {
             prop::collection::vec(endpoint(), 0..4),
             0u32..70000,
             prop::collection::vec(endpoint(), 0..2),
+            (prop::collection::vec(endpoint(), 0..2), prop::collection::vec(text(), 0..3)),
         )
-            .prop_map(|(name, protocol, port, endpoints, node_port, local_endpoints)| {
-                pb::ServicePort { name, protocol, port, endpoints, node_port, local_endpoints }
-            })
+            .prop_map(
+                |(
+                    name,
+                    protocol,
+                    port,
+                    endpoints,
+                    node_port,
+                    local_endpoints,
+                    (external_endpoints, families),
+                )| {
+                    pb::ServicePort {
+                        name,
+                        protocol,
+                        port,
+                        endpoints,
+                        node_port,
+                        local_endpoints,
+                        external_endpoints,
+                        endpoint_families: families,
+                    }
+                },
+            )
     }
 
     fn view() -> impl Strategy<Value = pb::ServiceView> {

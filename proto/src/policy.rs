@@ -44,17 +44,36 @@ pub enum Action {
     Reject,
 }
 
+/// The endpoint sets of a port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EndpointSet {
+    /// `ServicePort::endpoints`: ClusterIP traffic; external traffic too unless the
+    /// internal policy is Local.
+    Cluster,
+    /// `ServicePort::external_endpoints`: external traffic of an internal-policy-Local
+    /// Service (policy Cluster, or policy Local from the node itself or its pods).
+    External,
+    /// `ServicePort::local_endpoints`: external traffic of policy Local from outside.
+    Local,
+}
+
 /// One port of a Service in one family.
 #[derive(Debug, Clone)]
 pub struct PortFamily<'a> {
     pub view: &'a ServiceView,
     pub port: &'a ServicePort,
     pub family: Family,
-    /// The cluster set: ClusterIP traffic, external traffic of policy Cluster, and external
-    /// traffic of policy Local that comes from the node itself or its pods.
+    /// The cluster set: ClusterIP traffic (only this node's endpoints when the internal
+    /// policy is Local) and, unless it is Local, external traffic of policy Cluster and
+    /// external traffic of policy Local that comes from the node itself or its pods.
     pub cluster: Vec<&'a Endpoint>,
+    /// Internal policy Local: the cluster-wide endpoints, for the external traffic that
+    /// would otherwise use the cluster set.
+    pub external: Vec<&'a Endpoint>,
     /// The node's own endpoints, for external traffic of policy Local.
     pub local: Vec<&'a Endpoint>,
+    /// Whether some node has an endpoint of this family (none: traffic is rejected).
+    pub has_endpoints: bool,
     pub entries: Vec<Entry>,
 }
 
@@ -84,24 +103,22 @@ pub fn port_families<'a>(view: &'a ServiceView, nodeport_addresses: &[IpAddr]) -
                     port: node_port,
                 }));
             }
-            out.push(PortFamily {
-                view,
-                port,
-                family,
-                cluster: of_family(&port.endpoints),
-                local: if view.external_traffic_local {
-                    of_family(&port.local_endpoints)
-                } else {
-                    Vec::new()
-                },
-                entries,
-            });
+            let cluster = of_family(&port.endpoints);
+            let external =
+                if view.internal_traffic_local { of_family(&port.external_endpoints) } else { Vec::new() };
+            let local =
+                if view.external_traffic_local { of_family(&port.local_endpoints) } else { Vec::new() };
+            let has_endpoints = !cluster.is_empty()
+                || !external.is_empty()
+                || !local.is_empty()
+                || (view.internal_traffic_local && port.endpoint_families.contains(&family));
+            out.push(PortFamily { view, port, family, cluster, external, local, has_endpoints, entries });
         }
     }
     out
 }
 
-impl PortFamily<'_> {
+impl<'a> PortFamily<'a> {
     /// External traffic goes to the node's own endpoints and keeps its client address.
     pub fn external_local(&self) -> bool {
         self.view.external_traffic_local
@@ -112,15 +129,38 @@ impl PortFamily<'_> {
         kind != EntryKind::ClusterIp && !self.external_local()
     }
 
-    /// What the cluster set does for an entry of `kind`.
-    pub fn cluster_action(&self, kind: EntryKind) -> Action {
-        let internal_local = self.view.internal_traffic_local;
-        if !self.cluster.is_empty() {
-            Action::Pick
-        } else if (self.local.is_empty() || kind == EntryKind::ClusterIp) && !internal_local {
-            Action::Reject
+    /// The set that traffic to an entry of `kind` picks from, unless [`Self::local_action`]
+    /// sends it to the node's own: the cluster set, or for external entries of an
+    /// internal-policy-Local Service the cluster-wide one. (That one is empty only when no
+    /// node has an endpoint, and then so is the cluster set; a control plane that predates
+    /// it never sends it, and external traffic keeps to the cluster set as it did.)
+    pub fn main_set(&self, kind: EntryKind) -> EndpointSet {
+        if kind != EntryKind::ClusterIp && self.view.internal_traffic_local && !self.external.is_empty() {
+            EndpointSet::External
         } else {
+            EndpointSet::Cluster
+        }
+    }
+
+    /// The endpoints of `set`.
+    pub fn endpoints(&self, set: EndpointSet) -> &[&'a Endpoint] {
+        match set {
+            EndpointSet::Cluster => &self.cluster,
+            EndpointSet::External => &self.external,
+            EndpointSet::Local => &self.local,
+        }
+    }
+
+    /// What traffic to an entry of `kind` does with its [`Self::main_set`]: pick one of its
+    /// endpoints; without any, drop when other nodes have some (a traffic policy Local),
+    /// reject when none has (kube-proxy's "has no endpoints").
+    pub fn cluster_action(&self, kind: EntryKind) -> Action {
+        if !self.endpoints(self.main_set(kind)).is_empty() {
+            Action::Pick
+        } else if self.has_endpoints {
             Action::Drop
+        } else {
+            Action::Reject
         }
     }
 
@@ -132,7 +172,7 @@ impl PortFamily<'_> {
         }
         if !self.local.is_empty() {
             Some(Action::Pick)
-        } else if self.cluster.is_empty() {
+        } else if !self.has_endpoints {
             None
         } else {
             Some(Action::Drop)
@@ -157,9 +197,10 @@ impl PortFamily<'_> {
         Some(IpNet::aggregate(&allowed))
     }
 
-    /// Every endpoint this port may send to (both sets), without repeats.
+    /// Every endpoint this port may send to (every set), without repeats.
     pub fn all_endpoints(&self) -> Vec<&Endpoint> {
-        let mut all: Vec<&Endpoint> = self.cluster.iter().chain(&self.local).copied().collect();
+        let mut all: Vec<&Endpoint> =
+            self.cluster.iter().chain(&self.external).chain(&self.local).copied().collect();
         all.sort();
         all.dedup();
         all
@@ -184,5 +225,63 @@ mod tests {
         let allowed: Vec<String> =
             pf.allowed_sources(entry, &[]).expect("ranges").iter().map(ToString::to_string).collect();
         assert_eq!(allowed, ["198.51.0.0/16", "203.0.113.0/24"]);
+    }
+
+    fn endpoint(address: &str, node: &str) -> Endpoint {
+        Endpoint {
+            address: address.parse().expect("ip"),
+            port: 8080,
+            node_name: node.into(),
+            terminating: false,
+            cluster: String::new(),
+        }
+    }
+
+    /// An internal-policy-Local NodePort Service: this node's endpoints, the cluster-wide
+    /// ones, and the families that have endpoints somewhere.
+    fn itp_node_port(here: &[&str], all: &[&str], families: &[Family]) -> ServiceView {
+        let mut port = ServicePort::new(
+            "http",
+            crate::types::Protocol::Tcp,
+            80,
+            here.iter().map(|a| endpoint(a, "n1")).collect(),
+        );
+        port.node_port = Some(30080);
+        port.external_endpoints = all.iter().map(|a| endpoint(a, "n2")).collect();
+        port.endpoint_families = families.to_vec();
+        let mut view = ServiceView::new("c", "ns", "itp", vec!["10.96.0.1".parse().expect("ip")], vec![port]);
+        view.internal_traffic_local = true;
+        view
+    }
+
+    fn decisions(view: &ServiceView) -> [(EndpointSet, Action, usize); 2] {
+        let pf = &port_families(view, &["10.0.0.1".parse().expect("ip")])[0];
+        [EntryKind::ClusterIp, EntryKind::NodePort].map(|kind| {
+            let set = pf.main_set(kind);
+            (set, pf.cluster_action(kind), pf.endpoints(set).len())
+        })
+    }
+
+    #[test]
+    fn internal_policy_local_keeps_external_traffic_on_the_cluster_wide_set() {
+        use Action::*;
+        use EndpointSet::*;
+        let both = itp_node_port(&["10.244.1.1"], &["10.244.1.1", "10.244.2.1"], &[Family::V4]);
+        assert_eq!(decisions(&both), [(Cluster, Pick, 1), (External, Pick, 2)]);
+        let elsewhere = itp_node_port(&[], &["10.244.2.1"], &[Family::V4]);
+        assert_eq!(decisions(&elsewhere), [(Cluster, Drop, 0), (External, Pick, 1)]);
+        let nowhere = itp_node_port(&[], &[], &[]);
+        assert_eq!(decisions(&nowhere), [(Cluster, Reject, 0), (Cluster, Reject, 0)]);
+        // Without external entry points a control plane sends only the families.
+        let mut cluster_ip_only = itp_node_port(&[], &[], &[Family::V4]);
+        cluster_ip_only.ports[0].node_port = None;
+        let pf = &port_families(&cluster_ip_only, &[])[0];
+        assert_eq!(pf.cluster_action(EntryKind::ClusterIp), Drop);
+        // A family with endpoints elsewhere does not speak for the other one.
+        let v6_only = itp_node_port(&[], &[], &[Family::V6]);
+        assert_eq!(decisions(&v6_only)[0].1, Reject);
+        // A control plane that sends no cluster-wide set: external traffic keeps to this node's.
+        let older = itp_node_port(&["10.244.1.1"], &[], &[]);
+        assert_eq!(decisions(&older), [(Cluster, Pick, 1), (Cluster, Pick, 1)]);
     }
 }

@@ -70,15 +70,23 @@ fn port(families: (bool, bool), local: bool) -> impl Strategy<Value = ServicePor
         eps(5),
         prop::option::of(30000u16..32768),
         eps(if local { 3 } else { 1 }),
+        eps(3),
     )
-        .prop_map(move |(name, protocol, port, endpoints, node_port, local_endpoints)| ServicePort {
-            name,
-            protocol,
-            port,
-            endpoints,
-            node_port,
-            local_endpoints: if local { local_endpoints } else { Vec::new() },
-        })
+        .prop_map(
+            move |(name, protocol, port, endpoints, node_port, local_endpoints, external_endpoints)| {
+                ServicePort {
+                    name,
+                    protocol,
+                    port,
+                    endpoints,
+                    node_port,
+                    local_endpoints: if local { local_endpoints } else { Vec::new() },
+                    // Kept only for internal-traffic-local views (see `valid_view`).
+                    external_endpoints,
+                    endpoint_families: Vec::new(),
+                }
+            },
+        )
 }
 
 /// A valid Service view: what a control plane may send.
@@ -133,6 +141,22 @@ pub fn valid_view() -> impl Strategy<Value = ServiceView> {
                         view.load_balancer_source_ranges = ranges;
                         view.external_traffic_local = local;
                         view.internal_traffic_local = itl;
+                        for p in &mut view.ports {
+                            if itl {
+                                // Families with endpoints somewhere: at least those listed here.
+                                let mut families: Vec<crate::family::Family> = p
+                                    .endpoints
+                                    .iter()
+                                    .chain(&p.external_endpoints)
+                                    .map(|e| crate::family::Family::of(&e.address))
+                                    .collect();
+                                families.sort();
+                                families.dedup();
+                                p.endpoint_families = families;
+                            } else {
+                                p.external_endpoints.clear();
+                            }
+                        }
                         view.health_check_node_port = hc.map(|p| p + 30000).filter(|_| local);
                         view.session_affinity_timeout = sa;
                         view.ipvs_scheduler = sched.map(str::to_owned);

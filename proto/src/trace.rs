@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 
 use crate::node_context::NodeContext;
-use crate::policy::{self, Action, EntryKind, PortFamily};
+use crate::policy::{self, Action, EndpointSet, EntryKind, PortFamily};
 use crate::types::{Protocol, ServiceView};
 
 /// A packet to trace.
@@ -146,12 +146,11 @@ fn trace_entry(pf: &PortFamily, kind: EntryKind, context: &NodeContext, packet: 
             ),
         }
     }
-    if context.masquerade_all {
-        t.masquerade = true;
-        t.step("masquerade", "masqueradeAll is on");
-    }
     let mut use_local = false;
     if kind != EntryKind::ClusterIp {
+        if pf.main_set(kind) == EndpointSet::External {
+            t.step("all endpoints", "internalTrafficPolicy: Local applies to ClusterIP traffic only");
+        }
         if !pf.external_local() {
             t.masquerade = true;
             t.step("masquerade", "externalTrafficPolicy: Cluster masquerades external traffic");
@@ -167,7 +166,12 @@ fn trace_entry(pf: &PortFamily, kind: EntryKind, context: &NodeContext, packet: 
             use_local = true;
             t.step("this node's endpoints only", "externalTrafficPolicy: Local keeps the client address");
         }
-    } else {
+    }
+    if context.masquerade_all && !use_local && !t.masquerade {
+        t.masquerade = true;
+        t.step("masquerade", "masqueradeAll is on");
+    }
+    if kind == EntryKind::ClusterIp {
         if !local_cidrs.is_empty() && !from_pod && !t.masquerade {
             t.masquerade = true;
             let who = packet.source.map_or("a client outside the cluster".to_owned(), |s| s.to_string());
@@ -178,15 +182,15 @@ fn trace_entry(pf: &PortFamily, kind: EntryKind, context: &NodeContext, packet: 
         }
     }
     let (action, set) = if use_local {
-        (pf.local_action(kind).unwrap_or_else(|| pf.cluster_action(kind)), &pf.local)
+        (pf.local_action(kind).unwrap_or_else(|| pf.cluster_action(kind)), pf.endpoints(EndpointSet::Local))
     } else {
-        (pf.cluster_action(kind), &pf.cluster)
+        (pf.cluster_action(kind), pf.endpoints(pf.main_set(kind)))
     };
     match action {
         Action::Reject => {
             t.verdict = Verdict::Reject;
             t.masquerade = false;
-            t.step("reject", "the Service has no endpoints: connections are refused at once");
+            t.step("reject", "no node has an endpoint for it: connections are refused at once");
         }
         Action::Drop => {
             t.verdict = Verdict::Drop;
@@ -194,7 +198,7 @@ fn trace_entry(pf: &PortFamily, kind: EntryKind, context: &NodeContext, packet: 
             let why = if use_local {
                 "externalTrafficPolicy: Local and no endpoint on this node"
             } else {
-                "traffic policy Local and no endpoint on this node"
+                "internalTrafficPolicy: Local and no endpoint on this node (other nodes have some)"
             };
             t.step("drop", why);
         }
@@ -342,5 +346,23 @@ mod tests {
 
         let t = trace([&view], &node(), packet("10.96.0.99:80", None));
         assert_eq!(t.verdict, Verdict::NotAService);
+    }
+    #[test]
+    fn internal_policy_local_narrows_the_cluster_ip_only() {
+        let mut port = ServicePort::new("http", Protocol::Tcp, 80, vec![]);
+        port.node_port = Some(30080);
+        port.external_endpoints = vec![ep("10.244.2.2", "n2"), ep("10.244.3.2", "n3")];
+        port.endpoint_families = vec![crate::family::Family::V4];
+        let mut view =
+            ServiceView::new("c", "ns", "itp", vec!["10.96.0.11".parse().expect("ip")], vec![port]);
+        view.internal_traffic_local = true;
+        let t = trace([&view], &node(), packet("10.96.0.11:80", None));
+        assert_eq!(t.verdict, Verdict::Drop, "none on this node, some elsewhere: {t:?}");
+        let t = trace([&view], &node(), packet("10.0.0.1:30080", Some("192.0.2.1")));
+        assert_eq!((t.verdict, t.candidates.len(), t.masquerade), (Verdict::Dnat, 2, true), "{t:?}");
+        view.ports[0].external_endpoints.clear();
+        view.ports[0].endpoint_families.clear();
+        let t = trace([&view], &node(), packet("10.96.0.11:80", None));
+        assert_eq!(t.verdict, Verdict::Reject, "no endpoint anywhere: {t:?}");
     }
 }

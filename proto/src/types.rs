@@ -5,6 +5,8 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
+use crate::family::Family;
+
 /// L4 protocol of a Service port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Protocol {
@@ -105,6 +107,12 @@ pub struct ServicePort {
     pub node_port: Option<u16>,
     /// This node's endpoints for external traffic (external-traffic-local Services only).
     pub local_endpoints: Vec<Endpoint>,
+    /// Internal-traffic-local Services with external entry points only: the cluster-wide
+    /// endpoints, for external traffic (see `kpx.v1.ServicePort.external_endpoints`).
+    pub external_endpoints: Vec<Endpoint>,
+    /// Internal-traffic-local Services only: the families in which some node has an
+    /// endpoint (none anywhere: rejected rather than dropped).
+    pub endpoint_families: Vec<Family>,
 }
 
 impl ServicePort {
@@ -117,6 +125,8 @@ impl ServicePort {
             endpoints,
             node_port: None,
             local_endpoints: Vec::new(),
+            external_endpoints: Vec::new(),
+            endpoint_families: Vec::new(),
         }
     }
 }

@@ -307,23 +307,45 @@ pub fn external_traffic_policy_local(backend: ProxyBackend) {
     assert!(body.contains("\"localEndpoints\":0"), "{body}");
 }
 
-/// internalTrafficPolicy Local: ClusterIP traffic only to this node's endpoints, dropped without.
+/// internalTrafficPolicy Local: ClusterIP traffic only to this node's endpoints, dropped without
+/// while other nodes have some, refused when none has; external traffic (NodePort, policy
+/// Cluster) to every endpoint.
 pub fn internal_traffic_policy_local(backend: ProxyBackend) {
     let spec = "  clusterIP: 10.96.1.4\n  internalTrafficPolicy: Local\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
+    // The same policy on a NodePort Service, whose external policy stays Cluster.
+    let node_port = "  type: NodePort\n  clusterIP: 10.96.1.14\n  internalTrafficPolicy: Local\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30094}\n";
     let write = |t: &Topology, eps: &[Ep]| {
+        let http = [("http", "TCP", 8080)];
         t.write_manifest(
             "itp.yaml",
             &documents(&[
                 service("itp", spec, ""),
-                slice("itp", "itp-1", false, &[("http", "TCP", 8080)], eps),
+                slice("itp", "itp-1", false, &http, eps),
+                service("itp-np", node_port, ""),
+                slice("itp-np", "itp-np-1", false, &http, eps),
             ]),
         );
     };
+    let (vip, np_vip, np) = (sock("10.96.1.4", 80), sock("10.96.1.14", 80), sock(NODE_IP, 30094));
     let s = Scene::start(backend, 2, &[], &[], &[]);
     write(&s.t, &[ep(pod(0)), ep(pod(1)).on("node-b")]);
-    wait_answered_by(&s.t.client, sock("10.96.1.4", 80), &["pod0"]);
+    wait_answered_by(&s.t.client, vip, &["pod0"]);
+    wait_answered_by(&s.t.client, np_vip, &["pod0"]);
+    // External traffic follows externalTrafficPolicy (Cluster): every endpoint, masqueraded.
+    wait_answered_by(&s.t.client, np, &["pod0", "pod1"]);
+    let seen: BTreeSet<IpAddr> = s.peers(0).union(&s.peers(1)).copied().collect();
+    assert!(!seen.contains(&ip(CLIENT_IP)), "external policy Cluster masquerades: {seen:?}");
     write(&s.t, &[ep(pod(0)).on("node-b"), ep(pod(1)).on("node-b")]);
-    wait_dropped(&s.t.client, sock("10.96.1.4", 80));
+    wait_dropped(&s.t.client, vip);
+    wait_dropped(&s.t.client, np_vip);
+    wait_answered_by(&s.t.client, np, &["pod0", "pod1"]);
+    // No endpoint on any node: refused at once, like any Service without endpoints.
+    write(&s.t, &[]);
+    for to in [vip, np_vip, np] {
+        wait_for(&format!("{to} to be refused"), DEADLINE, || {
+            (s.t.client.run_in(move || tcp_request(to)) == Answer::Refused).then_some(())
+        });
+    }
 }
 
 /// Topology hints: same node when every endpoint has node hints and one names this node, else

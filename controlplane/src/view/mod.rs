@@ -35,6 +35,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use kpx_proto::family::Family;
 use kpx_proto::types::{NodeConfig, ServicePort, ServiceView};
 
 use crate::model::{ClusterAffinity, EndpointSlice, Node, Service, ServiceType};
@@ -156,36 +157,45 @@ impl<'a> ViewBuilder<'a> {
     /// equal content gives equal bytes.
     pub fn view(&self, at: Locality<'_>) -> ServiceView {
         let svc = self.svc;
-        let policy = Policy {
+        let service_policy = Policy {
             internal_local: svc.internal_traffic_local(),
             external_local: svc.external_traffic_local(),
+            external_entries: false,
         };
+        let external_ips = !svc.external_ips.is_empty() || !svc.load_balancer_ips.is_empty();
         let ports = svc
             .ports
             .iter()
             .zip(&self.ports)
             .map(|(port, families)| {
-                let (mut endpoints, mut local_endpoints) = (Vec::new(), Vec::new());
+                let policy =
+                    Policy { external_entries: external_ips || port.node_port.is_some(), ..service_policy };
+                let mut out = ServicePort {
+                    node_port: port.node_port,
+                    ..ServicePort::new(&port.name, port.protocol, port.port, Vec::new())
+                };
                 for family in families {
                     let selected = categorize(family, policy, at);
-                    endpoints.extend(selected.cluster);
-                    local_endpoints.extend(selected.local);
+                    out.endpoints.extend(selected.cluster);
+                    out.external_endpoints.extend(selected.external);
+                    out.local_endpoints.extend(selected.local);
+                    if policy.internal_local && selected.any {
+                        out.endpoint_families.extend(family.first().map(|c| Family::of(&c.address)));
+                    }
                 }
-                endpoints.sort();
-                local_endpoints.sort();
-                ServicePort {
-                    node_port: port.node_port,
-                    local_endpoints,
-                    ..ServicePort::new(&port.name, port.protocol, port.port, endpoints)
-                }
+                out.endpoints.sort();
+                out.external_endpoints.sort();
+                out.local_endpoints.sort();
+                out.endpoint_families.sort();
+                out
             })
             .collect();
         ServiceView {
             external_ips: sorted(&svc.external_ips),
             load_balancer_ips: sorted(&svc.load_balancer_ips),
             load_balancer_source_ranges: sorted(&svc.load_balancer_source_ranges),
-            external_traffic_local: policy.external_local,
-            internal_traffic_local: policy.internal_local,
+            external_traffic_local: service_policy.external_local,
+            internal_traffic_local: service_policy.internal_local,
             health_check_node_port: svc.effective_health_check_node_port(),
             session_affinity_timeout: svc.session_affinity_timeout,
             ipvs_scheduler: svc.ipvs_scheduler.clone(),

@@ -1,6 +1,6 @@
 //! kube-proxy's `CategorizeEndpoints` for one Service port and one IP family:
-//! which endpoints a node sends cluster traffic to, and which it sends
-//! external traffic to when the external traffic policy is Local.
+//! which endpoints a node sends cluster traffic to, which it sends external
+//! traffic to when a traffic policy is Local, and whether any node has one.
 //!
 //! kube-proxy runs one proxier per IP family, so every decision here (topology,
 //! the fallback to terminating endpoints) is taken per family by the caller.
@@ -46,20 +46,28 @@ impl Candidate<'_> {
     }
 }
 
-/// The traffic policies in effect for the Service.
+/// The traffic policies in effect for a Service port.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Policy {
     pub internal_local: bool,
     pub external_local: bool,
+    /// The port has external entry points (a NodePort, external or load-balancer IPs).
+    pub external_entries: bool,
 }
 
 /// What one node uses, unsorted.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(super) struct Selected {
-    /// ClusterIP traffic (and external traffic unless the external policy is Local).
+    /// ClusterIP traffic (and external traffic unless a policy is Local): this node's
+    /// endpoints when the internal policy is Local, else the cluster-wide set.
     pub cluster: Vec<Endpoint>,
+    /// Internal policy Local on a port with external entry points: the cluster-wide set,
+    /// for external traffic; empty otherwise.
+    pub external: Vec<Endpoint>,
     /// External traffic under `externalTrafficPolicy: Local`; empty otherwise.
     pub local: Vec<Endpoint>,
+    /// Some node has an endpoint to use (ready, or serving and terminating).
+    pub any: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,10 +86,7 @@ pub(super) fn categorize(candidates: &[Candidate<'_>], policy: Policy, at: Local
         }
         chosen
     };
-    let cluster = if policy.internal_local {
-        // Topology hints are not applied to node-local traffic.
-        local()
-    } else {
+    let cluster_wide = || {
         let topology = topology(candidates, at);
         let mut chosen = pick(candidates, |c| c.ready() && available(c, topology, at));
         if chosen.is_empty() {
@@ -91,7 +96,21 @@ pub(super) fn categorize(candidates: &[Candidate<'_>], policy: Policy, at: Local
         }
         chosen
     };
-    Selected { cluster, local: if policy.external_local { local() } else { Vec::new() } }
+    let local_set = if policy.external_local { local() } else { Vec::new() };
+    if !policy.internal_local {
+        let cluster = cluster_wide();
+        return Selected { any: !cluster.is_empty(), cluster, external: Vec::new(), local: local_set };
+    }
+    // Topology hints are not applied to node-local traffic.
+    let cluster = local();
+    let (external, any) = if policy.external_entries {
+        let all = cluster_wide();
+        let any = !all.is_empty();
+        (all, any)
+    } else {
+        (Vec::new(), candidates.iter().any(|c| c.ready() || c.serving_terminating()))
+    };
+    Selected { cluster, external, local: local_set, any }
 }
 
 fn pick<'a>(candidates: &[Candidate<'a>], keep: impl Fn(&Candidate<'a>) -> bool) -> Vec<Endpoint> {
@@ -174,28 +193,33 @@ mod tests {
             .collect()
     }
 
-    fn run(specs: &[&str], policy: Policy, at: Locality<'_>) -> (Vec<String>, Vec<String>) {
+    fn show(list: &[Endpoint]) -> Vec<String> {
+        let mut out: Vec<String> =
+            list.iter().map(|e| format!("{}{}", e.address, if e.terminating { "(t)" } else { "" })).collect();
+        out.sort();
+        out
+    }
+
+    fn select(specs: &[&str], policy: Policy, at: Locality<'_>) -> Selected {
         let eps = endpoints(specs);
         let candidates: Vec<Candidate<'_>> = eps
             .iter()
             .map(|e| Candidate { address: e.addresses[0], port: 80, source: e, cluster: None })
             .collect();
-        let show = |list: Vec<Endpoint>| {
-            let mut out: Vec<String> = list
-                .iter()
-                .map(|e| format!("{}{}", e.address, if e.terminating { "(t)" } else { "" }))
-                .collect();
-            out.sort();
-            out
-        };
-        let selected = categorize(&candidates, policy, at);
-        (show(selected.cluster), show(selected.local))
+        categorize(&candidates, policy, at)
     }
 
-    const CLUSTER: Policy = Policy { internal_local: false, external_local: false };
-    const ITP: Policy = Policy { internal_local: true, external_local: false };
-    const ETP: Policy = Policy { internal_local: false, external_local: true };
-    const BOTH: Policy = Policy { internal_local: true, external_local: true };
+    fn run(specs: &[&str], policy: Policy, at: Locality<'_>) -> (Vec<String>, Vec<String>) {
+        let selected = select(specs, policy, at);
+        (show(&selected.cluster), show(&selected.local))
+    }
+
+    const CLUSTER: Policy = Policy { internal_local: false, external_local: false, external_entries: false };
+    const ITP: Policy = Policy { internal_local: true, external_local: false, external_entries: false };
+    const ETP: Policy = Policy { internal_local: false, external_local: true, external_entries: true };
+    const BOTH: Policy = Policy { internal_local: true, external_local: true, external_entries: true };
+    /// Internal policy Local with external entry points of policy Cluster.
+    const ITP_NODEPORT: Policy = Policy { external_entries: true, ..ITP };
 
     fn at<'a>(node: &'a str, zone: &'a str) -> Locality<'a> {
         Locality { node: (!node.is_empty()).then_some(node), zone: (!zone.is_empty()).then_some(zone) }
@@ -257,6 +281,38 @@ mod tests {
             let (got_cluster, got_local) = run(&specs, policy, locality);
             assert_eq!(got_cluster, cluster, "{name}: cluster endpoints");
             assert_eq!(got_local, local, "{name}: local endpoints");
+        }
+    }
+
+    #[test]
+    fn internal_local_with_external_entries_gives_external_traffic_the_cluster_wide_set() {
+        let eps = ["10.0.0.1 n1 R z:a", "10.0.0.2 n2 R z:b", "10.0.0.3 n2 T"];
+        let s = select(&eps, ITP_NODEPORT, at("n1", "a"));
+        assert_eq!(show(&s.cluster), ["10.0.0.1"], "ClusterIP: this node's");
+        assert_eq!(show(&s.external), ["10.0.0.1"], "external: cluster-wide, zone hints applied");
+        let s = select(&eps, ITP_NODEPORT, at("n3", ""));
+        assert_eq!(
+            (show(&s.cluster), show(&s.external), s.any),
+            (vec![], vec!["10.0.0.1".into(), "10.0.0.2".into()], true)
+        );
+        // Policy Local for external traffic too: the cluster-wide set is the pods' short circuit.
+        let s = select(&eps, BOTH, at("n3", ""));
+        assert_eq!((s.cluster.len(), s.local.len(), show(&s.external).len()), (0, 0, 2));
+        // Without external entry points it is not sent.
+        let s = select(&eps, ITP, at("n3", ""));
+        assert!(s.external.is_empty() && s.any);
+    }
+
+    #[test]
+    fn whether_any_node_has_an_endpoint() {
+        for policy in [CLUSTER, ITP, ITP_NODEPORT, ETP, BOTH] {
+            assert!(!select(&[], policy, at("n1", "")).any, "{policy:?}: none");
+            assert!(
+                !select(&["10.0.0.1 n2 N", "10.0.0.2 n2 D"], policy, at("n1", "")).any,
+                "{policy:?}: unusable"
+            );
+            assert!(select(&["10.0.0.1 n2 T"], policy, at("n1", "")).any, "{policy:?}: serving, terminating");
+            assert!(select(&["10.0.0.1 n2 R"], policy, at("n1", "")).any, "{policy:?}: elsewhere");
         }
     }
 }

@@ -44,8 +44,12 @@ fn hash16(text: &str) -> String {
 /// What a Service port's chain is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChainKind {
+    /// The cluster set (ClusterIP traffic).
     Svc,
+    /// The node's own endpoints (external traffic of policy Local).
     Svl,
+    /// The cluster-wide set of an internal-policy-Local Service, for its external traffic.
+    Svx,
     Ext,
     Fw,
 }
@@ -55,6 +59,7 @@ impl ChainKind {
         match self {
             ChainKind::Svc => "SVC",
             ChainKind::Svl => "SVL",
+            ChainKind::Svx => "SVX",
             ChainKind::Ext => "EXT",
             ChainKind::Fw => "FW",
         }

@@ -17,7 +17,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kpx_proto::node_context::NodeContext;
-use kpx_proto::policy::{self, Action, Entry, EntryKind, PortFamily};
+use kpx_proto::policy::{self, Action, EndpointSet, Entry, EntryKind, PortFamily};
 use kpx_proto::types::{Endpoint, ServiceView};
 
 use super::names::{self, ChainKind};
@@ -94,6 +94,7 @@ impl PortRenderer<'_> {
         let (view, port, proto) = (pf.view, pf.port, pf.port.protocol);
         let svc = names::port_chain(ChainKind::Svc, view, port);
         let svl = names::port_chain(ChainKind::Svl, view, port);
+        let svx = names::port_chain(ChainKind::Svx, view, port);
         let ext = names::port_chain(ChainKind::Ext, view, port);
         let fw = names::port_chain(ChainKind::Fw, view, port);
         for ep in pf.all_endpoints() {
@@ -122,7 +123,16 @@ impl PortRenderer<'_> {
             self.chain(&svl, rules);
         }
         let has_external = pf.entries.iter().any(Entry::is_external);
-        let external_target = self.external_target(&svc, &svl, &ext, has_external);
+        // External traffic that does not go to the node's own endpoints picks from this.
+        let external_set = if pf.main_set(EntryKind::NodePort) == EndpointSet::External {
+            let mut rules = Vec::new();
+            self.pick_rules(&mut rules, &pf.external, self.ctx.masquerade_all);
+            self.chain(&svx, rules);
+            svx
+        } else {
+            svc.clone()
+        };
+        let external_target = self.external_target(&external_set, &svl, &ext, has_external);
         let has_firewall =
             pf.entries.iter().any(|e| pf.allowed_sources(e, &self.ctx.node_addresses).is_some());
         if has_firewall {
@@ -161,7 +171,8 @@ impl PortRenderer<'_> {
         }
     }
 
-    /// Where external entries go.
+    /// Where external entries go; `svc` is the chain of the set they pick from when they do
+    /// not go to the node's own endpoints (`svl`).
     fn external_target(&mut self, svc: &str, svl: &str, ext: &str, has_external: bool) -> Target {
         let pf = self.pf;
         if !has_external {

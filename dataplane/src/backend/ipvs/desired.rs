@@ -74,7 +74,7 @@ fn route<'a>(pf: &'a PortFamily<'a>, kind: EntryKind) -> (&'a [&'a Endpoint], bo
         Some(Action::Drop) => (&[], true),
         Some(Action::Reject) => (&[], false),
         None => match pf.cluster_action(kind) {
-            Action::Pick => (&pf.cluster, false),
+            Action::Pick => (pf.endpoints(pf.main_set(kind)), false),
             Action::Drop => (&[], true),
             Action::Reject => (&[], false),
         },
@@ -175,7 +175,10 @@ mod tests {
         let mut local = fixtures::web(&[]);
         local.internal_traffic_local = true;
         let want = piece(&local, &Context::default());
-        assert_eq!(members(&want, SetRole::Drop), ["10.96.0.10,tcp:80"]);
+        assert!(members(&want, SetRole::Drop).is_empty(), "none on any node: rejected by IPVS");
+        local.ports[0].endpoint_families = vec![kpx_proto::family::Family::V4];
+        let want = piece(&local, &Context::default());
+        assert_eq!(members(&want, SetRole::Drop), ["10.96.0.10,tcp:80"], "some on other nodes");
     }
 
     #[test]

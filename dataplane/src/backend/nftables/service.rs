@@ -9,7 +9,7 @@ use kpx_proto::types::{Endpoint, ServiceView};
 
 use super::affinity::{self, NftObject};
 use super::render::{Collection, Element, Family};
-use super::skeleton::{masquerades_all, pick_chain_name, EndpointSet};
+use super::skeleton::{endpoints_map, masquerades_all, pick_chain_name, EndpointSet};
 use kpx_proto::policy::{self, Action, EntryKind, PortFamily};
 
 /// Everything one Service needs in the table.
@@ -46,8 +46,9 @@ enum Target {
 
 fn render_port(pf: &PortFamily, ctx: &NodeContext, rules: &mut ServiceRules) {
     let f = pf.family;
-    let cluster_target = target(pf, EndpointSet::Cluster, &pf.cluster, ctx, rules);
-    let local_target = target(pf, EndpointSet::Local, &pf.local, ctx, rules);
+    let cluster_target = target(pf, EndpointSet::Cluster, ctx, rules);
+    let external_target = target(pf, EndpointSet::External, ctx, rules);
+    let local_target = target(pf, EndpointSet::Local, ctx, rules);
     for ep in pf.all_endpoints() {
         rules.shared.insert(Element::set(Collection::Hairpin(f), format!("{} . {}", ep.address, ep.address)));
     }
@@ -58,9 +59,11 @@ fn render_port(pf: &PortFamily, ctx: &NodeContext, rules: &mut ServiceRules) {
         if entry.kind == EntryKind::ClusterIp {
             add(Element::set(Collection::ClusterEntries(f), &key));
         }
-        match (pf.cluster_action(entry.kind), &cluster_target) {
+        let main = pf.main_set(entry.kind);
+        let main_target = if main == EndpointSet::External { &external_target } else { &cluster_target };
+        match (pf.cluster_action(entry.kind), main_target) {
             (Action::Pick, Some(target)) => {
-                endpoint_elements(&mut add, EndpointSet::Cluster, f, &key, target, &pf.cluster)
+                endpoint_elements(&mut add, main, f, &key, target, pf.endpoints(main))
             }
             (Action::Reject, _) => add(Element::set(Collection::NoEndpoints(f), &key)),
             _ => add(Element::map(Collection::ServiceIps(f), &key, "drop")),
@@ -87,13 +90,8 @@ fn render_port(pf: &PortFamily, ctx: &NodeContext, rules: &mut ServiceRules) {
     }
 }
 
-fn target(
-    pf: &PortFamily,
-    set: EndpointSet,
-    endpoints: &[&Endpoint],
-    ctx: &NodeContext,
-    rules: &mut ServiceRules,
-) -> Option<Target> {
+fn target(pf: &PortFamily, set: EndpointSet, ctx: &NodeContext, rules: &mut ServiceRules) -> Option<Target> {
+    let endpoints = pf.endpoints(set);
     if endpoints.is_empty() {
         return None;
     }
@@ -131,7 +129,7 @@ fn endpoint_elements(
     endpoints: &[&Endpoint],
 ) {
     let vmap = match set {
-        EndpointSet::Cluster => Collection::ServiceIps(family),
+        EndpointSet::Cluster | EndpointSet::External => Collection::ServiceIps(family),
         EndpointSet::Local => Collection::ExternalLocal(family),
     };
     match target {
@@ -139,7 +137,7 @@ fn endpoint_elements(
             add(Element::map(vmap, entry, format!("goto {chain}")));
             for (index, ep) in endpoints.iter().take(*count).enumerate() {
                 add(Element::map(
-                    set.map(family),
+                    endpoints_map(set, family),
                     format!("{entry} . {index}"),
                     format!("{} . {}", ep.address, ep.port),
                 ));
@@ -178,11 +176,14 @@ mod tests {
     fn no_endpoints_is_rejected_but_internal_local_is_dropped() {
         let rules = service_rules(&view(&[]), &NodeContext::default());
         assert!(text(&rules).contains("add element inet kpx no-endpoints-v4 { 10.96.0.10 . tcp . 80 }"));
-        let local = ServiceView { internal_traffic_local: true, ..view(&[]) };
+        let mut local = ServiceView { internal_traffic_local: true, ..view(&[]) };
+        let t = text(&service_rules(&local, &NodeContext::default()));
+        assert!(t.contains("no-endpoints-v4 { 10.96.0.10 . tcp . 80 }"), "none on any node: {t}");
+        local.ports[0].endpoint_families = vec![kpx_proto::family::Family::V4];
         let t = text(&service_rules(&local, &NodeContext::default()));
         assert!(
             t.contains("service-ips-v4 { 10.96.0.10 . tcp . 80 : drop }") && !t.contains("no-endpoints"),
-            "{t}"
+            "some on other nodes: {t}"
         );
     }
 

@@ -37,21 +37,16 @@ pub fn pick_chains_for(max_endpoints: usize) -> usize {
     max_endpoints.next_power_of_two().max(MIN_PICK_CHAINS)
 }
 
-/// Which endpoint set a pick chain draws from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum EndpointSet {
-    /// `ServicePort::endpoints`: ClusterIP traffic, external traffic of policy Cluster.
-    Cluster,
-    /// `ServicePort::local_endpoints`: external traffic of policy Local.
-    Local,
-}
+/// Which endpoint set a pick chain draws from (see [`endpoints_map`]).
+pub use kpx_proto::policy::EndpointSet;
 
-impl EndpointSet {
-    pub fn map(self, family: Family) -> Collection {
-        match self {
-            EndpointSet::Cluster => Collection::Endpoints(family),
-            EndpointSet::Local => Collection::LocalEndpoints(family),
-        }
+/// The map a set's pick chains read endpoints from. The external set (an
+/// internal-policy-Local Service's external traffic) shares the cluster set's map and pick
+/// chains: its elements are under other entries.
+pub fn endpoints_map(set: EndpointSet, family: Family) -> Collection {
+    match set {
+        EndpointSet::Cluster | EndpointSet::External => Collection::Endpoints(family),
+        EndpointSet::Local => Collection::LocalEndpoints(family),
     }
 }
 
@@ -59,7 +54,7 @@ impl EndpointSet {
 /// (ClusterIP and policy-Cluster external traffic); never the policy-Local external set,
 /// whose traffic keeps its client address, as in kube-proxy.
 pub fn masquerades_all(set: EndpointSet, masquerade_all: bool) -> bool {
-    masquerade_all && set == EndpointSet::Cluster
+    masquerade_all && set != EndpointSet::Local
 }
 
 /// The pick chain for `endpoints` endpoints of a set; its name says all its rule depends
@@ -68,7 +63,7 @@ pub fn masquerades_all(set: EndpointSet, masquerade_all: bool) -> bool {
 pub fn pick_chain_name(set: EndpointSet, family: Family, endpoints: usize, masquerade_all: bool) -> String {
     let masq = if masquerades_all(set, masquerade_all) { "masq-" } else { "" };
     let set = match set {
-        EndpointSet::Cluster => "",
+        EndpointSet::Cluster | EndpointSet::External => "",
         EndpointSet::Local => "local-",
     };
     format!("pick-{set}{masq}{}-{endpoints}", family.suffix())
@@ -104,7 +99,7 @@ pub fn mark_for_masquerade() -> String {
 /// The maps a full sync deletes and declares again rather than flushes: those the pick
 /// chains use (see [`declare_collections`]).
 pub fn replaced_maps() -> impl Iterator<Item = String> {
-    pick_chain_kinds().map(|(set, f)| set.map(f).name())
+    pick_chain_kinds().map(|(set, f)| endpoints_map(set, f).name())
 }
 
 /// The table's sets, maps and chains, with pick chains for 1..=`pick_chains` endpoints
@@ -262,7 +257,7 @@ fn pick_chain(set: EndpointSet, family: Family, endpoints: usize, masquerade_all
     };
     format!(
         "add chain {t} {name}\nadd rule {t} {name} {mark}dnat {nft} to {nft} daddr . meta l4proto . th dport . numgen random mod {endpoints} map @{}\n",
-        set.map(family).name()
+        endpoints_map(set, family).name()
     )
 }
 
