@@ -474,6 +474,20 @@ pub fn masquerade(backend: ProxyBackend) {
     let node_side = ip(&Topology::node_ip_towards_pod(0));
     wait_answered_by(&s.t.client, vip, &["pod0"]);
     assert_eq!(s.peers(0), BTreeSet::from([node_side]), "from outside the cluster CIDR: masqueraded");
+    // Fully random, as kube-proxy masquerades: the source port is drawn afresh, not kept
+    // (a kept port is what lets two clients' flows collide in conntrack).
+    s.clear_peers();
+    let client_ports = [41001, 41002, 41003];
+    for port in client_ports {
+        let answer = s.t.client.run_in(move || tcp_request_from_port(port, vip, Duration::from_secs(5)));
+        assert_eq!(answer, Answer::From("pod0".into()), "from client port {port}");
+    }
+    let seen: Vec<u16> = s.backends[0].peer_sockets().iter().map(SocketAddr::port).collect();
+    assert_eq!(seen.len(), client_ports.len(), "one masqueraded source per connection: {seen:?}");
+    assert!(
+        seen.iter().any(|p| !client_ports.contains(p)),
+        "masquerading kept every client port ({seen:?}): not fully random"
+    );
     s.clear_peers();
     assert_eq!(s.t.pods[1].run_in(move || tcp_request(vip)), Answer::From("pod0".into()));
     assert_eq!(s.peers(0), BTreeSet::from([ip(&pod(1))]), "from a pod: the pod's own address");

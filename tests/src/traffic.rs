@@ -16,7 +16,8 @@ use crate::netns::Netns;
 pub struct Backend {
     stop: Arc<AtomicBool>,
     threads: Vec<std::thread::JoinHandle<()>>,
-    peers: Arc<Mutex<BTreeSet<IpAddr>>>,
+    /// The source address and port of every connection and datagram seen.
+    peers: Arc<Mutex<BTreeSet<SocketAddr>>>,
 }
 
 impl Backend {
@@ -32,6 +33,11 @@ impl Backend {
 
     /// The source addresses of every connection and datagram seen so far.
     pub fn peers(&self) -> BTreeSet<IpAddr> {
+        self.peer_sockets().iter().map(SocketAddr::ip).collect()
+    }
+
+    /// The source addresses and ports of every connection and datagram seen so far.
+    pub fn peer_sockets(&self) -> BTreeSet<SocketAddr> {
         self.peers.lock().expect("peers").clone()
     }
 
@@ -45,7 +51,7 @@ fn listen(
     name: &str,
     addr: SocketAddr,
     stop: &Arc<AtomicBool>,
-    peers: &Arc<Mutex<BTreeSet<IpAddr>>>,
+    peers: &Arc<Mutex<BTreeSet<SocketAddr>>>,
 ) -> Vec<std::thread::JoinHandle<()>> {
     let (tcp, udp) = ns.run_in(move || {
         let tcp = bind_tcp(addr);
@@ -59,7 +65,7 @@ fn listen(
         while !stop_tcp.load(Ordering::Relaxed) {
             match tcp.accept() {
                 Ok((mut conn, from)) => {
-                    peers_tcp.lock().expect("peers").insert(canonical(from.ip()));
+                    peers_tcp.lock().expect("peers").insert(canonical(from));
                     let _ = conn.set_nonblocking(false);
                     let _ = conn.write_all(name_tcp.as_bytes());
                 }
@@ -72,7 +78,7 @@ fn listen(
         let mut buf = [0u8; 512];
         while !stop_udp.load(Ordering::Relaxed) {
             if let Ok((_, from)) = udp.recv_from(&mut buf) {
-                peers_udp.lock().expect("peers").insert(canonical(from.ip()));
+                peers_udp.lock().expect("peers").insert(canonical(from));
                 let _ = udp.send_to(name_udp.as_bytes(), from);
             }
         }
@@ -80,10 +86,10 @@ fn listen(
     vec![tcp_thread, udp_thread]
 }
 
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
+fn canonical(from: SocketAddr) -> SocketAddr {
+    match from.ip() {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(from, |v4| SocketAddr::new(IpAddr::V4(v4), from.port())),
+        _ => from,
     }
 }
 

@@ -78,7 +78,7 @@ pub fn script(family: Family, inputs: &ChainInputs, saved: Option<&str>) -> Stri
     nat.push(format!("-A {MASQ_NONLOCAL} -j {MARK_MASQ}"));
     nat.push(format!("-A {MARK_MASQ} -j MARK --or-mark {MASQ_MARK}"));
     nat.push(format!(
-        "-A {POSTROUTING} -m set --match-set {} dst,dst,src -j MASQUERADE",
+        "-A {POSTROUTING} -m set --match-set {} dst,dst,src -j MASQUERADE --random-fully",
         set(SetRole::LoopBack)
     ));
     nat.push(format!("-A {POSTROUTING} -m mark ! --mark {MASQ_MARK}/{MASQ_MARK} -j RETURN"));
@@ -124,7 +124,10 @@ mod tests {
         let fresh = script(Family::V4, &inputs, None);
         assert!(fresh.contains("-A KPX-IPVS-SERVICES -m set --match-set KPX-CLUSTER-IP-4 dst,dst -j KPX-IPVS-MASQ-NONLOCAL\n"), "{fresh}");
         assert!(fresh.contains("-A KPX-IPVS-MASQ-NONLOCAL -s 10.244.0.0/16 -j RETURN\n"), "{fresh}");
-        assert!(fresh.contains("-m set --match-set KPX-LOOP-BACK-4 dst,dst,src -j MASQUERADE"), "{fresh}");
+        assert!(
+            fresh.contains("-m set --match-set KPX-LOOP-BACK-4 dst,dst,src -j MASQUERADE --random-fully"),
+            "{fresh}"
+        );
         assert!(fresh.contains("-A KPX-IPVS-FILTER -m set --match-set KPX-LB-FIREWALL-4 dst,dst -m set ! --match-set KPX-LB-SOURCE-4 dst,dst,src -j DROP"), "{fresh}");
         assert_eq!(fresh.matches("-I ").count(), 4, "{fresh}");
         let saved =

@@ -180,13 +180,13 @@ pub fn skeleton(context: &NodeContext, pick_chains: usize, picks: PickChains) ->
     );
     let _ = writeln!(
         s,
-        "add rule {t} nat-postrouting meta mark & {MASQUERADE_MARK:#x} == {MASQUERADE_MARK:#x} masquerade"
+        "add rule {t} nat-postrouting meta mark & {MASQUERADE_MARK:#x} == {MASQUERADE_MARK:#x} masquerade fully-random"
     );
     for f in Family::ALL {
         let nft = f.nft();
         let _ = writeln!(
             s,
-            "add rule {t} nat-postrouting ct status dnat {nft} saddr . {nft} daddr @{} masquerade",
+            "add rule {t} nat-postrouting ct status dnat {nft} saddr . {nft} daddr @{} masquerade fully-random",
             Collection::Hairpin(f).name()
         );
     }
