@@ -121,6 +121,49 @@ fn bound_socket(addr: SocketAddr, kind: libc::c_int) -> std::os::fd::OwnedFd {
     }
 }
 
+/// Sends one bare TCP segment with `flags` (e.g. SYN|FIN, which conntrack calls INVALID)
+/// from `from` to `to` over a raw socket: no connection, nothing waited for.
+pub fn send_tcp_segment(from: std::net::Ipv4Addr, to: std::net::SocketAddrV4, flags: u8) {
+    let mut segment = [0u8; 20];
+    segment[0..2].copy_from_slice(&40_000u16.to_be_bytes());
+    segment[2..4].copy_from_slice(&to.port().to_be_bytes());
+    segment[4..8].copy_from_slice(&0x1234_5678u32.to_be_bytes());
+    segment[12] = 5 << 4; // 20-byte header
+    segment[13] = flags;
+    segment[14..16].copy_from_slice(&64_240u16.to_be_bytes());
+    // The checksum over the pseudo-header (source, destination, protocol, length) and the segment.
+    let mut sum: u32 = 0;
+    let mut add = |bytes: &[u8]| {
+        for pair in bytes.chunks(2) {
+            sum += u32::from(u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]));
+        }
+    };
+    add(&from.octets());
+    add(&to.ip().octets());
+    add(&[0, libc::IPPROTO_TCP as u8, 0, 20]);
+    add(&segment);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    segment[16..18].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    // SAFETY: a raw socket used for one sendto of a local buffer, then closed.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::IPPROTO_TCP);
+        assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
+        let owned = <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd);
+        let (storage, len) = sockaddr(SocketAddr::V4(to));
+        let sent = libc::sendto(
+            std::os::fd::AsRawFd::as_raw_fd(&owned),
+            segment.as_ptr().cast(),
+            segment.len(),
+            0,
+            (&storage as *const libc::sockaddr_storage).cast(),
+            len,
+        );
+        assert_eq!(sent, 20, "sendto: {}", std::io::Error::last_os_error());
+    }
+}
+
 fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: sockaddr_storage is plain data; zeroed is a valid value.
     let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };

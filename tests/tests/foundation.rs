@@ -110,6 +110,38 @@ fn a_service_without_endpoints_is_rejected_and_hairpin_traffic_works() {
     assert_eq!(answer, Answer::From("pod0".into()));
 }
 
+/// A forwarded packet conntrack calls INVALID (SYN and FIN at once, from the client to a
+/// pod) is dropped in kpx's forward hook, as kube-proxy drops them: the kernel's counter on
+/// that rule counts each one.
+#[test]
+fn forwarded_packets_conntrack_calls_invalid_are_dropped() {
+    use kpx_e2e::topology::CLIENT_IP;
+    use kpx_e2e::traffic::send_tcp_segment;
+    let t = Topology::new(1);
+    let _backends = t.start_backends(8080);
+    t.write_manifest("web.yaml", &web(&[0]));
+    let _cp = t.start_control_plane();
+    let _dp = t.start_dataplane();
+    t.wait_rules_contain("ct state invalid");
+    let dropped = || -> u64 {
+        let chain = t.node.exec("nft", &["list", "chain", "inet", "kpx", "filter-forward"]);
+        let line =
+            chain.lines().find(|l| l.contains("ct state invalid")).unwrap_or_else(|| panic!("{chain}"));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let at = words.iter().position(|w| *w == "packets").unwrap_or_else(|| panic!("{line}"));
+        words.get(at + 1).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{line}"))
+    };
+    let before = dropped();
+    let client: std::net::Ipv4Addr = CLIENT_IP.parse().expect("client address");
+    let pod: std::net::Ipv4Addr = Topology::pod_ip(0).parse().expect("pod address");
+    for _ in 0..3 {
+        t.client.run_in(move || send_tcp_segment(client, std::net::SocketAddrV4::new(pod, 8080), 0x03));
+    }
+    wait_for("the forward hook to drop the three INVALID packets", DEADLINE, || {
+        (dropped() >= before + 3).then_some(())
+    });
+}
+
 #[test]
 fn traffic_survives_the_control_plane_and_the_agent_restarts_from_its_store() {
     let t = Topology::new(2);

@@ -189,3 +189,69 @@ fn a_held_xtables_lock_makes_the_node_unhealthy_until_it_is_free() {
         freed.elapsed().as_secs_f64()
     );
 }
+
+/// Docker and many hardened hosts set filter FORWARD's policy to DROP. kpx's `KPX-FORWARD`
+/// (kube-proxy's `KUBE-FORWARD`) accepts Service traffic marked for masquerade and the
+/// replies of tracked connections, so a NodePort of policy Cluster keeps answering; with that
+/// hook taken away the same NodePort is dropped, which shows the policy bites.
+fn a_forward_policy_of_drop_does_not_break_node_ports(backend: ProxyBackend, flavour: &str) {
+    use kpx_e2e::manifests::{documents, ep, service, slice};
+    use kpx_e2e::topology::{sock, CLIENT_IP, NODE_IP};
+    use kpx_e2e::traffic::{send_tcp_segment, tcp_request, Answer};
+    let t = Topology::new(1);
+    let _backends = t.start_backends(8080);
+    t.write_node();
+    let spec = "  type: NodePort\n  clusterIP: 10.96.2.7\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30097}\n";
+    t.write_manifest(
+        "np.yaml",
+        &documents(&[
+            service("np", spec, ""),
+            slice("np", "np-1", false, &[("http", "TCP", 8080)], &[ep(Topology::pod_ip(0))]),
+        ]),
+    );
+    let tool = format!("iptables-{flavour}");
+    t.node.exec(&tool, &["-P", "FORWARD", "DROP"]);
+    let _cp = t.start_control_plane();
+    let _dp = t.start_dataplane_with(backend, &[]);
+    let node_port = sock(NODE_IP, 30097);
+    wait_for("the NodePort to answer through a FORWARD policy of DROP", DEADLINE, || {
+        (t.client.run_in(move || tcp_request(node_port)) == Answer::From("pod0".into())).then_some(())
+    });
+    // A forwarded packet conntrack calls INVALID (SYN and FIN at once, to a pod) is dropped
+    // by KPX-FORWARD: its rule's packet counter in the kernel counts each one.
+    let invalid_drops = || -> u64 {
+        let listing = t.node.exec(&tool, &["-t", "filter", "-L", "KPX-FORWARD", "-v", "-x", "-n"]);
+        let line =
+            listing.lines().find(|l| l.contains("ctstate INVALID")).unwrap_or_else(|| panic!("{listing}"));
+        line.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{line}"))
+    };
+    let before = invalid_drops();
+    let client: std::net::Ipv4Addr = CLIENT_IP.parse().expect("client address");
+    let pod: std::net::Ipv4Addr = Topology::pod_ip(0).parse().expect("pod address");
+    for _ in 0..3 {
+        t.client.run_in(move || send_tcp_segment(client, std::net::SocketAddrV4::new(pod, 8080), 0x03));
+    }
+    wait_for("KPX-FORWARD to drop the three INVALID packets", DEADLINE, || {
+        (invalid_drops() >= before + 3).then_some(())
+    });
+    let filter = saved(&t, flavour);
+    let hook = "-A FORWARD -m comment --comment \"kpx forwarding rules\" -j KPX-FORWARD";
+    assert!(filter.contains(&format!("iptables filter {hook}")), "{filter}");
+    t.node.exec(
+        &tool,
+        &["-D", "FORWARD", "-m", "comment", "--comment", "kpx forwarding rules", "-j", "KPX-FORWARD"],
+    );
+    assert!(!saved(&t, flavour).contains(&format!("iptables filter {hook}")), "the hook is gone");
+    let answer = t.client.run_in(move || tcp_request(node_port));
+    assert!(matches!(answer, Answer::Failed(_)), "without KPX-FORWARD the policy drops it: {answer:?}");
+}
+
+#[test]
+fn nft_flavour_accepts_service_traffic_through_a_forward_policy_of_drop() {
+    a_forward_policy_of_drop_does_not_break_node_ports(ProxyBackend::Iptables, "nft");
+}
+
+#[test]
+fn legacy_flavour_accepts_service_traffic_through_a_forward_policy_of_drop() {
+    a_forward_policy_of_drop_does_not_break_node_ports(ProxyBackend::IptablesLegacy, "legacy");
+}

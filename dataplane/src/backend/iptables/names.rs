@@ -4,8 +4,10 @@
 //! kpx can run beside a kube-proxy: `KPX-SVC-<hash>` picks among a Service
 //! port's endpoints, `KPX-SEP-<hash>` is one endpoint, `KPX-EXT-<hash>` is
 //! external traffic, `KPX-FW-<hash>` the source-range firewall, `KPX-SVL-<hash>`
-//! the node's own endpoints (externalTrafficPolicy Local). The hash is of the
-//! Service port (and endpoint), so a chain keeps its name while it means the same.
+//! the node's own endpoints (externalTrafficPolicy Local), `KPX-SVX-<hash>` the
+//! cluster-wide endpoints of an internalTrafficPolicy-Local port's external traffic.
+//! The hash is of the Service port (and endpoint), so a chain keeps its name while it
+//! means the same.
 
 use kpx_proto::types::{ServicePort, ServiceView};
 
@@ -28,6 +30,10 @@ pub const MASQ_NONLOCAL: &str = "KPX-MASQ-NONLOCAL";
 pub const FILTER: &str = "KPX-FILTER";
 /// filter: one REJECT rule per entry without endpoints.
 pub const REJECT: &str = "KPX-REJECT";
+/// filter FORWARD, after `KPX-FILTER`: drops conntrack-INVALID packets, accepts Service
+/// traffic marked for masquerade and the replies of tracked connections, so that a FORWARD
+/// policy of DROP (Docker sets one) does not break NodePorts (kube-proxy's `KUBE-FORWARD`).
+pub const FORWARD: &str = "KPX-FORWARD";
 
 /// The mark bit that asks KPX-POSTROUTING to masquerade.
 pub use crate::backend::xtables::MASQ_MARK;

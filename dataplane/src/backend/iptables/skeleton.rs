@@ -12,7 +12,9 @@ pub struct FixedChain {
     pub rules: Vec<String>,
 }
 
-pub const HOOKS: [Hook; 6] = [
+/// The hooks, each inserted first in its built-in chain in this order when missing (so in
+/// FORWARD, `KPX-FILTER` ends up before `KPX-FORWARD`).
+pub const HOOKS: [Hook; 7] = [
     Hook {
         table: Table::Nat,
         builtin: "PREROUTING",
@@ -32,6 +34,11 @@ pub const HOOKS: [Hook; 6] = [
         table: Table::Filter,
         builtin: "INPUT",
         spec: "-m comment --comment \"kpx firewall\" -j KPX-FILTER",
+    },
+    Hook {
+        table: Table::Filter,
+        builtin: "FORWARD",
+        spec: "-m comment --comment \"kpx forwarding rules\" -j KPX-FORWARD",
     },
     Hook {
         table: Table::Filter,
@@ -82,6 +89,19 @@ pub fn fixed_chains(local_cidrs: &[IpNet]) -> Vec<FixedChain> {
             ],
         ),
         chain(Table::Filter, names::REJECT, vec![]),
+        chain(
+            Table::Filter,
+            names::FORWARD,
+            vec![
+                // Packets conntrack cannot place (out of window) would reach a pod or a client
+                // untranslated and be answered with a reset.
+                "-m conntrack --ctstate INVALID -j DROP".to_owned(),
+                // Left to KPX-FILTER, whichever hook comes first.
+                format!("-m mark --mark {DROP_MARK}/{DROP_MARK} -j RETURN"),
+                format!("-m mark --mark {MASQ_MARK}/{MASQ_MARK} -j ACCEPT"),
+                "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT".to_owned(),
+            ],
+        ),
         chain(Table::Nat, names::CANARY_NAT, vec![CANARY_RULE.to_owned()]),
         chain(Table::Filter, names::CANARY_FILTER, vec![CANARY_RULE.to_owned()]),
     ]

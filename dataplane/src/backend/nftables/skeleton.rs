@@ -195,6 +195,11 @@ pub fn skeleton(context: &NodeContext, pick_chains: usize, picks: PickChains) ->
             s,
             "add chain {t} filter-{hook} {{ type filter hook {hook} priority -110 ; policy accept ; }}"
         );
+        if hook == "forward" {
+            // Packets conntrack cannot place (out of window) would reach a pod or a client
+            // untranslated and be answered with a reset (kube-proxy drops them too).
+            let _ = writeln!(s, "add rule {t} filter-forward ct state invalid counter drop");
+        }
         let _ = writeln!(s, "add rule {t} filter-{hook} jump reject-no-endpoints");
     }
     if picks == PickChains::Write {
