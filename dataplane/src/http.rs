@@ -2,6 +2,7 @@
 //! `--healthz-listen`, default `0.0.0.0:10256`) and Prometheus `/metrics` (on
 //! `--metrics-listen`, default `127.0.0.1:10249`).
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::http::{header, StatusCode};
@@ -12,21 +13,28 @@ use axum::Router;
 use tokio::sync::watch;
 
 use crate::agent::SharedAgent;
+use crate::metrics::{labels, AgentMetrics};
 use crate::status::{Probe, ProxyHealth};
 
-fn health(health: &watch::Receiver<ProxyHealth>, probe: Probe) -> Response {
+fn health(health: &watch::Receiver<ProxyHealth>, probe: Probe, metrics: &AgentMetrics) -> Response {
     // Read from what every sync publishes, never waiting for an apply in progress.
     let (code, body) = health.borrow().answer(probe, SystemTime::now());
+    let answers = match probe {
+        Probe::Healthz => &metrics.healthz_answers,
+        Probe::Livez => &metrics.livez_answers,
+    };
+    answers.get_or_create(&labels(&[("code", &code.to_string())])).inc();
     let code = StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     (code, [(header::CONTENT_TYPE, "application/json"), (header::X_CONTENT_TYPE_OPTIONS, "nosniff")], body)
         .into_response()
 }
 
-pub fn health_router(proxy_health: watch::Receiver<ProxyHealth>) -> Router {
-    let livez = proxy_health.clone();
+/// `/healthz` and `/livez`, each answer counted in `kubeproxy_proxy_{healthz,livez}_total{code}`.
+pub fn health_router(proxy_health: watch::Receiver<ProxyHealth>, metrics: Arc<AgentMetrics>) -> Router {
+    let (livez, livez_metrics) = (proxy_health.clone(), Arc::clone(&metrics));
     Router::new()
-        .route("/healthz", get(move || async move { health(&proxy_health, Probe::Healthz) }))
-        .route("/livez", get(move || async move { health(&livez, Probe::Livez) }))
+        .route("/healthz", get(move || async move { health(&proxy_health, Probe::Healthz, &metrics) }))
+        .route("/livez", get(move || async move { health(&livez, Probe::Livez, &livez_metrics) }))
 }
 
 pub fn metrics_router(agent: SharedAgent) -> Router {

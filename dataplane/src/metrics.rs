@@ -1,7 +1,14 @@
-//! The node agent's Prometheus metrics, under kube-proxy's names where the
-//! meaning is the same (`kubeproxy_…`), and kpx's own (`kpx_…`).
+//! The node agent's Prometheus metrics, under kube-proxy's names and labels where the
+//! meaning is the same (`kubeproxy_…`, as the Kubernetes metrics reference lists them),
+//! and kpx's own (`kpx_…`).
+//!
+//! kube-proxy runs one proxier per IP family and labels its sync metrics `ip_family`; kpx
+//! programs both families in one sync, so a sync is recorded under each family the node
+//! has (see [`node_families`]).
 
+use std::net::IpAddr;
 use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -10,23 +17,54 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 type Labels = Vec<(String, String)>;
+type Seconds = Family<Labels, Histogram, fn() -> Histogram>;
+type Timestamp = Family<Labels, Gauge<f64, AtomicU64>>;
+
+/// kube-proxy's names of the IP families, for the `ip_family` label.
+pub const IPV4: &str = "IPv4";
+pub const IPV6: &str = "IPv6";
+
+/// The families a node proxies, for the `ip_family` label: those of its addresses
+/// (IPv4 alone when it has none yet).
+pub fn node_families(addresses: &[IpAddr]) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if addresses.iter().any(IpAddr::is_ipv4) || addresses.is_empty() {
+        out.push(IPV4);
+    }
+    if addresses.iter().any(IpAddr::is_ipv6) {
+        out.push(IPV6);
+    }
+    out
+}
+
+fn seconds() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 18))
+}
 
 pub struct AgentMetrics {
     registry: Registry,
     /// Every kernel sync (partial or full).
-    pub sync_duration: Histogram,
-    pub full_sync_duration: Histogram,
-    pub partial_sync_duration: Histogram,
+    sync_duration: Seconds,
+    full_sync_duration: Seconds,
+    partial_sync_duration: Seconds,
     /// From a delta's arrival to its rules being in the kernel and stored.
-    pub network_programming: Histogram,
-    pub last_sync_timestamp: Gauge<f64, AtomicU64>,
-    pub last_queued_timestamp: Gauge<f64, AtomicU64>,
+    network_programming: Seconds,
+    last_sync_timestamp: Timestamp,
+    last_queued_timestamp: Timestamp,
     pub endpoint_changes: Counter,
     pub service_changes: Counter,
-    /// Refused kernel updates (kube-proxy counts them per backend tool).
-    pub sync_failures: Counter,
+    /// Changes accepted but not in the kernel yet (stored while recovering).
+    pub endpoint_changes_pending: Gauge,
+    pub service_changes_pending: Gauge,
+    /// Refused kernel updates, under the backend tool's name.
+    sync_failures: Family<Labels, Counter>,
+    /// The same for partial updates (iptables only, as kube-proxy counts them).
+    partial_sync_failures: Option<Family<Labels, Counter>>,
     /// Services whose traffic policy is Local and which have no endpoint here.
-    pub no_local_endpoints: Family<Labels, Gauge>,
+    no_local_endpoints: Family<Labels, Gauge>,
+    /// `/healthz` and `/livez` answers by HTTP status.
+    pub healthz_answers: Family<Labels, Counter>,
+    pub livez_answers: Family<Labels, Counter>,
     pub xds_connected: Gauge,
     /// Responses applied (`result="ack"`) or refused (`result="nack"`).
     pub xds_responses: Family<Labels, Counter>,
@@ -38,18 +76,23 @@ pub struct AgentMetrics {
 impl AgentMetrics {
     pub fn new(backend: &str) -> AgentMetrics {
         let mut registry = Registry::default();
-        let seconds = || Histogram::new(exponential_buckets(0.0005, 2.0, 18));
+        let histograms = || Seconds::new_with_constructor(seconds as fn() -> Histogram);
         let m = AgentMetrics {
-            sync_duration: seconds(),
-            full_sync_duration: seconds(),
-            partial_sync_duration: seconds(),
-            network_programming: seconds(),
-            last_sync_timestamp: Gauge::default(),
-            last_queued_timestamp: Gauge::default(),
+            sync_duration: histograms(),
+            full_sync_duration: histograms(),
+            partial_sync_duration: histograms(),
+            network_programming: histograms(),
+            last_sync_timestamp: Timestamp::default(),
+            last_queued_timestamp: Timestamp::default(),
             endpoint_changes: Counter::default(),
             service_changes: Counter::default(),
-            sync_failures: Counter::default(),
+            endpoint_changes_pending: Gauge::default(),
+            service_changes_pending: Gauge::default(),
+            sync_failures: Family::default(),
+            partial_sync_failures: (backend == "iptables").then(Family::default),
             no_local_endpoints: Family::default(),
+            healthz_answers: Family::default(),
+            livez_answers: Family::default(),
             xds_connected: Gauge::default(),
             xds_responses: Family::default(),
             services: Gauge::default(),
@@ -96,16 +139,49 @@ impl AgentMetrics {
             "Cumulative proxy rules Service changes",
             m.service_changes.clone(),
         );
-        let failures = match backend {
-            "iptables" => "kubeproxy_sync_proxy_rules_iptables_restore_failures",
-            "nftables" => "kubeproxy_sync_proxy_rules_nftables_sync_failures",
-            _ => "kubeproxy_sync_proxy_rules_sync_failures",
-        };
-        registry.register(failures, "Cumulative proxy rules restore failures", m.sync_failures.clone());
         registry.register(
-            "kubeproxy_sync_proxy_rules_no_local_endpoints",
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+            "Pending proxy rules Endpoint changes",
+            m.endpoint_changes_pending.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_service_changes_pending",
+            "Pending proxy rules Service changes",
+            m.service_changes_pending.clone(),
+        );
+        // kube-proxy's IPVS mode counts its iptables-restore failures under the iptables name.
+        let (failures, help) = match backend {
+            "nftables" => (
+                "kubeproxy_sync_proxy_rules_nftables_sync_failures",
+                "Cumulative proxy nftables sync failures",
+            ),
+            _ => (
+                "kubeproxy_sync_proxy_rules_iptables_restore_failures",
+                "Cumulative proxy iptables restore failures",
+            ),
+        };
+        registry.register(failures, help, m.sync_failures.clone());
+        if let Some(partial) = &m.partial_sync_failures {
+            registry.register(
+                "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures",
+                "Cumulative proxy iptables partial restore failures",
+                partial.clone(),
+            );
+        }
+        registry.register(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
             "Number of services with a Local traffic policy and no endpoints",
             m.no_local_endpoints.clone(),
+        );
+        registry.register(
+            "kubeproxy_proxy_healthz",
+            "Cumulative proxy healthz HTTP status",
+            m.healthz_answers.clone(),
+        );
+        registry.register(
+            "kubeproxy_proxy_livez",
+            "Cumulative proxy livez HTTP status",
+            m.livez_answers.clone(),
         );
         registry.register(
             "kpx_xds_connected",
@@ -126,6 +202,61 @@ impl AgentMetrics {
         AgentMetrics { registry, ..m }
     }
 
+    /// Makes every per-family series exist (at 0) for `families`, so that rates and alerts
+    /// see them before the first event.
+    pub fn declare_families(&self, families: &[&str]) {
+        for f in families {
+            let l = family(f);
+            let _ = self.sync_failures.get_or_create(&l);
+            if let Some(partial) = &self.partial_sync_failures {
+                let _ = partial.get_or_create(&l);
+            }
+        }
+    }
+
+    /// A successful kernel sync that took `elapsed`, at `now` (Unix seconds).
+    pub fn synced(&self, families: &[&str], elapsed: Duration, full: bool, now: f64) {
+        let which = if full { &self.full_sync_duration } else { &self.partial_sync_duration };
+        for f in families {
+            let l = family(f);
+            self.sync_duration.get_or_create(&l).observe(elapsed.as_secs_f64());
+            which.get_or_create(&l).observe(elapsed.as_secs_f64());
+            self.last_sync_timestamp.get_or_create(&l).set(now);
+        }
+    }
+
+    /// A refused kernel update (`partial`: a change, not a full sync).
+    pub fn sync_failed(&self, families: &[&str], partial: bool) {
+        for f in families {
+            let l = family(f);
+            self.sync_failures.get_or_create(&l).inc();
+            if let (true, Some(p)) = (partial, &self.partial_sync_failures) {
+                p.get_or_create(&l).inc();
+            }
+        }
+    }
+
+    /// A change arrived at `now` (Unix seconds).
+    pub fn queued(&self, families: &[&str], now: f64) {
+        for f in families {
+            self.last_queued_timestamp.get_or_create(&family(f)).set(now);
+        }
+    }
+
+    /// A change programmed and stored `elapsed` after it arrived.
+    pub fn programmed(&self, families: &[&str], elapsed: Duration) {
+        for f in families {
+            self.network_programming.get_or_create(&family(f)).observe(elapsed.as_secs_f64());
+        }
+    }
+
+    /// How many Services of `policy` ("internal", "external") have no endpoint here in `ip_family`.
+    pub fn no_local_endpoints(&self, ip_family: &str, policy: &str, count: i64) {
+        self.no_local_endpoints
+            .get_or_create(&labels(&[("ip_family", ip_family), ("traffic_policy", policy)]))
+            .set(count);
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -134,6 +265,10 @@ impl AgentMetrics {
         }
         out
     }
+}
+
+fn family(f: &str) -> Labels {
+    labels(&[("ip_family", f)])
 }
 
 pub fn labels(pairs: &[(&str, &str)]) -> Labels {

@@ -3,6 +3,7 @@
 //! health-check node ports.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use anyhow::Context;
 use kpx_proto::admin::node_admin_server::NodeAdminServer;
@@ -28,12 +29,12 @@ pub async fn start(agent: &SharedAgent, listen: Listen) -> anyhow::Result<()> {
     let admin = bind(listen.admin, "--admin-listen").await?;
     let healthz = bind(listen.healthz, "--healthz-listen").await?;
     let metrics = bind(listen.metrics, "--metrics-listen").await?;
-    let (checks, proxy_health) = {
+    let (checks, proxy_health, metrics_of_agent) = {
         let agent = agent.lock();
-        (agent.health_checks(), agent.proxy_health())
+        (agent.health_checks(), agent.proxy_health(), Arc::clone(agent.metrics()))
     };
     tokio::spawn(healthcheck::serve(checks, proxy_health.clone()));
-    tokio::spawn(http::serve(healthz, http::health_router(proxy_health)));
+    tokio::spawn(http::serve(healthz, http::health_router(proxy_health, metrics_of_agent)));
     tokio::spawn(http::serve(metrics, http::metrics_router(agent.clone())));
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<NodeAdminServer<NodeAdminService>>().await;

@@ -927,7 +927,8 @@ pub fn full_syncs_under_traffic(backend: ProxyBackend) {
             _ => None,
         }
     });
-    let full_syncs = || s.agent_metric("kubeproxy_sync_full_proxy_rules_duration_seconds_count");
+    let full_syncs =
+        || s.agent_metric("kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}");
     let before = full_syncs();
     // nftables: the table, its base chains and the endpoint maps stay the same kernel
     // objects throughout (by handle).

@@ -17,7 +17,7 @@ use crate::backend::{Backend, BackendError};
 use crate::conntrack;
 use crate::exec::conntrack::SharedConntrack;
 use crate::healthcheck::{self, ServiceHealth};
-use crate::metrics::{labels, AgentMetrics};
+use crate::metrics::{self, labels, AgentMetrics};
 use crate::state::{Delta, NodeState, RawResource};
 use crate::status::{unix_seconds, AgentStatus, ProxyHealth};
 use crate::store::{Damaged, Store};
@@ -195,7 +195,7 @@ impl Agent {
                 );
             }
             Err(e) => {
-                self.sync_failed(&e);
+                self.sync_failed(&e, true);
                 tracing::error!(error = %e, "programming the control plane's full state failed; retrying at the next change or resync");
             }
         }
@@ -207,12 +207,14 @@ impl Agent {
         self.status.last_synced_at = Some(now);
         self.status.out_of_sync = false;
         self.publish_health();
-        self.metrics.sync_duration.observe(elapsed.as_secs_f64());
-        let which = if full { &self.metrics.full_sync_duration } else { &self.metrics.partial_sync_duration };
-        which.observe(elapsed.as_secs_f64());
-        self.metrics.last_sync_timestamp.set(unix_seconds(now));
+        let families = self.families();
+        self.metrics.declare_families(&families);
+        self.metrics.synced(&families, elapsed, full, unix_seconds(now));
         self.metrics.services.set(self.state.services.len() as i64);
         if full {
+            // Whatever was stored without being programmed (while recovering) is in now.
+            self.metrics.endpoint_changes_pending.set(0);
+            self.metrics.service_changes_pending.set(0);
             self.refresh_locality();
         }
     }
@@ -221,8 +223,10 @@ impl Agent {
     /// and the no-local-endpoint gauges. O(Services): a partial apply calls it only when
     /// the delta touches a Service with a Local policy or a health-check port.
     fn refresh_locality(&mut self) {
-        for (policy, count) in self.no_local_endpoints() {
-            self.metrics.no_local_endpoints.get_or_create(&labels(&[("traffic_policy", policy)])).set(count);
+        for family in self.families() {
+            for (policy, count) in self.no_local_endpoints(family) {
+                self.metrics.no_local_endpoints(family, policy, count);
+            }
         }
         let state = &self.state;
         self.health.send_if_modified(|h| {
@@ -243,14 +247,24 @@ impl Agent {
             || delta.removed_services.iter().any(|n| old(n))
     }
 
-    /// Services with a Local traffic policy and no endpoint here, per policy.
-    fn no_local_endpoints(&self) -> [(&'static str, i64); 2] {
-        let views = || self.state.services.values().map(|s| &s.value);
+    /// The IP families this node proxies (the `ip_family` label of kube-proxy's metrics).
+    fn families(&self) -> Vec<&'static str> {
+        metrics::node_families(&self.context.node_addresses)
+    }
+
+    /// Services of `ip_family` with a Local traffic policy and no endpoint of that family
+    /// here, per policy.
+    fn no_local_endpoints(&self, ip_family: &str) -> [(&'static str, i64); 2] {
+        let v6 = ip_family == metrics::IPV6;
+        let of_family = |a: &std::net::IpAddr| a.is_ipv6() == v6;
+        let none_here = |eps: &[kpx_proto::types::Endpoint]| !eps.iter().any(|e| of_family(&e.address));
+        let views =
+            || self.state.services.values().map(|s| &s.value).filter(|v| v.cluster_ips.iter().any(of_family));
         let internal = views()
-            .filter(|v| v.internal_traffic_local && v.ports.iter().all(|p| p.endpoints.is_empty()))
+            .filter(|v| v.internal_traffic_local && v.ports.iter().all(|p| none_here(&p.endpoints)))
             .count();
         let external = views()
-            .filter(|v| v.external_traffic_local && v.ports.iter().all(|p| p.local_endpoints.is_empty()))
+            .filter(|v| v.external_traffic_local && v.ports.iter().all(|p| none_here(&p.local_endpoints)))
             .count();
         [("internal", internal as i64), ("external", external as i64)]
     }
@@ -262,11 +276,11 @@ impl Agent {
         self.proxy_health.send_replace(self.status.proxy_health());
     }
 
-    fn sync_failed(&mut self, error: &BackendError) {
+    fn sync_failed(&mut self, error: &BackendError, full: bool) {
         self.status.out_of_sync = true;
         self.publish_health();
         self.status.last_error = error.to_string();
-        self.metrics.sync_failures.inc();
+        self.metrics.sync_failed(&self.families(), !full);
     }
 
     /// The backend's timed work (see [`Backend::housekeeping`]).
@@ -324,7 +338,7 @@ impl Agent {
                 tracing::info!(services, elapsed_ms = started.elapsed().as_millis() as u64, "{done}");
             }
             Err(e) => {
-                self.sync_failed(&e);
+                self.sync_failed(&e, true);
                 tracing::error!(error = %e, "{failed}");
             }
         }
@@ -386,7 +400,7 @@ impl Agent {
         removed: Vec<String>,
     ) -> Result<Applied, ApplyError> {
         let started = Instant::now();
-        self.metrics.last_queued_timestamp.set(unix_seconds(SystemTime::now()));
+        self.metrics.queued(&self.families(), unix_seconds(SystemTime::now()));
         let result = self.apply_delta(type_url, resources, removed, started);
         let outcome = if result.is_ok() { "ack" } else { "nack" };
         self.metrics.xds_responses.get_or_create(&labels(&[("result", outcome)])).inc();
@@ -395,7 +409,7 @@ impl Agent {
                 self.status.applies += 1;
                 self.status.last_apply = Some(applied.elapsed);
                 self.status.last_apply_at = Some(SystemTime::now());
-                self.metrics.network_programming.observe(applied.elapsed.as_secs_f64());
+                self.metrics.programmed(&self.families(), applied.elapsed);
             }
             Err(e) => {
                 self.status.nacks += 1;
@@ -436,11 +450,13 @@ impl Agent {
                 }
                 return Err(e.into());
             }
+            self.metrics.endpoint_changes_pending.inc_by(endpoint_changes as i64);
+            self.metrics.service_changes_pending.inc_by(service_changes as i64);
             return Ok(Applied { resources, removed, elapsed: started.elapsed() });
         }
         let sync_started = Instant::now();
         if let Err(source) = self.backend.apply(&self.state, &self.context, &changes) {
-            self.sync_failed(&source);
+            self.sync_failed(&source, false);
             self.state.undo(undo);
             if let Some(context) = previous_context {
                 self.context = context;
@@ -464,7 +480,7 @@ impl Agent {
                 self.context = context;
             }
             if let Err(resync) = self.backend.full_sync(&self.state, &self.context) {
-                self.sync_failed(&resync);
+                self.sync_failed(&resync, true);
                 tracing::error!(error = %resync, "could not restore the last good rules after a store failure");
             }
             return Err(e.into());
