@@ -1,7 +1,8 @@
 //! What only the IPVS backend has, proven in the VM beside the behaviour suite (run by
 //! `src/bin/behaviour_in_vm.rs`): a restart that neither flushes nor cuts traffic and
 //! recognises what an earlier run programmed, destinations drained rather than cut,
-//! schedulers by flag and by annotation, and SCTP traffic (this VM's kernel has SCTP).
+//! schedulers by flag and by annotation; and what only the VM can prove for every backend:
+//! SCTP traffic (this VM's kernel has SCTP; the test machine's has no SCTP sockets).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -21,8 +22,10 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("ipvs_restart_keeps_traffic", restart_keeps_traffic),
     ("ipvs_drains_removed_endpoints", drains_removed_endpoints),
     ("ipvs_schedulers", schedulers),
-    ("ipvs_sctp", sctp),
 ];
+
+/// The scenarios only the VM runs, with every backend.
+pub const VM_ONLY: &[(&str, Scenario)] = &[("sctp", sctp)];
 
 /// A TCP (or SCTP) listener in a pod that answers each line with `NAME LINE`, keeping the
 /// connection open; stopped on drop.

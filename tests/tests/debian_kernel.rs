@@ -21,7 +21,7 @@ fn suite_in_vm(backend: &str) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{backend} in the VM: {}\n{stdout}\n{stderr}", out.status);
-    for (scenario, _) in scenarios::ALL {
+    for (scenario, _) in scenarios::ALL.iter().chain(kpx_e2e::ipvs_scenarios::VM_ONLY) {
         assert!(stdout.lines().any(|l| l.starts_with(&format!("pass {scenario} "))), "{scenario}: {stdout}");
     }
 }

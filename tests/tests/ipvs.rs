@@ -26,7 +26,12 @@ fn ipvs_netlink_programs_a_real_ipvs_kernel() {
 #[test]
 fn the_ipvs_backend_passes_the_behaviour_suite_and_its_own_scenarios() {
     let stdout = in_vm("behaviour_in_vm", &[]);
-    for (scenario, _) in scenarios::ALL.iter().chain(ipvs_scenarios::ALL).chain(fault_scenarios::ALL) {
+    for (scenario, _) in scenarios::ALL
+        .iter()
+        .chain(ipvs_scenarios::ALL)
+        .chain(ipvs_scenarios::VM_ONLY)
+        .chain(fault_scenarios::ALL)
+    {
         assert!(stdout.lines().any(|l| l.starts_with(&format!("pass {scenario} "))), "{scenario}: {stdout}");
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! `behaviour_in_vm [--backend=ipvs|nftables|iptables|iptables-legacy] [SCENARIO…]`
 //!
-//! With `--backend=ipvs` (the default) the IPVS-only scenarios
+//! Every backend also runs the VM-only scenarios (`kpx_e2e::ipvs_scenarios::VM_ONLY`:
+//! SCTP traffic); with `--backend=ipvs` (the default) the IPVS-only scenarios
 //! (`kpx_e2e::ipvs_scenarios`) and the faults (`kpx_e2e::fault_scenarios`) run too. It runs the scenarios named, or all, and exits 1
 //! if one fails. Each prints `pass NAME` or `FAIL NAME: why`.
 
@@ -29,11 +30,10 @@ fn main() {
         }
     }
     // IPVS runs only here: its own scenarios and the faults too.
-    let own: Vec<(&str, scenarios::Scenario)> = if backend == ProxyBackend::Ipvs {
-        ipvs_scenarios::ALL.iter().chain(fault_scenarios::ALL).copied().collect()
-    } else {
-        Vec::new()
-    };
+    let mut own: Vec<(&str, scenarios::Scenario)> = ipvs_scenarios::VM_ONLY.to_vec();
+    if backend == ProxyBackend::Ipvs {
+        own.extend(ipvs_scenarios::ALL.iter().chain(fault_scenarios::ALL));
+    }
     let mut failed = Vec::new();
     for (name, scenario) in scenarios::ALL.iter().chain(&own) {
         if !chosen.is_empty() && !chosen.iter().any(|c| c == name) {
