@@ -110,6 +110,62 @@ fn a_service_without_endpoints_is_rejected_and_hairpin_traffic_works() {
     assert_eq!(answer, Answer::From("pod0".into()));
 }
 
+/// A connected UDP socket's exchange, which sees the ICMP error a reject sends.
+fn connected_udp(to: std::net::SocketAddr) -> Answer {
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
+    sock.set_read_timeout(Some(Duration::from_secs(2))).expect("timeout");
+    sock.connect(to).expect("connect");
+    let mut buf = [0u8; 64];
+    match sock.send(b"who").and_then(|_| sock.recv(&mut buf)) {
+        Ok(n) => Answer::From(String::from_utf8_lossy(&buf[..n]).into_owned()),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Answer::Refused,
+        Err(e) => Answer::Failed(e.to_string()),
+    }
+}
+
+/// A new connection to a ClusterIP on a port or protocol none of its Services has is
+/// refused at once (kube-proxy's nftables `cluster-ips-check`), from another machine and
+/// from the node itself; the Services' own ports still answer.
+#[test]
+fn a_cluster_ip_refuses_ports_its_services_do_not_have() {
+    let t = Topology::new(1);
+    let _backends = t.start_backends(8080);
+    t.write_manifest(
+        "web.yaml",
+        &service_yaml("web", "10.96.0.30", &[("http", "TCP", 80, 8080)], &pods(&[0])),
+    );
+    t.write_manifest(
+        "dns.yaml",
+        &service_yaml("dns", "10.96.0.31", &[("dns", "UDP", 53, 8080)], &pods(&[0])),
+    );
+    let _cp = t.start_control_plane();
+    let _dp = t.start_dataplane();
+    t.wait_answered_by("10.96.0.30", 80, "pod0");
+    wait_for("the UDP Service to answer", DEADLINE, || {
+        (t.client.run_in(|| connected_udp(sock("10.96.0.31", 53))) == Answer::From("pod0".into()))
+            .then_some(())
+    });
+    let refused_at_once = |ns: &kpx_e2e::netns::Netns, what: &str, request: fn() -> Answer| {
+        let started = Instant::now();
+        let answer = ns.run_in(request);
+        assert_eq!(answer, Answer::Refused, "{what}");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{what}: refused at once, took {:?}",
+            started.elapsed()
+        );
+    };
+    refused_at_once(&t.client, "TCP to a port the Service lacks", || tcp_request(sock("10.96.0.30", 81)));
+    refused_at_once(&t.client, "UDP to a TCP-only port", || connected_udp(sock("10.96.0.30", 80)));
+    refused_at_once(&t.client, "one Service's IP with another's port", || {
+        connected_udp(sock("10.96.0.30", 53))
+    });
+    refused_at_once(&t.client, "TCP to a UDP-only Service", || tcp_request(sock("10.96.0.31", 53)));
+    refused_at_once(&t.node, "from the node itself", || tcp_request(sock("10.96.0.30", 81)));
+    assert_eq!(t.client.run_in(|| tcp_request(sock("10.96.0.30", 80))), Answer::From("pod0".into()));
+    assert_eq!(t.node.run_in(|| tcp_request(sock("10.96.0.30", 80))), Answer::From("pod0".into()));
+}
+
 /// A forwarded packet conntrack calls INVALID (SYN and FIN at once, from the client to a
 /// pod) is dropped in kpx's forward hook, as kube-proxy drops them: the kernel's counter on
 /// that rule counts each one.

@@ -81,6 +81,8 @@ pub enum Collection {
     LbFiltered(Family),
     LbAllowed(Family),
     Hairpin(Family),
+    /// Every ClusterIP: traffic still addressed to one after DNAT matched no port of it.
+    ClusterIps(Family),
 }
 
 impl Collection {
@@ -97,7 +99,8 @@ impl Collection {
             | Collection::LocalCidrs(f)
             | Collection::LbFiltered(f)
             | Collection::LbAllowed(f)
-            | Collection::Hairpin(f) => f,
+            | Collection::Hairpin(f)
+            | Collection::ClusterIps(f) => f,
         }
     }
 
@@ -115,6 +118,7 @@ impl Collection {
             Collection::LbFiltered(_) => "lb-filtered",
             Collection::LbAllowed(_) => "lb-allowed",
             Collection::Hairpin(_) => "hairpin",
+            Collection::ClusterIps(_) => "cluster-ips",
         };
         format!("{base}-{}", self.family().suffix())
     }

@@ -58,6 +58,7 @@ fn render_port(pf: &PortFamily, ctx: &NodeContext, rules: &mut ServiceRules) {
         let mut add = |e: Element| rules.elements.push((key.clone(), e));
         if entry.kind == EntryKind::ClusterIp {
             add(Element::set(Collection::ClusterEntries(f), &key));
+            rules.shared.insert(Element::set(Collection::ClusterIps(f), entry.address.to_string()));
         }
         let main = pf.main_set(entry.kind);
         let main_target = if main == EndpointSet::External { &external_target } else { &cluster_target };
@@ -167,7 +168,8 @@ mod tests {
             "add element inet kpx service-ips-v4 { 10.96.0.10 . tcp . 80 : goto pick-v4-2 }\n\
              add element inet kpx endpoints-v4 { 10.96.0.10 . tcp . 80 . 0 : 10.244.0.1 . 8080, 10.96.0.10 . tcp . 80 . 1 : 10.244.0.2 . 8080 }\n\
              add element inet kpx cluster-entries-v4 { 10.96.0.10 . tcp . 80 }\n\
-             add element inet kpx hairpin-v4 { 10.244.0.1 . 10.244.0.1, 10.244.0.2 . 10.244.0.2 }\n"
+             add element inet kpx hairpin-v4 { 10.244.0.1 . 10.244.0.1, 10.244.0.2 . 10.244.0.2 }\n\
+             add element inet kpx cluster-ips-v4 { 10.96.0.10 }\n"
         );
         assert_eq!(rules.max_endpoints, 2);
     }

@@ -14,7 +14,10 @@
 //! 4. picks an endpoint of the Service's cluster set (`service-ips`).
 //!
 //! Services without endpoints are rejected in the filter hooks, before they
-//! could leave the node.
+//! could leave the node; so is, after DNAT (`cluster-ips-check`), a new connection
+//! still addressed to a ClusterIP: a port or protocol no Service has there
+//! (kube-proxy's nftables mode does the same). Forwarded packets conntrack calls
+//! invalid are dropped.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -120,6 +123,7 @@ pub fn skeleton(context: &NodeContext, pick_chains: usize, picks: PickChains) ->
     super::render::element_commands(&mut s, "add", &local_cidrs);
     let _ = writeln!(s, "add chain {t} services");
     let _ = writeln!(s, "add chain {t} reject-no-endpoints");
+    let _ = writeln!(s, "add chain {t} cluster-ips-check");
     let _ = writeln!(s, "add chain {t} {CANARY}\nadd rule {t} {CANARY} counter comment \"{CANARY_COMMENT}\"");
     let mark = mark_for_masquerade();
     for f in Family::ALL {
@@ -164,6 +168,12 @@ pub fn skeleton(context: &NodeContext, pick_chains: usize, picks: PickChains) ->
             "add rule {t} reject-no-endpoints ct state new {entry} @{} reject",
             name(Collection::NoEndpoints(f))
         );
+        // After DNAT, a packet still addressed to a ClusterIP matched none of its ports.
+        let _ = writeln!(
+            s,
+            "add rule {t} cluster-ips-check {nft} daddr @{} reject",
+            name(Collection::ClusterIps(f))
+        );
     }
     // Base chains. `priority dstnat` is not accepted on the output hook by nft 1.0.6, hence -100.
     let _ = writeln!(
@@ -201,7 +211,17 @@ pub fn skeleton(context: &NodeContext, pick_chains: usize, picks: PickChains) ->
             let _ = writeln!(s, "add rule {t} filter-forward ct state invalid counter drop");
         }
         let _ = writeln!(s, "add rule {t} filter-{hook} jump reject-no-endpoints");
+        if hook != "output" {
+            // Input and forward run after prerouting's DNAT.
+            let _ = writeln!(s, "add rule {t} filter-{hook} ct state new jump cluster-ips-check");
+        }
     }
+    // Output's DNAT is at priority -100: the check comes after it.
+    let _ = writeln!(
+        s,
+        "add chain {t} filter-output-post-dnat {{ type filter hook output priority 0 ; policy accept ; }}"
+    );
+    let _ = writeln!(s, "add rule {t} filter-output-post-dnat ct state new jump cluster-ips-check");
     if picks == PickChains::Write {
         for (set, f) in pick_chain_kinds() {
             for n in 1..=pick_chains {
@@ -249,6 +269,7 @@ fn declare_collections(s: &mut String, f: Family) {
     let _ =
         writeln!(s, "add set {t} {} {{ type {addr} ; flags interval ; }}", Collection::LocalCidrs(f).name());
     let _ = writeln!(s, "add set {t} {} {{ type {addr} . {addr} ; }}", Collection::Hairpin(f).name());
+    let _ = writeln!(s, "add set {t} {} {{ type {addr} ; }}", Collection::ClusterIps(f).name());
 }
 
 /// A chain that picks one of `endpoints` endpoints of a set evenly.
