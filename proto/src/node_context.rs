@@ -15,10 +15,40 @@ use crate::types::NodeConfig;
 pub struct ProxySettings {
     /// Masquerade all traffic to ClusterIPs.
     pub masquerade_all: bool,
-    /// NodePorts open on the node's addresses inside these prefixes; empty: all of them.
-    pub nodeport_cidrs: Vec<IpNet>,
+    /// Which of the node's addresses NodePorts open on.
+    pub nodeport_addresses: NodePortAddresses,
     /// Pod traffic comes from these prefixes; empty: what the node's config says.
     pub cluster_cidrs: Vec<IpNet>,
+}
+
+/// kube-proxy's `nodePortAddresses`: which of the node's addresses NodePorts open on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum NodePortAddresses {
+    /// Every one (kube-proxy's default with iptables and IPVS).
+    #[default]
+    All,
+    /// The node's primary address of each family: the first its config lists, InternalIPs
+    /// coming before ExternalIPs (`"primary"`; kube-proxy's default with nftables).
+    Primary,
+    /// Those inside these prefixes.
+    Cidrs(Vec<IpNet>),
+}
+
+impl NodePortAddresses {
+    /// Which of `addresses` (as the node config lists them) NodePorts open on.
+    pub fn select(&self, addresses: &[IpAddr]) -> Vec<IpAddr> {
+        match self {
+            NodePortAddresses::All => addresses.to_vec(),
+            NodePortAddresses::Primary => Family::ALL
+                .into_iter()
+                .filter_map(|f| addresses.iter().find(|a| Family::of(a) == f))
+                .copied()
+                .collect(),
+            NodePortAddresses::Cidrs(cidrs) => {
+                addresses.iter().filter(|a| cidrs.iter().any(|c| c.contains(*a))).copied().collect()
+            }
+        }
+    }
 }
 
 /// kube-proxy's local-traffic detector: traffic from these prefixes comes from pods.
@@ -77,13 +107,7 @@ impl NodeContext {
     /// `--cluster-cidr` of the agent wins over the node config's local-traffic CIDRs.
     pub fn derive(settings: &ProxySettings, node: Option<&NodeConfig>) -> NodeContext {
         let node_addresses: Vec<IpAddr> = node.map(|n| n.addresses.clone()).unwrap_or_default();
-        let nodeport_addresses = node_addresses
-            .iter()
-            .filter(|a| {
-                settings.nodeport_cidrs.is_empty() || settings.nodeport_cidrs.iter().any(|c| c.contains(*a))
-            })
-            .copied()
-            .collect();
+        let nodeport_addresses = settings.nodeport_addresses.select(&node_addresses);
         let local = if settings.cluster_cidrs.is_empty() {
             LocalDetector::new(node.map(|n| n.local_traffic_cidrs().to_vec()).unwrap_or_default())
         } else {
@@ -110,12 +134,26 @@ mod tests {
     fn nodeport_addresses_are_the_node_addresses_inside_the_prefixes() {
         let all = NodeContext::derive(&ProxySettings::default(), Some(&node()));
         assert_eq!(all.nodeport_addresses, all.node_addresses);
-        let settings =
-            ProxySettings { nodeport_cidrs: vec!["10.0.0.0/8".parse().expect("cidr")], ..Default::default() };
+        let settings = ProxySettings {
+            nodeport_addresses: NodePortAddresses::Cidrs(vec!["10.0.0.0/8".parse().expect("cidr")]),
+            ..Default::default()
+        };
         let some = NodeContext::derive(&settings, Some(&node()));
         assert_eq!(some.nodeport_addresses, vec!["10.0.0.1".parse::<IpAddr>().expect("ip")]);
         assert_eq!(some.node_addresses.len(), 2, "every node address still counts as the node's");
         assert_eq!(NodeContext::derive(&settings, None), NodeContext::default());
+    }
+
+    #[test]
+    fn primary_node_port_addresses_are_the_first_of_each_family() {
+        let ip = |s: &str| s.parse::<IpAddr>().expect("ip");
+        let mut node = node();
+        node.addresses = vec![ip("10.0.0.1"), ip("fd00::1"), ip("10.0.1.1"), ip("fd00::2"), ip("192.0.2.1")];
+        let settings = ProxySettings { nodeport_addresses: NodePortAddresses::Primary, ..Default::default() };
+        let context = NodeContext::derive(&settings, Some(&node));
+        assert_eq!(context.nodeport_addresses, [ip("10.0.0.1"), ip("fd00::1")]);
+        node.addresses.retain(IpAddr::is_ipv6);
+        assert_eq!(NodeContext::derive(&settings, Some(&node)).nodeport_addresses, [ip("fd00::1")]);
     }
 
     #[test]

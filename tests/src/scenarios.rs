@@ -196,7 +196,9 @@ fn wait_udp_answered_by(ns: &Netns, to: SocketAddr, expected: &str) {
 
 /// NodePort on the node's addresses inside `--nodeport-addresses`, TCP and UDP, masqueraded
 /// (policy Cluster); not on another node address, not on 127.0.0.1. SCTP: rules only (no SCTP
-/// sockets on this kernel; SCTP traffic is proven in the VM).
+/// sockets on this kernel; SCTP traffic is proven in the VM). `primary`: only on the node's
+/// primary address of each family; without the flag, kube-proxy's default of the backend
+/// (`primary` with nftables, every node address otherwise).
 pub fn node_port(backend: ProxyBackend) {
     let spec = "  type: NodePort\n  clusterIP: 10.96.1.1\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30080}\n  - {name: dns, protocol: UDP, port: 53, nodePort: 30053}\n  - {name: sctp, protocol: SCTP, port: 9, nodePort: 30009}\n";
     let eps = [ep(pod(0)), ep(pod(1))];
@@ -224,6 +226,24 @@ pub fn node_port(backend: ProxyBackend) {
         "no NodePort on loopback"
     );
     assert!(s.rules_mention("30009"), "the SCTP NodePort is programmed");
+
+    let mut s = s;
+    for (flags, second_address_open) in
+        [(&["--nodeport-addresses=primary"][..], false), (&[][..], backend != ProxyBackend::Nftables)]
+    {
+        s.dp.kill();
+        s.dp = s.t.start_dataplane_with(backend, flags);
+        s.dp.wait_event("the restarted agent programmed its state", DEADLINE, |e| {
+            e["message"] == "programmed stored state"
+        });
+        wait_answered_by(&s.t.client, sock(NODE_IP, 30080), &["pod0", "pod1"]);
+        let second = s.t.client.run_in(|| tcp_request(sock(NODE_IP_2, 30080)));
+        if second_address_open {
+            assert!(matches!(second, Answer::From(_)), "{flags:?}: every node address: {second:?}");
+        } else {
+            assert_eq!(second, Answer::Refused, "{flags:?}: the primary address only");
+        }
+    }
 }
 
 /// External IPs and load-balancer IPs; source ranges filter the load-balancer IPs only; a node

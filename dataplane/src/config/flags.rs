@@ -30,10 +30,12 @@ pub struct Flags {
     /// Masquerade all Service traffic (kube-proxy's masqueradeAll).
     #[arg(long)]
     pub masquerade_all: bool,
-    /// Open NodePorts only on the node's addresses inside these prefixes (comma-separated);
-    /// default: on all of the node's addresses (never on loopback).
-    #[arg(long, value_delimiter = ',', value_parser = parse_cidr)]
-    pub nodeport_addresses: Option<Vec<IpNet>>,
+    /// Open NodePorts only on the node's addresses inside these prefixes (comma-separated),
+    /// or `primary`: on the node's primary address of each family. Default: `primary` with
+    /// nftables, all of the node's addresses with iptables and IPVS (as kube-proxy); never
+    /// on loopback.
+    #[arg(long, value_delimiter = ',')]
+    pub nodeport_addresses: Option<Vec<String>>,
     /// Pod CIDRs for local-traffic detection (comma-separated); default: the control plane's.
     #[arg(long, value_delimiter = ',', value_parser = parse_cidr)]
     pub cluster_cidr: Option<Vec<IpNet>>,

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use kpx_proto::cli::parse_duration;
-use kpx_proto::node_context::ProxySettings;
+use kpx_proto::node_context::{NodePortAddresses, ProxySettings};
 
 pub use flags::{BackendKind, Flags, IptablesMode};
 
@@ -125,6 +125,18 @@ fn cidrs(field: &str, texts: &[String]) -> Result<Vec<IpNet>, ConfigError> {
         .collect()
 }
 
+/// `nodePortAddresses`: CIDRs, or `primary` alone.
+fn nodeport_addresses(field: &str, texts: &[String]) -> Result<NodePortAddresses, ConfigError> {
+    match texts.iter().position(|t| t.trim() == "primary") {
+        Some(_) if texts.len() == 1 => Ok(NodePortAddresses::Primary),
+        Some(i) => Err(ConfigError::field(
+            &format!("{field}[{i}]"),
+            "\"primary\" stands alone: it cannot be combined with CIDRs",
+        )),
+        None => cidrs(field, texts).map(NodePortAddresses::Cidrs),
+    }
+}
+
 fn address(field: &str, text: Option<&str>) -> Result<Option<SocketAddr>, ConfigError> {
     text.map(|t| t.parse().map_err(|_| ConfigError::field(field, format!("{t:?} is not ADDRESS:PORT"))))
         .transpose()
@@ -174,10 +186,12 @@ impl AgentConfig {
         let backend = Self::backend(&flags, kind, &kpx, file.ipvs.as_ref())?;
         let proxy = ProxySettings {
             masquerade_all: flags.masquerade_all || section.masquerade_all.unwrap_or(false),
-            nodeport_cidrs: match (flags.nodeport_addresses, &file.node_port_addresses) {
-                (Some(c), _) => c,
-                (None, Some(texts)) => cidrs("nodePortAddresses", texts)?,
-                (None, None) => Vec::new(),
+            nodeport_addresses: match (&flags.nodeport_addresses, &file.node_port_addresses) {
+                (Some(texts), _) => nodeport_addresses("--nodeport-addresses", texts)?,
+                (None, Some(texts)) if !texts.is_empty() => nodeport_addresses("nodePortAddresses", texts)?,
+                // kube-proxy's defaults (cmd/kube-proxy: "primary" for nftables only).
+                _ if kind == BackendKind::Nftables => NodePortAddresses::Primary,
+                _ => NodePortAddresses::All,
             },
             cluster_cidrs: match (flags.cluster_cidr, &file.cluster_cidr) {
                 (Some(c), _) => c,
@@ -424,6 +438,34 @@ mod tests {
         .expect("valid");
         assert_eq!((flagged.backend.kind(), run(&flagged).node_name.as_str()), (BackendKind::Nftables, "x"));
         assert!(!flagged.proxy.masquerade_all, "the nftables section applies to mode nftables");
+    }
+
+    #[test]
+    fn node_port_addresses_take_cidrs_or_primary_and_default_as_kube_proxy() {
+        let addresses = |text: &str, flags: Flags| with_file(text, flags).map(|c| c.proxy.nodeport_addresses);
+        let nft = |f: Flags| Flags { backend: Some(BackendKind::Nftables), ..f };
+        let ipt = |f: Flags| Flags { backend: Some(BackendKind::Iptables), ..f };
+        assert_eq!(addresses("{}\n", nft(cleanup())).expect("valid"), NodePortAddresses::Primary);
+        assert_eq!(addresses("{}\n", ipt(cleanup())).expect("valid"), NodePortAddresses::All);
+        assert_eq!(
+            addresses("nodePortAddresses: []\n", nft(cleanup())).expect("valid"),
+            NodePortAddresses::Primary
+        );
+        assert_eq!(
+            addresses("nodePortAddresses: [primary]\n", ipt(cleanup())).expect("valid"),
+            NodePortAddresses::Primary
+        );
+        let cidr = addresses(
+            "{}\n",
+            nft(Flags { nodeport_addresses: Some(vec!["10.0.0.0/8".into()]), ..cleanup() }),
+        );
+        assert_eq!(cidr.expect("valid"), NodePortAddresses::Cidrs(vec!["10.0.0.0/8".parse().expect("cidr")]));
+        let err = addresses("nodePortAddresses: [10.0.0.0/8, primary]\n", ipt(cleanup())).expect_err("mixed");
+        assert!(err.to_string().contains("nodePortAddresses[1]"), "{err}");
+        let flag =
+            Flags { nodeport_addresses: Some(vec!["primary".into(), "10.0.0.0/8".into()]), ..cleanup() };
+        let err = addresses("{}\n", flag).expect_err("mixed");
+        assert!(err.to_string().contains("--nodeport-addresses[0]"), "{err}");
     }
 
     #[test]

@@ -47,10 +47,14 @@ struct NodeAddress {
 }
 
 pub(super) fn node(m: NodeManifest) -> Result<Node, FieldError> {
+    // InternalIPs first, then ExternalIPs: the first of each family is the node's primary
+    // address (as kubelet and kube-proxy choose it).
     let mut addresses = Vec::new();
-    for (i, a) in m.status.addresses.iter().enumerate() {
-        if a.address_type == "InternalIP" || a.address_type == "ExternalIP" {
-            addresses.push(ip(format!("status.addresses[{i}].address"), &a.address)?);
+    for wanted in ["InternalIP", "ExternalIP"] {
+        for (i, a) in m.status.addresses.iter().enumerate() {
+            if a.address_type == wanted {
+                addresses.push(ip(format!("status.addresses[{i}].address"), &a.address)?);
+            }
         }
     }
     let mut pod_cidrs = Vec::new();
@@ -95,5 +99,13 @@ mod tests {
             "taints: [{key: ToBeDeletedByClusterAutoscaler, value: '1764756000', effect: NoSchedule}]"
         ));
         assert!(!being_deleted(", deletionTimestamp: null", ""));
+    }
+
+    #[test]
+    fn internal_addresses_come_before_external_ones() {
+        let text = "kind: Node\nmetadata: {name: n1}\nstatus:\n  addresses:\n  - {type: ExternalIP, address: 192.0.2.1}\n  - {type: Hostname, address: n1}\n  - {type: InternalIP, address: 10.0.0.1}\n  - {type: InternalIP, address: 'fd00::1'}\n";
+        let Some(Ok(Object::Node(node))) = parse(text).pop() else { panic!("not a Node") };
+        let shown: Vec<String> = node.addresses.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["10.0.0.1", "fd00::1", "192.0.2.1"]);
     }
 }
