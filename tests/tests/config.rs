@@ -61,3 +61,36 @@ fn a_kube_proxy_configuration_file_drives_the_agent_and_bad_fields_are_named() {
         "the flag and the choices: {message}"
     );
 }
+
+/// kubeadm's kube-proxy ConfigMap (`config.conf`, as `kubeadm init` writes it) given
+/// unchanged, with the node's name and the control plane as flags: the agent starts,
+/// programs its Services, and warns once, naming the fields it does not act on.
+#[test]
+fn kubeadms_kube_proxy_configuration_is_taken_unchanged() {
+    use kpx_e2e::DEADLINE;
+    let t = Topology::new(1);
+    let _backends = t.start_backends(8080);
+    t.write_manifest("web.yaml", &web_on_pod0("web", "10.96.4.2"));
+    let _cp = t.start_control_plane();
+    let config = t.dir.path().join("config.conf");
+    let kubeadm =
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../dataplane/src/config/testdata/kubeadm-kube-proxy.yaml");
+    std::fs::copy(kubeadm, &config).expect("copy kubeadm's configuration");
+    let args = [
+        format!("--config={}", config.display()),
+        "--node-name=node-a".to_owned(),
+        format!("--control-plane=http://{CONTROL_PLANE_ADDR}"),
+        format!("--state-dir={}", t.dir.path().join("state").display()),
+    ];
+    let dp =
+        kpx_e2e::process::KpxProcess::start(&t.node, "kpx-dataplane", &args, t.dir.path().join("dp.log"));
+    let warning = dp.wait_event("the warning naming the ignored fields", DEADLINE, |e| {
+        e["level"] == "WARN" && e["message"].as_str().is_some_and(|m| m.contains("does not act on"))
+    });
+    let fields = warning["fields"].as_str().unwrap_or_default().to_owned();
+    for field in ["clientConnection", "oomScoreAdj", "conntrack.maxPerCore", "winkernel"] {
+        assert!(fields.contains(field), "{field} named in {fields}");
+    }
+    t.wait_answered_by("10.96.4.2", 80, "pod0");
+    assert!(t.ruleset().contains("table inet kpx"), "mode \"\": kpx's default backend, nftables");
+}

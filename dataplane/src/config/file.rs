@@ -1,5 +1,7 @@
-//! The KubeProxyConfiguration-style file of `--config`, read with every field checked: an
-//! unknown or unsupported one is an error naming it.
+//! The KubeProxyConfiguration-style file of `--config`, read with every field checked: the
+//! fields of kube-proxy's that kpx does not act on are taken out first ([`super::unused`]:
+//! ignored with a warning, or refused when set to what kpx does not do); then an unknown
+//! field is an error naming it.
 //!
 //! ```yaml
 //! apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -29,6 +31,8 @@ pub struct KubeProxyConfiguration {
     pub api_version: Option<String>,
     pub kind: Option<String>,
     pub mode: Option<String>,
+    /// Only `ClusterCIDR`, what kpx does.
+    pub detect_local_mode: Option<String>,
     pub hostname_override: Option<String>,
     #[serde(rename = "clusterCIDR")]
     pub cluster_cidr: Option<String>,
@@ -69,15 +73,21 @@ pub struct KpxSection {
     pub ipvs_drain_grace: Option<String>,
 }
 
-/// Reads and checks the file at `path`.
-pub fn read(path: &Path) -> Result<KubeProxyConfiguration, ConfigError> {
+/// Reads and checks the file at `path`; also returns the kube-proxy fields it ignored
+/// (see [`super::unused::take_out`]).
+pub fn read(path: &Path) -> Result<(KubeProxyConfiguration, Vec<String>), ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-    let de = serde_yaml::Deserializer::from_str(&text);
-    let file: KubeProxyConfiguration = serde_path_to_error::deserialize(de).map_err(|e| {
-        let field = e.path().to_string();
-        ConfigError::Unsupported { path: path.to_owned(), field, reason: e.into_inner().to_string() }
-    })?;
+    let unsupported =
+        |field: String, reason: String| ConfigError::Unsupported { path: path.to_owned(), field, reason };
+    let mut value: serde_yaml::Value =
+        serde_yaml::from_str(&text).map_err(|e| unsupported("<file>".into(), format!("not YAML: {e}")))?;
+    if value.is_null() {
+        value = serde_yaml::Value::Mapping(Default::default());
+    }
+    let ignored = super::unused::take_out(&mut value).map_err(|r| unsupported(r.field, r.reason))?;
+    let file: KubeProxyConfiguration = serde_path_to_error::deserialize(value)
+        .map_err(|e| unsupported(e.path().to_string(), e.into_inner().to_string()))?;
     if let Some(kind) = file.kind.as_deref().filter(|k| *k != "KubeProxyConfiguration") {
         return Err(ConfigError::field("kind", format!("{kind:?}: expected KubeProxyConfiguration")));
     }
@@ -87,5 +97,5 @@ pub fn read(path: &Path) -> Result<KubeProxyConfiguration, ConfigError> {
             format!("{v:?}: expected kubeproxy.config.k8s.io/v1alpha1"),
         ));
     }
-    Ok(file)
+    Ok((file, ignored))
 }

@@ -5,6 +5,7 @@
 
 pub mod file;
 pub mod flags;
+mod unused;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -150,9 +151,25 @@ impl AgentConfig {
     /// Flags over the file over defaults.
     pub fn resolve(flags: Flags) -> Result<AgentConfig, ConfigError> {
         let file = match &flags.config {
-            Some(path) => file::read(path)?,
+            Some(path) => {
+                let (file, ignored) = file::read(path)?;
+                if !ignored.is_empty() {
+                    tracing::warn!(
+                        config = %path.display(),
+                        fields = %ignored.join(", "),
+                        "kpx does not act on these kube-proxy configuration fields: ignored"
+                    );
+                }
+                file
+            }
             None => KubeProxyConfiguration::default(),
         };
+        if let Some(mode) = file.detect_local_mode.as_deref().filter(|m| *m != "ClusterCIDR") {
+            return Err(ConfigError::field(
+                "detectLocalMode",
+                format!("{mode:?}: kpx detects pod traffic by ClusterCIDR (clusterCIDR, else each node's pod CIDRs)"),
+            ));
+        }
         let kind = match (flags.backend, file.mode.as_deref()) {
             (Some(b), _) => b,
             (None, None | Some("") | Some("nftables")) => BackendKind::Nftables,
@@ -179,9 +196,12 @@ impl AgentConfig {
                 ));
             }
         }
-        let sync_period = duration(&format!("{section_name}.syncPeriod"), section.sync_period.as_deref())?;
+        // Zero, as kubeadm writes an unset period, means the default (as in kube-proxy).
+        let sync_period = duration(&format!("{section_name}.syncPeriod"), section.sync_period.as_deref())?
+            .filter(|d| !d.is_zero());
         let min_sync_period =
-            duration(&format!("{section_name}.minSyncPeriod"), section.min_sync_period.as_deref())?;
+            duration(&format!("{section_name}.minSyncPeriod"), section.min_sync_period.as_deref())?
+                .filter(|d| !d.is_zero());
         let kpx = file.kpx.unwrap_or_default();
         let backend = Self::backend(&flags, kind, &kpx, file.ipvs.as_ref())?;
         let proxy = ProxySettings {
@@ -441,6 +461,52 @@ mod tests {
     }
 
     #[test]
+    fn kubeadms_default_configuration_is_accepted_unchanged_and_the_ignored_fields_named() {
+        let text = include_str!("testdata/kubeadm-kube-proxy.yaml");
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("config.conf");
+        std::fs::write(&path, text).expect("write");
+        let (file, ignored) = file::read(&path).expect("kubeadm's defaults are accepted");
+        assert_eq!(file.mode, None, "empty strings are unset");
+        for field in [
+            "bindAddress",
+            "clientConnection",
+            "configSyncPeriod",
+            "logging",
+            "oomScoreAdj",
+            "winkernel",
+            "conntrack.maxPerCore (kube-proxy would size the conntrack table",
+            "conntrack.udpTimeout",
+            "ipvs.strictARP",
+        ] {
+            assert!(ignored.iter().any(|i| i.starts_with(field)), "{field} in {ignored:?}");
+        }
+        assert!(
+            !ignored.iter().any(|i| i.starts_with("iptables.masqueradeAll")),
+            "honoured fields are not ignored"
+        );
+        let c = with_file(text, running()).expect("valid");
+        assert_eq!(c.backend.kind(), BackendKind::Nftables);
+        assert_eq!(
+            run(&c).sync.full,
+            AgentConfig::resolve(running()).map(|d| run(&d).sync.full).expect("default")
+        );
+        assert_eq!(run(&c).listen.healthz.port(), 10256, "an empty address is the default");
+        // Unset in mode iptables, kube-proxy would open NodePorts on 127.0.0.1: said so.
+        let iptables = text.replace("mode: \"\"", "mode: iptables");
+        std::fs::write(&path, &iptables).expect("write");
+        let (_, ignored) = file::read(&path).expect("valid");
+        assert!(ignored.iter().any(|i| i.starts_with("iptables.localhostNodePorts")), "{ignored:?}");
+        let off = iptables.replace("localhostNodePorts: null", "localhostNodePorts: false");
+        std::fs::write(&path, off).expect("write");
+        let (_, ignored) = file::read(&path).expect("valid");
+        assert!(
+            !ignored.iter().any(|i| i.starts_with("iptables.localhostNodePorts")),
+            "false is what kpx does"
+        );
+    }
+
+    #[test]
     fn node_port_addresses_take_cidrs_or_primary_and_default_as_kube_proxy() {
         let addresses = |text: &str, flags: Flags| with_file(text, flags).map(|c| c.proxy.nodeport_addresses);
         let nft = |f: Flags| Flags { backend: Some(BackendKind::Nftables), ..f };
@@ -472,8 +538,17 @@ mod tests {
     fn unknown_or_bad_fields_are_named() {
         let message = |text: &str| with_file(text, cleanup()).expect_err("refused").to_string();
         let err = message("iptables: {localhostNodePorts: true}\n");
-        assert!(err.contains("iptables") && err.contains("unknown field `localhostNodePorts`"), "{err}");
-        assert!(message("conntrack: {maxPerCore: 0}\n").contains("unknown field `conntrack`"));
+        assert!(err.contains("iptables.localhostNodePorts") && err.contains("127.0.0.1"), "{err}");
+        let err = message("conntrack: {maxPerCore: 65536}\n");
+        assert!(err.contains("conntrack.maxPerCore") && err.contains("nf_conntrack_max"), "{err}");
+        assert!(message("ipvs: {strictARP: true}\n").contains("ipvs.strictARP"));
+        assert!(message("ipvs: {tcpTimeout: 15m}\n").contains("ipvs.tcpTimeout"));
+        assert!(message("nftables: {masqueradeBit: 14}\n").contains("nftables.masqueradeBit"));
+        assert!(message("detectLocalMode: InterfaceNamePrefix\n").contains("detectLocalMode"));
+        assert!(
+            message("detectLocal: {interfaceNamePrefix: veth}\n").contains("detectLocal.interfaceNamePrefix")
+        );
+        assert!(message("conntrak: {}\nclusterCIDR: 10.0.0.0/8\nfoo: 1\n").contains("unknown field `foo`"));
         let err = message("mode: userspace\n");
         assert!(err.contains("mode") && err.contains("userspace"), "{err}");
         assert!(message("nftables: {syncPeriod: soon}\n").contains("nftables.syncPeriod"));
