@@ -23,6 +23,13 @@ const FORMAT_KEY: &[u8] = b"format";
 const MANIFEST_KEY: &[u8] = b"manifest";
 const FORMAT: &[u8] = b"kpx-state-v2";
 const DB: &str = "state.sled";
+/// How long opening waits for the database's lock (see [`Store::open_unlocked`]).
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether opening failed because the database's lock is held.
+fn locked(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("could not acquire lock")
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -96,6 +103,23 @@ impl Store {
     /// Opens the store in `dir`. A database sled cannot open is moved aside
     /// (`state.sled.damaged-<unix seconds>`) and replaced by an empty one; [`Store::load`]
     /// then reports it as damaged.
+    /// Opens the database, waiting up to [`LOCK_WAIT`] while its lock is held: a handle
+    /// just dropped in this process (a store opened again after a failed write) lets go of
+    /// it only once sled's own threads have ended.
+    fn open_unlocked(path: &Path) -> Result<Open, StoreError> {
+        let started = std::time::Instant::now();
+        loop {
+            match Self::open_db(path) {
+                Err(StoreError::Open { source: sled::Error::Io(e), .. })
+                    if locked(&e) && started.elapsed() < LOCK_WAIT =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => return other,
+            }
+        }
+    }
+
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
         let path = dir.join(DB);
         let store = |open, replaced| Store {
@@ -105,13 +129,10 @@ impl Store {
             replaced,
             failed: false,
         };
-        match Self::open_db(&path) {
+        match Self::open_unlocked(&path) {
             Ok(open) => Ok(store(open, None)),
             // Another process holds it: not damage.
-            Err(StoreError::Open { source: sled::Error::Io(e), .. })
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.to_string().contains("could not acquire lock") =>
-            {
+            Err(StoreError::Open { source: sled::Error::Io(e), .. }) if locked(&e) => {
                 Err(StoreError::Open { path: path.display().to_string(), source: sled::Error::Io(e) })
             }
             Err(e) => {

@@ -22,6 +22,7 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("ipvs_restart_keeps_traffic", restart_keeps_traffic),
     ("ipvs_drains_removed_endpoints", drains_removed_endpoints),
     ("ipvs_schedulers", schedulers),
+    ("ipvs_strict_arp", strict_arp),
 ];
 
 /// The scenarios only the VM runs, with every backend.
@@ -317,4 +318,49 @@ pub fn sctp(backend: ProxyBackend) {
             (seen == [Answer::From("pod0".into()), Answer::From("pod1".into())].into()).then_some(())
         });
     }
+}
+
+/// `--ipvs-strict-arp` (kube-proxy's `ipvs.strictARP`): a client that ARPs for a
+/// load-balancer IP on its link (a route on-link, as a layer-2 load balancer's peers do) is
+/// answered by the node while the address sits on kpx's dummy interface; with strict ARP
+/// the node no longer answers for it (and the connection fails), while the ClusterIP still
+/// works. kube-proxy's IPVS sysctls are set either way.
+pub fn strict_arp(backend: ProxyBackend) {
+    let spec = "  type: LoadBalancer\n  clusterIP: 10.96.2.8\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30098}\n";
+    let status = "  loadBalancer: {ingress: [{ip: 192.0.2.78}]}\n";
+    let manifest = documents(&[
+        service("arp", spec, status),
+        slice("arp", "arp-1", false, &[("http", "TCP", 8080)], &[ep(Topology::pod_ip(0))]),
+    ]);
+    let mut s = Scene::start(backend, 1, &[("arp.yaml", manifest)], &[], &[]);
+    let lb = sock("192.0.2.78", 80);
+    s.t.client.ip(&["route", "add", "192.0.2.78/32", "dev", "eth0"]);
+    wait_for("the load-balancer IP, resolved by ARP on the link, to answer", DEADLINE, || {
+        (s.t.client.run_in(move || tcp_request(lb)) == Answer::From("pod0".into())).then_some(())
+    });
+    let sysctl = |name: &str| s.t.node.exec("sysctl", &["-n", name]).trim().to_owned();
+    assert_eq!(sysctl("net.ipv4.vs.expire_quiescent_template"), "1");
+    assert_eq!(sysctl("net.ipv4.conf.all.arp_ignore"), "0", "no strict ARP unless asked");
+
+    s.dp.kill();
+    s.dp = s.t.start_dataplane_with(backend, &["--ipvs-strict-arp"]);
+    s.dp.wait_event("the restarted agent programmed its state", DEADLINE, |e| {
+        e["message"] == "programmed stored state"
+    });
+    assert_eq!(
+        (sysctl("net.ipv4.conf.all.arp_ignore"), sysctl("net.ipv4.conf.all.arp_announce")),
+        ("1".into(), "2".into())
+    );
+    s.t.client.ip(&["neigh", "flush", "dev", "eth0"]);
+    let answer = s.t.client.run_in(move || tcp_request(lb));
+    assert!(
+        matches!(answer, Answer::Failed(_)),
+        "strict ARP: the node does not answer ARP for the LB IP: {answer:?}"
+    );
+    let vip = sock("10.96.2.8", 80);
+    assert_eq!(
+        s.t.client.run_in(move || tcp_request(vip)),
+        Answer::From("pod0".into()),
+        "the ClusterIP, routed, still works"
+    );
 }

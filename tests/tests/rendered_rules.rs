@@ -218,8 +218,11 @@ fn ipvs_sets_and_chains_are_accepted_and_a_change_equals_a_full_sync() {
                 sysctl: Box::new(FakeSysctl::new()),
                 conntrack: Arc::new(ConntrackProcess),
             };
-            let options =
-                IpvsOptions { scheduler: "rr".into(), drain_grace: std::time::Duration::from_secs(900) };
+            let options = IpvsOptions {
+                scheduler: "rr".into(),
+                drain_grace: std::time::Duration::from_secs(900),
+                strict_arp: false,
+            };
             Box::new(IpvsBackend::new(options, kernel))
         },
         ipvs_dump,

@@ -54,6 +54,9 @@ pub struct ModeSection {
     pub min_sync_period: Option<String>,
     /// ipvs only.
     pub scheduler: Option<String>,
+    /// ipvs only.
+    #[serde(rename = "strictARP")]
+    pub strict_arp: Option<bool>,
 }
 
 /// `kpx:`: what kube-proxy's file has no field for.

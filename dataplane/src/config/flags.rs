@@ -61,6 +61,10 @@ pub struct Flags {
     /// removed (it takes no new ones meanwhile) [default: 15m].
     #[arg(long, value_parser = parse_duration)]
     pub ipvs_drain_grace: Option<Duration>,
+    /// With `--backend ipvs`: answer ARP only for addresses of the interface asked on, so the
+    /// Service addresses kpx binds are not announced (kube-proxy's `ipvs.strictARP`).
+    #[arg(long)]
+    pub ipvs_strict_arp: bool,
     /// The admin gRPC API (kpx.admin.v1.NodeAdmin, health, reflection) [default: 127.0.0.1:18001].
     #[arg(long)]
     pub admin_listen: Option<SocketAddr>,

@@ -195,6 +195,12 @@ impl AgentConfig {
                     "only the ipvs section has a scheduler",
                 ));
             }
+            if other.as_ref().is_some_and(|s| s.strict_arp.is_some()) {
+                return Err(ConfigError::field(
+                    &format!("{name}.strictARP"),
+                    "only the ipvs section has strictARP",
+                ));
+            }
         }
         // Zero, as kubeadm writes an unset period, means the default (as in kube-proxy).
         let sync_period = duration(&format!("{section_name}.syncPeriod"), section.sync_period.as_deref())?
@@ -325,7 +331,8 @@ impl AgentConfig {
             BackendKind::Nftables => BackendConfig::Nftables,
             BackendKind::Iptables => BackendConfig::Iptables { mode },
             BackendKind::Ipvs => {
-                BackendConfig::Ipvs { mode, options: IpvsOptions { scheduler, drain_grace } }
+                let strict_arp = flags.ipvs_strict_arp || ipvs.and_then(|s| s.strict_arp).unwrap_or(false);
+                BackendConfig::Ipvs { mode, options: IpvsOptions { scheduler, drain_grace, strict_arp } }
             }
         })
     }
@@ -477,7 +484,6 @@ mod tests {
             "winkernel",
             "conntrack.maxPerCore (kube-proxy would size the conntrack table",
             "conntrack.udpTimeout",
-            "ipvs.strictARP",
         ] {
             assert!(ignored.iter().any(|i| i.starts_with(field)), "{field} in {ignored:?}");
         }
@@ -541,7 +547,7 @@ mod tests {
         assert!(err.contains("iptables.localhostNodePorts") && err.contains("127.0.0.1"), "{err}");
         let err = message("conntrack: {maxPerCore: 65536}\n");
         assert!(err.contains("conntrack.maxPerCore") && err.contains("nf_conntrack_max"), "{err}");
-        assert!(message("ipvs: {strictARP: true}\n").contains("ipvs.strictARP"));
+        assert!(message("nftables: {strictARP: true}\n").contains("nftables.strictARP"));
         assert!(message("ipvs: {tcpTimeout: 15m}\n").contains("ipvs.tcpTimeout"));
         assert!(message("nftables: {masqueradeBit: 14}\n").contains("nftables.masqueradeBit"));
         assert!(message("detectLocalMode: InterfaceNamePrefix\n").contains("detectLocalMode"));
@@ -645,7 +651,10 @@ mod tests {
         };
         let c = with_file("mode: ipvs\nipvs: {scheduler: mh}\nkpx: {ipvsDrainGrace: 30s}\n", cleanup())
             .expect("valid");
-        assert_eq!(ipvs(&c), IpvsOptions { scheduler: "mh".into(), drain_grace: Duration::from_secs(30) });
+        assert_eq!(
+            ipvs(&c),
+            IpvsOptions { scheduler: "mh".into(), drain_grace: Duration::from_secs(30), strict_arp: false }
+        );
         let flags =
             Flags { ipvs_scheduler: Some("wlc".into()), backend: Some(BackendKind::Ipvs), ..cleanup() };
         assert_eq!(ipvs(&with_file("ipvs: {scheduler: mh}\n", flags).expect("valid")).scheduler, "wlc");
@@ -653,12 +662,16 @@ mod tests {
             AgentConfig::resolve(Flags { backend: Some(BackendKind::Ipvs), ..cleanup() }).expect("defaults");
         assert_eq!(
             ipvs(&defaults),
-            IpvsOptions { scheduler: "rr".into(), drain_grace: Duration::from_secs(900) }
+            IpvsOptions { scheduler: "rr".into(), drain_grace: Duration::from_secs(900), strict_arp: false }
         );
         let message = |text: &str| with_file(text, cleanup()).expect_err("refused").to_string();
         let err = message("ipvs: {scheduler: fastest}\n");
         assert!(err.contains("ipvs.scheduler") && err.contains("fastest"), "{err}");
         assert!(message("nftables: {scheduler: rr}\n").contains("nftables.scheduler"));
         assert!(message("kpx: {ipvsDrainGrace: later}\n").contains("kpx.ipvsDrainGrace"));
+        let strict = with_file("mode: ipvs\nipvs: {strictARP: true}\n", cleanup()).expect("valid");
+        assert!(ipvs(&strict).strict_arp, "ipvs.strictARP");
+        let flag = Flags { ipvs_strict_arp: true, backend: Some(BackendKind::Ipvs), ..cleanup() };
+        assert!(ipvs(&AgentConfig::resolve(flag).expect("valid")).strict_arp, "--ipvs-strict-arp");
     }
 }

@@ -63,7 +63,6 @@ const FIELDS: &[(&str, Unused)] = &[
     ("nftables.masqueradeBit", Unused::NotDone(MASQUERADE_BIT)),
     ("iptables.localhostNodePorts", Unused::LocalhostNodePorts),
     ("ipvs.excludeCIDRs", Unused::NotDone("kpx's IPVS backend removes only the virtual services it made")),
-    ("ipvs.strictARP", Unused::NotDone("kpx does not change the node's ARP settings")),
     ("ipvs.tcpTimeout", Unused::NotDone(IPVS_TIMEOUTS)),
     ("ipvs.tcpFinTimeout", Unused::NotDone(IPVS_TIMEOUTS)),
     ("ipvs.udpTimeout", Unused::NotDone(IPVS_TIMEOUTS)),

@@ -137,8 +137,11 @@ fn main() {
             }
             match open_socket() {
                 Ok(_) => {
-                    let options =
-                        IpvsOptions { scheduler: "rr".into(), drain_grace: Duration::from_secs(900) };
+                    let options = IpvsOptions {
+                        scheduler: "rr".into(),
+                        drain_grace: Duration::from_secs(900),
+                        strict_arp: false,
+                    };
                     let kernel = IpvsKernel::system(Flavour::detect(), std::sync::Arc::new(ConntrackProcess));
                     measure("ipvs", &mut IpvsBackend::new(options, kernel), services)
                 }

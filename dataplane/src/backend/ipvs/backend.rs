@@ -44,6 +44,10 @@ pub struct IpvsOptions {
     pub scheduler: String,
     /// How long a removed destination may keep its connections before it is deleted.
     pub drain_grace: Duration,
+    /// kube-proxy's `ipvs.strictARP`: the node answers ARP only for addresses of the
+    /// interface asked on, so the Service addresses on kpx's dummy interface are not
+    /// announced (what MetalLB's layer-2 mode needs).
+    pub strict_arp: bool,
 }
 
 /// The kernel facilities the IPVS backend drives.
@@ -85,8 +89,19 @@ pub struct IpvsBackend {
 /// IPVS settings of the node's namespace (present once ip_vs is loaded, which talking to
 /// IPVS does): IPVS keeps conntrack entries, so iptables can masquerade what it forwards;
 /// a packet of a connection whose destination was removed expires that connection, so it
-/// is scheduled again (a UDP client that keeps its socket reaches a live endpoint).
-const SYSCTLS: [(&str, &str); 2] = [("net.ipv4.vs.conntrack", "1"), ("net.ipv4.vs.expire_nodest_conn", "1")];
+/// is scheduled again (a UDP client that keeps its socket reaches a live endpoint); a
+/// persistence template whose destination is quiescent (weight 0, draining) expires, so
+/// a client with session affinity moves on (kube-proxy sets the same three).
+const SYSCTLS: [(&str, &str); 3] = [
+    ("net.ipv4.vs.conntrack", "1"),
+    ("net.ipv4.vs.expire_nodest_conn", "1"),
+    ("net.ipv4.vs.expire_quiescent_template", "1"),
+];
+
+/// `strictARP`: reply to ARP only for addresses of the interface asked on, and announce
+/// only such addresses (kube-proxy's values).
+const STRICT_ARP: [(&str, &str); 2] =
+    [("net.ipv4.conf.all.arp_ignore", "1"), ("net.ipv4.conf.all.arp_announce", "2")];
 
 /// The entry points named in kpx's sets as `ipset save` shows them (what an earlier run
 /// programmed, NodePorts on node addresses included).
@@ -248,7 +263,8 @@ impl IpvsBackend {
         }
         self.kernel.ipvs.reset();
         let current = self.kernel.ipvs.services()?;
-        for (name, value) in SYSCTLS {
+        let strict_arp: &[(&str, &str)] = if self.options.strict_arp { &STRICT_ARP } else { &[] };
+        for (name, value) in SYSCTLS.iter().chain(strict_arp) {
             self.kernel.sysctl.set(name, value)?;
         }
         let services: Vec<(VirtualService, Vec<Destination>)> = table.services().cloned().collect();

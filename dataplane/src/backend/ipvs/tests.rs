@@ -14,7 +14,7 @@ use crate::exec::ipvs::{Destination, Ipvs, ServiceKey, VirtualService, PROTO_TCP
 use crate::state::NodeState;
 
 fn backend(kernel: &FakeKernel, grace: Duration) -> IpvsBackend {
-    let options = IpvsOptions { scheduler: "rr".into(), drain_grace: grace };
+    let options = IpvsOptions { scheduler: "rr".into(), drain_grace: grace, strict_arp: false };
     let handles = IpvsKernel {
         ipvs: Box::new(kernel.ipvs.clone()),
         ipset: Box::new(kernel.ipset.clone()),
