@@ -25,16 +25,14 @@ pub const IPV4: &str = "IPv4";
 pub const IPV6: &str = "IPv6";
 
 /// The families a node proxies, for the `ip_family` label: those of its addresses
-/// (IPv4 alone when it has none yet).
-pub fn node_families(addresses: &[IpAddr]) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    if addresses.iter().any(IpAddr::is_ipv4) || addresses.is_empty() {
-        out.push(IPV4);
+/// (IPv4 alone when it has none yet). No allocation: it is asked on every apply.
+pub fn node_families(addresses: &[IpAddr]) -> &'static [&'static str] {
+    let v6 = addresses.iter().any(IpAddr::is_ipv6);
+    match (addresses.iter().any(IpAddr::is_ipv4), v6) {
+        (true, true) => &[IPV4, IPV6],
+        (false, true) => &[IPV6],
+        _ => &[IPV4],
     }
-    if addresses.iter().any(IpAddr::is_ipv6) {
-        out.push(IPV6);
-    }
-    out
 }
 
 fn seconds() -> Histogram {

@@ -18,8 +18,6 @@ pub struct AgentStatus {
     pub last_synced_at: Option<SystemTime>,
     /// The kernel does not match the accepted state (a sync failed since the last success).
     pub out_of_sync: bool,
-    /// The node config says the Node is being deleted (see [`ProxyHealth::node_eligible`]).
-    pub node_being_deleted: bool,
     pub applies: u64,
     pub nacks: u64,
 }
@@ -104,12 +102,9 @@ impl ProxyHealth {
 }
 
 impl AgentStatus {
-    pub fn proxy_health(&self) -> ProxyHealth {
-        ProxyHealth {
-            last_synced_at: self.last_synced_at,
-            out_of_sync: self.out_of_sync,
-            node_being_deleted: self.node_being_deleted,
-        }
+    /// What the health answers read, for a node whose Node is (or is not) being deleted.
+    pub fn proxy_health(&self, node_being_deleted: bool) -> ProxyHealth {
+        ProxyHealth { last_synced_at: self.last_synced_at, out_of_sync: self.out_of_sync, node_being_deleted }
     }
 }
 
@@ -122,20 +117,18 @@ mod tests {
         let t = UNIX_EPOCH + Duration::from_millis(1_732_876_245_123);
         assert_eq!(rfc3339(t), "2024-11-29T10:30:45.123Z");
         let mut s = AgentStatus::default();
-        let answer = |s: &AgentStatus, probe| s.proxy_health().answer(probe, t);
-        assert_eq!(answer(&s, Probe::Healthz).0, 503, "never synced");
-        assert_eq!(answer(&s, Probe::Livez).0, 503, "never synced");
+        let answer = |s: &AgentStatus, leaving: bool, probe| s.proxy_health(leaving).answer(probe, t);
+        assert_eq!(answer(&s, false, Probe::Healthz).0, 503, "never synced");
+        assert_eq!(answer(&s, false, Probe::Livez).0, 503, "never synced");
         s.last_synced_at = Some(t);
         let times =
             "\"lastUpdated\":\"2024-11-29T10:30:45.123Z\",\"currentTime\":\"2024-11-29T10:30:45.123Z\"";
-        assert_eq!(answer(&s, Probe::Healthz), (200, format!("{{{times},\"nodeEligible\":true}}")));
-        assert_eq!(answer(&s, Probe::Livez), (200, format!("{{{times}}}")));
-        s.node_being_deleted = true;
-        assert_eq!(answer(&s, Probe::Healthz), (503, format!("{{{times},\"nodeEligible\":false}}")));
-        assert_eq!(answer(&s, Probe::Livez).0, 200, "a leaving node is still alive");
-        s.node_being_deleted = false;
+        assert_eq!(answer(&s, false, Probe::Healthz), (200, format!("{{{times},\"nodeEligible\":true}}")));
+        assert_eq!(answer(&s, false, Probe::Livez), (200, format!("{{{times}}}")));
+        assert_eq!(answer(&s, true, Probe::Healthz), (503, format!("{{{times},\"nodeEligible\":false}}")));
+        assert_eq!(answer(&s, true, Probe::Livez).0, 200, "a leaving node is still alive");
         s.out_of_sync = true;
-        assert_eq!(answer(&s, Probe::Healthz).0, 503);
-        assert_eq!(answer(&s, Probe::Livez).0, 503);
+        assert_eq!(answer(&s, false, Probe::Healthz).0, 503);
+        assert_eq!(answer(&s, false, Probe::Livez).0, 503);
     }
 }

@@ -135,7 +135,8 @@ impl<'a> PortFamily<'a> {
     /// node has an endpoint, and then so is the cluster set; a control plane that predates
     /// it never sends it, and external traffic keeps to the cluster set as it did.)
     pub fn main_set(&self, kind: EntryKind) -> EndpointSet {
-        if kind != EntryKind::ClusterIp && self.view.internal_traffic_local && !self.external.is_empty() {
+        // `external` is only ever filled for internal-policy-Local Services.
+        if kind != EntryKind::ClusterIp && !self.external.is_empty() {
             EndpointSet::External
         } else {
             EndpointSet::Cluster
@@ -210,6 +211,7 @@ impl<'a> PortFamily<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::endpoint_on;
 
     #[test]
     fn overlapping_source_ranges_are_one_prefix() {
@@ -227,16 +229,6 @@ mod tests {
         assert_eq!(allowed, ["198.51.0.0/16", "203.0.113.0/24"]);
     }
 
-    fn endpoint(address: &str, node: &str) -> Endpoint {
-        Endpoint {
-            address: address.parse().expect("ip"),
-            port: 8080,
-            node_name: node.into(),
-            terminating: false,
-            cluster: String::new(),
-        }
-    }
-
     /// An internal-policy-Local NodePort Service: this node's endpoints, the cluster-wide
     /// ones, and the families that have endpoints somewhere.
     fn itp_node_port(here: &[&str], all: &[&str], families: &[Family]) -> ServiceView {
@@ -244,10 +236,10 @@ mod tests {
             "http",
             crate::types::Protocol::Tcp,
             80,
-            here.iter().map(|a| endpoint(a, "n1")).collect(),
+            here.iter().map(|a| endpoint_on(a, "n1")).collect(),
         );
         port.node_port = Some(30080);
-        port.external_endpoints = all.iter().map(|a| endpoint(a, "n2")).collect();
+        port.external_endpoints = all.iter().map(|a| endpoint_on(a, "n2")).collect();
         port.endpoint_families = families.to_vec();
         let mut view = ServiceView::new("c", "ns", "itp", vec!["10.96.0.1".parse().expect("ip")], vec![port]);
         view.internal_traffic_local = true;

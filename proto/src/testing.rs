@@ -28,6 +28,17 @@ fn address(v4: bool, first: u8) -> impl Strategy<Value = IpAddr> {
     })
 }
 
+/// An endpoint on port 8080 of `node` (for hand-written cases).
+pub fn endpoint_on(address: &str, node: &str) -> Endpoint {
+    Endpoint {
+        address: address.parse().expect("ip"),
+        port: 8080,
+        node_name: node.into(),
+        terminating: false,
+        cluster: String::new(),
+    }
+}
+
 fn endpoint(v4: bool) -> impl Strategy<Value = Endpoint> {
     (
         address(v4, 244),

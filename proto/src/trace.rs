@@ -289,17 +289,8 @@ impl Trace {
 mod tests {
     use super::*;
     use crate::node_context::ProxySettings;
-    use crate::types::{Endpoint, NodeConfig, ServicePort};
-
-    fn ep(a: &str, node: &str) -> Endpoint {
-        Endpoint {
-            address: a.parse().expect("ip"),
-            port: 8080,
-            node_name: node.into(),
-            terminating: false,
-            cluster: String::new(),
-        }
-    }
+    use crate::testing::endpoint_on as ep;
+    use crate::types::{NodeConfig, ServicePort};
 
     fn node() -> NodeContext {
         let config = NodeConfig {

@@ -363,4 +363,11 @@ pub fn strict_arp(backend: ProxyBackend) {
         Answer::From("pod0".into()),
         "the ClusterIP, routed, still works"
     );
+    // The LB IP itself is still served: routed through the node, no ARP for it is needed.
+    s.t.client.ip(&["route", "replace", "192.0.2.78/32", "via", NODE_IP]);
+    assert_eq!(
+        s.t.client.run_in(move || tcp_request(lb)),
+        Answer::From("pod0".into()),
+        "only ARP for the LB IP went away, not the LB IP"
+    );
 }

@@ -266,6 +266,22 @@ impl Topology {
             .unwrap_or_else(|| self.dir.path().join(format!("{program}.log")))
     }
 
+    /// Sends three TCP segments with SYN and FIN set (conntrack calls them INVALID) from the
+    /// client to pod `pod`'s port 8080, through the node, and waits until `dropped` (the
+    /// packet counter of a kernel rule that drops them) has counted all three.
+    pub fn wait_invalid_segments_dropped(&self, pod: usize, rule: &str, dropped: impl Fn() -> u64) {
+        const SYN_FIN: u8 = 0x03;
+        let before = dropped();
+        let client: std::net::Ipv4Addr = CLIENT_IP.parse().expect("client address");
+        let to = std::net::SocketAddrV4::new(Self::pod_ip(pod).parse().expect("pod address"), 8080);
+        for _ in 0..3 {
+            self.client.run_in(move || crate::traffic::send_tcp_segment(client, to, SYN_FIN));
+        }
+        crate::wait_for(&format!("{rule} to drop the three INVALID segments"), crate::DEADLINE, || {
+            (dropped() >= before + 3).then_some(())
+        });
+    }
+
     /// Waits until a TCP request from the client to `vip:port` is answered by `backend`.
     pub fn wait_answered_by(&self, vip: &str, port: u16, backend: &str) {
         let to = sock(vip, port);

@@ -171,8 +171,6 @@ fn a_cluster_ip_refuses_ports_its_services_do_not_have() {
 /// that rule counts each one.
 #[test]
 fn forwarded_packets_conntrack_calls_invalid_are_dropped() {
-    use kpx_e2e::topology::CLIENT_IP;
-    use kpx_e2e::traffic::send_tcp_segment;
     let t = Topology::new(1);
     let _backends = t.start_backends(8080);
     t.write_manifest("web.yaml", &web(&[0]));
@@ -187,15 +185,7 @@ fn forwarded_packets_conntrack_calls_invalid_are_dropped() {
         let at = words.iter().position(|w| *w == "packets").unwrap_or_else(|| panic!("{line}"));
         words.get(at + 1).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{line}"))
     };
-    let before = dropped();
-    let client: std::net::Ipv4Addr = CLIENT_IP.parse().expect("client address");
-    let pod: std::net::Ipv4Addr = Topology::pod_ip(0).parse().expect("pod address");
-    for _ in 0..3 {
-        t.client.run_in(move || send_tcp_segment(client, std::net::SocketAddrV4::new(pod, 8080), 0x03));
-    }
-    wait_for("the forward hook to drop the three INVALID packets", DEADLINE, || {
-        (dropped() >= before + 3).then_some(())
-    });
+    t.wait_invalid_segments_dropped(0, "the forward hook", dropped);
 }
 
 #[test]

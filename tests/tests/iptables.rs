@@ -196,8 +196,8 @@ fn a_held_xtables_lock_makes_the_node_unhealthy_until_it_is_free() {
 /// hook taken away the same NodePort is dropped, which shows the policy bites.
 fn a_forward_policy_of_drop_does_not_break_node_ports(backend: ProxyBackend, flavour: &str) {
     use kpx_e2e::manifests::{documents, ep, service, slice};
-    use kpx_e2e::topology::{sock, CLIENT_IP, NODE_IP};
-    use kpx_e2e::traffic::{send_tcp_segment, tcp_request, Answer};
+    use kpx_e2e::topology::{sock, NODE_IP};
+    use kpx_e2e::traffic::{tcp_request, Answer};
     let t = Topology::new(1);
     let _backends = t.start_backends(8080);
     t.write_node();
@@ -225,15 +225,7 @@ fn a_forward_policy_of_drop_does_not_break_node_ports(backend: ProxyBackend, fla
             listing.lines().find(|l| l.contains("ctstate INVALID")).unwrap_or_else(|| panic!("{listing}"));
         line.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{line}"))
     };
-    let before = invalid_drops();
-    let client: std::net::Ipv4Addr = CLIENT_IP.parse().expect("client address");
-    let pod: std::net::Ipv4Addr = Topology::pod_ip(0).parse().expect("pod address");
-    for _ in 0..3 {
-        t.client.run_in(move || send_tcp_segment(client, std::net::SocketAddrV4::new(pod, 8080), 0x03));
-    }
-    wait_for("KPX-FORWARD to drop the three INVALID packets", DEADLINE, || {
-        (invalid_drops() >= before + 3).then_some(())
-    });
+    t.wait_invalid_segments_dropped(0, "KPX-FORWARD", invalid_drops);
     let filter = saved(&t, flavour);
     let hook = "-A FORWARD -m comment --comment \"kpx forwarding rules\" -j KPX-FORWARD";
     assert!(filter.contains(&format!("iptables filter {hook}")), "{filter}");

@@ -98,19 +98,14 @@ pub(super) fn categorize(candidates: &[Candidate<'_>], policy: Policy, at: Local
     };
     let local_set = if policy.external_local { local() } else { Vec::new() };
     if !policy.internal_local {
+        // The cluster-wide set is empty exactly when nothing anywhere can be used.
         let cluster = cluster_wide();
         return Selected { any: !cluster.is_empty(), cluster, external: Vec::new(), local: local_set };
     }
     // Topology hints are not applied to node-local traffic.
-    let cluster = local();
-    let (external, any) = if policy.external_entries {
-        let all = cluster_wide();
-        let any = !all.is_empty();
-        (all, any)
-    } else {
-        (Vec::new(), candidates.iter().any(|c| c.ready() || c.serving_terminating()))
-    };
-    Selected { cluster, external, local: local_set, any }
+    let external = if policy.external_entries { cluster_wide() } else { Vec::new() };
+    let any = candidates.iter().any(|c| c.ready() || c.serving_terminating());
+    Selected { cluster: local(), external, local: local_set, any }
 }
 
 fn pick<'a>(candidates: &[Candidate<'a>], keep: impl Fn(&Candidate<'a>) -> bool) -> Vec<Endpoint> {

@@ -208,10 +208,11 @@ impl Agent {
         self.status.out_of_sync = false;
         self.publish_health();
         let families = self.families();
-        self.metrics.declare_families(&families);
-        self.metrics.synced(&families, elapsed, full, unix_seconds(now));
+        self.metrics.synced(families, elapsed, full, unix_seconds(now));
         self.metrics.services.set(self.state.services.len() as i64);
         if full {
+            // The node's families change only with its context, which takes a full sync.
+            self.metrics.declare_families(families);
             // Whatever was stored without being programmed (while recovering) is in now.
             self.metrics.endpoint_changes_pending.set(0);
             self.metrics.service_changes_pending.set(0);
@@ -223,9 +224,11 @@ impl Agent {
     /// and the no-local-endpoint gauges. O(Services): a partial apply calls it only when
     /// the delta touches a Service with a Local policy or a health-check port.
     fn refresh_locality(&mut self) {
-        for family in self.families() {
-            for (policy, count) in self.no_local_endpoints(family) {
-                self.metrics.no_local_endpoints(family, policy, count);
+        let counts = self.no_local_endpoints();
+        for (i, family) in [metrics::IPV4, metrics::IPV6].into_iter().enumerate() {
+            if self.families().contains(&family) {
+                self.metrics.no_local_endpoints(family, "internal", counts[i][0]);
+                self.metrics.no_local_endpoints(family, "external", counts[i][1]);
             }
         }
         let state = &self.state;
@@ -248,39 +251,47 @@ impl Agent {
     }
 
     /// The IP families this node proxies (the `ip_family` label of kube-proxy's metrics).
-    fn families(&self) -> Vec<&'static str> {
+    fn families(&self) -> &'static [&'static str] {
         metrics::node_families(&self.context.node_addresses)
     }
 
-    /// Services of `ip_family` with a Local traffic policy and no endpoint of that family
-    /// here, per policy.
-    fn no_local_endpoints(&self, ip_family: &str) -> [(&'static str, i64); 2] {
-        let v6 = ip_family == metrics::IPV6;
-        let of_family = |a: &std::net::IpAddr| a.is_ipv6() == v6;
-        let none_here = |eps: &[kpx_proto::types::Endpoint]| !eps.iter().any(|e| of_family(&e.address));
-        let views =
-            || self.state.services.values().map(|s| &s.value).filter(|v| v.cluster_ips.iter().any(of_family));
-        let internal = views()
-            .filter(|v| v.internal_traffic_local && v.ports.iter().all(|p| none_here(&p.endpoints)))
-            .count();
-        let external = views()
-            .filter(|v| v.external_traffic_local && v.ports.iter().all(|p| none_here(&p.local_endpoints)))
-            .count();
-        [("internal", internal as i64), ("external", external as i64)]
+    /// Per family (IPv4, IPv6): how many Services of that family with internal, and with
+    /// external, traffic policy Local have no endpoint of the family here. One pass.
+    fn no_local_endpoints(&self) -> [[i64; 2]; 2] {
+        let mut counts = [[0; 2]; 2];
+        let none_here =
+            |eps: &[kpx_proto::types::Endpoint], v6: bool| !eps.iter().any(|e| e.address.is_ipv6() == v6);
+        for v in self.state.services.values().map(|s| &s.value) {
+            if !v.internal_traffic_local && !v.external_traffic_local {
+                continue;
+            }
+            for (i, v6) in [false, true].into_iter().enumerate() {
+                if !v.cluster_ips.iter().any(|a| a.is_ipv6() == v6) {
+                    continue;
+                }
+                let internal =
+                    v.internal_traffic_local && v.ports.iter().all(|p| none_here(&p.endpoints, v6));
+                let external =
+                    v.external_traffic_local && v.ports.iter().all(|p| none_here(&p.local_endpoints, v6));
+                counts[i][0] += i64::from(internal);
+                counts[i][1] += i64::from(external);
+            }
+        }
+        counts
     }
 
     /// Publishes what the health answers read: the sync status and whether the Node is
     /// being deleted (a node config change is always followed by a sync).
     fn publish_health(&mut self) {
-        self.status.node_being_deleted = self.state.node.as_ref().is_some_and(|n| n.value.being_deleted);
-        self.proxy_health.send_replace(self.status.proxy_health());
+        let leaving = self.state.node.as_ref().is_some_and(|n| n.value.being_deleted);
+        self.proxy_health.send_replace(self.status.proxy_health(leaving));
     }
 
     fn sync_failed(&mut self, error: &BackendError, full: bool) {
         self.status.out_of_sync = true;
         self.publish_health();
         self.status.last_error = error.to_string();
-        self.metrics.sync_failed(&self.families(), !full);
+        self.metrics.sync_failed(self.families(), !full);
     }
 
     /// The backend's timed work (see [`Backend::housekeeping`]).
@@ -400,7 +411,7 @@ impl Agent {
         removed: Vec<String>,
     ) -> Result<Applied, ApplyError> {
         let started = Instant::now();
-        self.metrics.queued(&self.families(), unix_seconds(SystemTime::now()));
+        self.metrics.queued(self.families(), unix_seconds(SystemTime::now()));
         let result = self.apply_delta(type_url, resources, removed, started);
         let outcome = if result.is_ok() { "ack" } else { "nack" };
         self.metrics.xds_responses.get_or_create(&labels(&[("result", outcome)])).inc();
@@ -409,7 +420,7 @@ impl Agent {
                 self.status.applies += 1;
                 self.status.last_apply = Some(applied.elapsed);
                 self.status.last_apply_at = Some(SystemTime::now());
-                self.metrics.programmed(&self.families(), applied.elapsed);
+                self.metrics.programmed(self.families(), applied.elapsed);
             }
             Err(e) => {
                 self.status.nacks += 1;

@@ -94,7 +94,7 @@ fn a_delta_reaches_the_kernel_and_the_store_before_it_is_acked() {
     let mut agent = node.agent();
     assert!(!node.nft.has_table(), "a first start has nothing to program");
     assert_eq!(
-        agent.status.proxy_health().answer(crate::status::Probe::Healthz, std::time::SystemTime::now()).0,
+        agent.proxy_health().borrow().answer(crate::status::Probe::Healthz, std::time::SystemTime::now()).0,
         200,
         "and nothing out of sync"
     );
@@ -140,13 +140,13 @@ fn a_refused_update_is_a_nack_and_the_last_good_state_stays_in_kernel_and_store(
     agent.apply(SERVICES, vec![raw(&web(&["10.244.0.3"]))], vec![]).expect_err("NACK");
     assert!(agent.status.out_of_sync);
     assert_eq!(
-        agent.status.proxy_health().answer(crate::status::Probe::Healthz, std::time::SystemTime::now()).0,
+        agent.proxy_health().borrow().answer(crate::status::Probe::Healthz, std::time::SystemTime::now()).0,
         503
     );
     agent.resync();
     assert!(!agent.status.out_of_sync && node.table() == kernel_before, "the periodic resync repairs it");
     assert_eq!(
-        agent.status.proxy_health().answer(crate::status::Probe::Healthz, std::time::SystemTime::now()).0,
+        agent.proxy_health().borrow().answer(crate::status::Probe::Healthz, std::time::SystemTime::now()).0,
         200
     );
 }
@@ -212,7 +212,7 @@ fn a_damaged_store_leaves_the_kernel_alone_until_the_control_planes_full_state_i
     assert_eq!(node.nft.transactions(), transactions, "the kernel was not touched");
     assert!(agent.status.last_error.contains("damaged"), "{}", agent.status.last_error);
     assert_eq!(
-        agent.status.proxy_health().answer(crate::status::Probe::Healthz, std::time::SystemTime::now()).0,
+        agent.proxy_health().borrow().answer(crate::status::Probe::Healthz, std::time::SystemTime::now()).0,
         503,
         "not synced yet"
     );
@@ -228,7 +228,7 @@ fn a_damaged_store_leaves_the_kernel_alone_until_the_control_planes_full_state_i
         ["10.96.0.10 . tcp . 80 . 0 : 10.244.0.2 . 8080", "10.96.0.11 . tcp . 80 . 0 : 10.244.0.9 . 8080"]
     );
     assert_eq!(
-        agent.status.proxy_health().answer(crate::status::Probe::Healthz, std::time::SystemTime::now()).0,
+        agent.proxy_health().borrow().answer(crate::status::Probe::Healthz, std::time::SystemTime::now()).0,
         200
     );
     drop(agent);

@@ -1,20 +1,12 @@
 //! Node states for the backends' unit tests.
 
 use kpx_proto::node_context::NodeContext;
-use kpx_proto::types::{Endpoint, NodeConfig, Protocol, ServicePort, ServiceView};
+use kpx_proto::types::{NodeConfig, Protocol, ServicePort, ServiceView};
 
 use crate::state::{ChangeSet, NodeState, Versioned};
 
 /// An endpoint on port 8080 of `node`.
-pub fn endpoint(address: &str, node: &str) -> Endpoint {
-    Endpoint {
-        address: address.parse().expect("ip"),
-        port: 8080,
-        node_name: node.into(),
-        terminating: false,
-        cluster: String::new(),
-    }
-}
+pub use kpx_proto::testing::endpoint_on as endpoint;
 
 /// Service `c/ns/<name>` on `vip`: one TCP port 80 (`http`), endpoints on 8080 of node `n1`.
 pub fn service(name: &str, vip: &str, endpoints: &[&str]) -> ServiceView {
