@@ -21,6 +21,7 @@ use crate::publisher::StatusReceiver;
 use crate::source::SourceSpec;
 use crate::xds::nodes::NodeRegistry;
 use crate::xds::server::SnapshotReceiver;
+use crate::xds::snapshot::Audience;
 use crate::xds::{ResourceType, Snapshot};
 
 pub struct ControlPlaneAdminService {
@@ -120,9 +121,8 @@ impl ControlPlaneAdmin for ControlPlaneAdminService {
     ) -> Result<Response<GetServiceViewsResponse>, Status> {
         let snapshot = self.snapshot()?;
         let name = resolve(&snapshot, &request.get_ref().name)?;
-        let default = snapshot
-            .get(ResourceType::ServiceView, "", &name)
-            .ok_or_else(|| Status::not_found(format!("no Service {name:?}")))?;
+        let default =
+            snapshot.default_view(&name).ok_or_else(|| Status::not_found(format!("no Service {name:?}")))?;
         let variants = snapshot
             .variants_of(&name)
             .into_iter()
@@ -180,14 +180,13 @@ impl ControlPlaneAdmin for ControlPlaneAdminService {
             .await
             .ok_or_else(|| Status::not_found(format!("node {node:?} is not connected")))?;
         let snapshot = self.snapshot()?;
+        let proxy = self.nodes.proxy_name(&node);
+        let who = Audience { node: &node, proxy: &proxy };
         let mut resources: Vec<NodeResource> = versions
             .into_iter()
             .map(|(ty, name, acked, rejected)| NodeResource {
                 type_url: ty.type_url().to_owned(),
-                current_version: snapshot
-                    .get(ty, &node, &name)
-                    .map(|r| r.version.clone())
-                    .unwrap_or_default(),
+                current_version: snapshot.get(ty, who, &name).map(|r| r.version.clone()).unwrap_or_default(),
                 name,
                 acked_version: acked.unwrap_or_default(),
                 rejected_version: rejected.unwrap_or_default(),
@@ -195,7 +194,7 @@ impl ControlPlaneAdmin for ControlPlaneAdminService {
             .collect();
         // What the node should have and has not ACKed at all.
         for ty in ResourceType::ALL {
-            for r in snapshot.for_node(ty, &node) {
+            for r in snapshot.for_node(ty, who) {
                 if !resources.iter().any(|x| x.type_url == ty.type_url() && x.name == r.name) {
                     resources.push(NodeResource {
                         type_url: ty.type_url().to_owned(),
@@ -240,8 +239,10 @@ impl ControlPlaneAdmin for ControlPlaneAdminService {
     ) -> Result<Response<GetNodeViewResponse>, Status> {
         let snapshot = self.snapshot()?;
         let GetNodeViewRequest { node, service } = request.into_inner();
+        let proxy = self.nodes.proxy_name(&node);
+        let who = Audience { node: &node, proxy: &proxy };
         // `ns/name` means the node's own Service when several clusters have one.
-        let own = snapshot.for_node(ResourceType::ServiceView, &node).find(|r| {
+        let own = snapshot.for_node(ResourceType::ServiceView, who).find(|r| {
             r.name.strip_suffix(&service).is_some_and(|c| c.ends_with('/') && c.matches('/').count() == 1)
         });
         let name = match own {
@@ -249,7 +250,7 @@ impl ControlPlaneAdmin for ControlPlaneAdminService {
             None => resolve(&snapshot, &service)?,
         };
         let resource = snapshot
-            .get(ResourceType::ServiceView, &node, &name)
+            .get(ResourceType::ServiceView, who, &name)
             .ok_or_else(|| Status::not_found(format!("no Service {name:?} for node {node:?}")))?;
         let node_config = match snapshot.node_config(&node) {
             Some(r) => Some(
@@ -269,9 +270,10 @@ impl ControlPlaneAdmin for ControlPlaneAdminService {
     async fn trace(&self, request: Request<NodeTraceRequest>) -> Result<Response<TraceResponse>, Status> {
         let snapshot = self.snapshot()?;
         let NodeTraceRequest { node, packet } = request.into_inner();
+        let proxy = self.nodes.proxy_name(&node);
         let packet = Packet::from_request(&packet.unwrap_or_default()).map_err(Status::invalid_argument)?;
         let views = snapshot
-            .for_node(ResourceType::ServiceView, &node)
+            .for_node(ResourceType::ServiceView, Audience { node: &node, proxy: &proxy })
             .map(|r| decode_view(r.body()))
             .collect::<Result<Vec<_>, Status>>()?;
         let config = snapshot.node_config(&node).and_then(|r| NodeConfig::decode(r.body()).ok());

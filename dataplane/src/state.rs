@@ -67,6 +67,15 @@ pub enum InvalidDelta {
     OtherNode { name: String, node: String },
     #[error("resource {0:?}: no version")]
     NoVersion(String),
+    #[error("resource {name:?}: a Service for the agents {}, and this one runs {} (does the control plane know --service-proxy-name?)", for_whom(.found), for_whom(.ours))]
+    OtherProxy { name: String, ours: Option<String>, found: Option<String> },
+}
+
+fn for_whom(proxy: &Option<String>) -> String {
+    match proxy {
+        Some(name) => format!("with --service-proxy-name {name}"),
+        None => "without --service-proxy-name".to_owned(),
+    }
 }
 
 impl Delta {
@@ -116,6 +125,19 @@ impl Delta {
             ResourceType::NodeConfig => delta.node_removed = removed.iter().any(|n| n == node_name),
         }
         Ok(delta)
+    }
+
+    /// Refuses a Service meant for the agents of another `--service-proxy-name` than
+    /// `ours` (a control plane that does not filter by it sends every node everything).
+    pub fn check_proxy_name(&self, ours: Option<&str>) -> Result<(), InvalidDelta> {
+        match self.services.iter().find(|s| s.value.service_proxy_name.as_deref() != ours) {
+            None => Ok(()),
+            Some(other) => Err(InvalidDelta::OtherProxy {
+                name: other.value.resource_name(),
+                ours: ours.map(str::to_owned),
+                found: other.value.service_proxy_name.clone(),
+            }),
+        }
     }
 
     pub fn resource_count(&self) -> usize {
@@ -259,6 +281,12 @@ mod tests {
             Err(InvalidDelta::MixedTypes { .. })
         ));
         let delta = Delta::validate("n1", url, vec![good], vec!["c/ns/gone".into()]).expect("valid");
+        delta.check_proxy_name(None).expect("for agents without a name");
+        let err = delta.check_proxy_name(Some("kpx-b")).expect_err("not for kpx-b");
+        assert!(
+            err.to_string().contains("without --service-proxy-name") && err.to_string().contains("kpx-b"),
+            "{err}"
+        );
         assert_eq!((delta.resource_count(), delta.removed_services.len()), (1, 1));
     }
 }

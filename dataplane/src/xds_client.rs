@@ -7,6 +7,8 @@ use std::time::Duration;
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{Struct, Value};
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use rand::Rng;
 use tokio::sync::mpsc;
@@ -63,9 +65,20 @@ struct StreamEnd {
     local_failure: bool,
 }
 
+/// What the node tells the control plane besides its name: its `--service-proxy-name`.
+fn metadata(agent: &Agent) -> Option<Struct> {
+    let name = agent.service_proxy_name()?;
+    let value = Value { kind: Some(Kind::StringValue(name.to_owned())) };
+    Some(Struct { fields: [(kpx_proto::SERVICE_PROXY_NAME_KEY.to_owned(), value)].into_iter().collect() })
+}
+
 fn subscription(agent: &Agent, ty: ResourceType) -> DeltaDiscoveryRequest {
     DeltaDiscoveryRequest {
-        node: Some(Node { id: agent.node_name().to_owned(), ..Default::default() }),
+        node: Some(Node {
+            id: agent.node_name().to_owned(),
+            metadata: metadata(agent),
+            ..Default::default()
+        }),
         type_url: ty.type_url().to_owned(),
         initial_resource_versions: agent.state().versions(ty).into_iter().collect(),
         ..Default::default()

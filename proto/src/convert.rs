@@ -213,6 +213,8 @@ impl ServiceView {
                 ))
             }
         };
+        name("service_proxy_name", &msg.service_proxy_name, true)?;
+        let service_proxy_name = Some(msg.service_proxy_name.clone()).filter(|n| !n.is_empty());
         let mut ports = Vec::with_capacity(msg.ports.len());
         for (i, p) in msg.ports.into_iter().enumerate() {
             let at = format!("ports[{i}]");
@@ -249,6 +251,7 @@ impl ServiceView {
             health_check_node_port,
             session_affinity_timeout,
             ipvs_scheduler,
+            service_proxy_name,
         })
     }
 
@@ -300,6 +303,7 @@ impl ServiceView {
             health_check_node_port: self.health_check_node_port.map_or(0, u32::from),
             session_affinity_timeout_seconds: self.session_affinity_timeout.unwrap_or(0),
             ipvs_scheduler: self.ipvs_scheduler.clone().unwrap_or_default(),
+            service_proxy_name: self.service_proxy_name.clone().unwrap_or_default(),
         }
     }
 
@@ -396,6 +400,7 @@ mod tests {
             health_check_node_port: 31000,
             session_affinity_timeout_seconds: 10800,
             ipvs_scheduler: "sh".into(),
+            service_proxy_name: String::new(),
         }
     }
 
@@ -588,13 +593,14 @@ mod properties {
                 0u32..70000,
                 0u32..90000,
                 prop_oneof![Just(String::new()), Just("rr".to_owned()), text()],
+                prop_oneof![Just(String::new()), Just("kpx-b".to_owned()), text()],
             ),
         )
             .prop_map(
                 |(
                     (cluster, namespace, name, cluster_ips, ports),
                     (external_ips, load_balancer_ips, ranges),
-                    (etl, itl, hc, sa, sched),
+                    (etl, itl, hc, sa, sched, proxy),
                 )| {
                     pb::ServiceView {
                         cluster,
@@ -610,6 +616,7 @@ mod properties {
                         health_check_node_port: hc,
                         session_affinity_timeout_seconds: sa,
                         ipvs_scheduler: sched,
+                        service_proxy_name: proxy,
                     }
                 },
             )
@@ -644,7 +651,7 @@ mod properties {
                     let top = e.field.split(['[', '.']).next().unwrap_or_default().to_owned();
                     let known = ["cluster", "namespace", "name", "cluster_ips", "ports", "external_ips",
                         "load_balancer_ips", "load_balancer_source_ranges", "health_check_node_port",
-                        "session_affinity_timeout_seconds", "ipvs_scheduler"];
+                        "session_affinity_timeout_seconds", "ipvs_scheduler", "service_proxy_name"];
                     prop_assert!(known.contains(&top.as_str()), "unknown field in {}", e);
                     prop_assert!(!e.reason.is_empty());
                 }

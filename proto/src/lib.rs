@@ -56,6 +56,25 @@ pub const NODE_FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR
 /// Encoded `FileDescriptorSet` of Envoy's ADS service and its imports (for gRPC reflection).
 pub const XDS_FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xds_descriptor.bin"));
 
+/// The key of the xDS `Node.metadata` field in which a node agent started with
+/// `--service-proxy-name` announces that name (a string value).
+pub const SERVICE_PROXY_NAME_KEY: &str = "service_proxy_name";
+
+/// Checks a `service.kubernetes.io/service-proxy-name` value: a label value (1 to 63 of
+/// `a-z A-Z 0-9 . _ -`, alphanumeric at both ends).
+pub fn check_service_proxy_name(text: &str) -> Result<(), String> {
+    let alnum_ends = text.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && text.ends_with(|c: char| c.is_ascii_alphanumeric());
+    let chars = text.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if text.len() <= 63 && alnum_ends && chars {
+        Ok(())
+    } else {
+        Err(format!(
+            "{text:?} is not a label value (1 to 63 of a-z A-Z 0-9 . _ -, alphanumeric at both ends)"
+        ))
+    }
+}
+
 /// Type URL of [`types::ServiceView`] resources.
 pub const SERVICE_VIEW_TYPE_URL: &str = "type.googleapis.com/kpx.v1.ServiceView";
 /// Type URL of [`types::NodeConfig`] resources.

@@ -19,6 +19,47 @@ pub struct ProxySettings {
     pub nodeport_addresses: NodePortAddresses,
     /// Pod traffic comes from these prefixes; empty: what the node's config says.
     pub cluster_cidrs: Vec<IpNet>,
+    /// How pod traffic is told from other traffic (kube-proxy's `detectLocalMode`).
+    pub local_mode: LocalMode,
+    /// `--service-proxy-name`: the agent handles only the Services labelled
+    /// `service.kubernetes.io/service-proxy-name` with it (`None`: only those without).
+    pub service_proxy_name: Option<String>,
+}
+
+/// kube-proxy's `detectLocalMode`: what tells pod traffic from other traffic.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum LocalMode {
+    /// The source is inside the cluster CIDR (the agent's, else the control plane's; the
+    /// node's pod CIDRs when neither is set).
+    #[default]
+    ClusterCidr,
+    /// The source is inside this node's pod CIDRs (`spec.podCIDRs` of its Node).
+    NodeCidr,
+    /// The packet came in on this interface (a bridge the pods hang off).
+    BridgeInterface(String),
+    /// The packet came in on an interface whose name starts with this (pods' veths).
+    InterfaceNamePrefix(String),
+}
+
+/// Why an interface name (or prefix) cannot be matched on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not an interface name: 1 to 15 of the characters a-z A-Z 0-9 . _ - @")]
+pub struct BadInterfaceName(pub String);
+
+impl LocalMode {
+    /// The mode an interface is named for, the name checked (rules quote it as is).
+    pub fn interface(name: &str, prefix: bool) -> Result<LocalMode, BadInterfaceName> {
+        let fits = (1..=15).contains(&name.len())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@'));
+        if !fits {
+            return Err(BadInterfaceName(name.to_owned()));
+        }
+        Ok(if prefix {
+            LocalMode::InterfaceNamePrefix(name.to_owned())
+        } else {
+            LocalMode::BridgeInterface(name.to_owned())
+        })
+    }
 }
 
 /// kube-proxy's `nodePortAddresses`: which of the node's addresses NodePorts open on.
@@ -51,40 +92,100 @@ impl NodePortAddresses {
     }
 }
 
-/// kube-proxy's local-traffic detector: traffic from these prefixes comes from pods.
-/// A family without prefixes has no detector (nothing is known to be pod traffic).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
-pub struct LocalDetector {
-    cidrs: Vec<IpNet>,
+/// kube-proxy's local-traffic detector: which packets come from pods. By source prefix,
+/// where a family without prefixes has no detector (nothing is known to be pod traffic);
+/// or by the interface the packet came in on, which holds for both families.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum LocalDetector {
+    /// Sources inside these prefixes (host bits cleared, sorted, without repeats).
+    Cidrs(Vec<IpNet>),
+    /// Packets that came in on this interface, or (`prefix`) on any whose name starts so.
+    Interface { name: String, prefix: bool },
+}
+
+impl Default for LocalDetector {
+    fn default() -> Self {
+        LocalDetector::Cidrs(Vec::new())
+    }
+}
+
+/// One family's test of "from a pod", for a backend to render.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalMatch<'a> {
+    /// The source is inside one of these prefixes.
+    Sources(&'a [IpNet]),
+    /// The input interface is `name` (or, `prefix`, starts with it).
+    Interface { name: &'a str, prefix: bool },
 }
 
 impl LocalDetector {
-    /// A detector over `cidrs` (host bits cleared, sorted, without repeats).
+    /// A detector over `cidrs`.
     pub fn new(cidrs: impl IntoIterator<Item = IpNet>) -> Self {
         let mut cidrs: Vec<IpNet> = cidrs.into_iter().map(|c| c.trunc()).collect();
         cidrs.sort();
         cidrs.dedup();
-        LocalDetector { cidrs }
+        LocalDetector::Cidrs(cidrs)
     }
 
-    /// Every prefix, both families.
+    /// Every prefix, both families (none for an interface detector).
     pub fn cidrs(&self) -> &[IpNet] {
-        &self.cidrs
+        match self {
+            LocalDetector::Cidrs(cidrs) => cidrs,
+            LocalDetector::Interface { .. } => &[],
+        }
     }
 
     /// The prefixes of one family.
     pub fn of_family(&self, family: Family) -> Vec<IpNet> {
-        self.cidrs.iter().filter(|c| Family::of_net(c) == family).copied().collect()
+        self.cidrs().iter().filter(|c| Family::of_net(c) == family).copied().collect()
     }
 
     /// Whether `family` has a detector at all.
     pub fn knows(&self, family: Family) -> bool {
-        self.cidrs.iter().any(|c| Family::of_net(c) == family)
+        match self {
+            LocalDetector::Cidrs(cidrs) => cidrs.iter().any(|c| Family::of_net(c) == family),
+            LocalDetector::Interface { .. } => true,
+        }
     }
 
-    /// Whether `source` is pod traffic.
-    pub fn is_local(&self, source: &IpAddr) -> bool {
-        self.cidrs.iter().any(|c| c.contains(source))
+    /// The test a backend renders for `family`; `None` when the family has no detector.
+    pub fn matcher(&self, family: Family) -> Option<LocalMatch<'_>> {
+        match self {
+            LocalDetector::Cidrs(_) if !self.knows(family) => None,
+            LocalDetector::Cidrs(cidrs) => {
+                // Sorted: IPv4 prefixes come before IPv6 ones.
+                let split = cidrs.partition_point(|c| Family::of_net(c) == Family::V4);
+                Some(LocalMatch::Sources(if family == Family::V4 {
+                    &cidrs[..split]
+                } else {
+                    &cidrs[split..]
+                }))
+            }
+            LocalDetector::Interface { name, prefix } => {
+                Some(LocalMatch::Interface { name, prefix: *prefix })
+            }
+        }
+    }
+
+    /// Whether `source` is pod traffic; `None` when the address alone does not say (an
+    /// interface detector).
+    pub fn is_local(&self, source: &IpAddr) -> Option<bool> {
+        match self {
+            LocalDetector::Cidrs(cidrs) => Some(cidrs.iter().any(|c| c.contains(source))),
+            LocalDetector::Interface { .. } => None,
+        }
+    }
+
+    /// What it goes by, for people: the prefixes, or `iifname NAME` (`NAME*` for a prefix).
+    pub fn describe(&self) -> String {
+        match self {
+            LocalDetector::Cidrs(cidrs) => {
+                cidrs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+            }
+            LocalDetector::Interface { name, prefix } => {
+                format!("iifname {name}{}", if *prefix { "*" } else { "" })
+            }
+        }
     }
 }
 
@@ -108,10 +209,18 @@ impl NodeContext {
     pub fn derive(settings: &ProxySettings, node: Option<&NodeConfig>) -> NodeContext {
         let node_addresses: Vec<IpAddr> = node.map(|n| n.addresses.clone()).unwrap_or_default();
         let nodeport_addresses = settings.nodeport_addresses.select(&node_addresses);
-        let local = if settings.cluster_cidrs.is_empty() {
-            LocalDetector::new(node.map(|n| n.local_traffic_cidrs().to_vec()).unwrap_or_default())
-        } else {
-            LocalDetector::new(settings.cluster_cidrs.iter().copied())
+        let local = match &settings.local_mode {
+            LocalMode::ClusterCidr if settings.cluster_cidrs.is_empty() => {
+                LocalDetector::new(node.map(|n| n.local_traffic_cidrs().to_vec()).unwrap_or_default())
+            }
+            LocalMode::ClusterCidr => LocalDetector::new(settings.cluster_cidrs.iter().copied()),
+            LocalMode::NodeCidr => LocalDetector::new(node.map(|n| n.pod_cidrs.clone()).unwrap_or_default()),
+            LocalMode::BridgeInterface(name) => {
+                LocalDetector::Interface { name: name.clone(), prefix: false }
+            }
+            LocalMode::InterfaceNamePrefix(name) => {
+                LocalDetector::Interface { name: name.clone(), prefix: true }
+            }
         };
         NodeContext { node_addresses, nodeport_addresses, local, masquerade_all: settings.masquerade_all }
     }
@@ -172,7 +281,53 @@ mod tests {
         let flag = NodeContext::derive(&settings, Some(&with_cluster));
         assert_eq!(flag.local.of_family(Family::V4), ["10.32.0.0/12".parse::<IpNet>().expect("cidr")]);
         assert!(flag.local.knows(Family::V6) && flag.masquerade_all);
-        assert!(flag.local.is_local(&"10.40.0.9".parse().expect("ip")));
-        assert!(!flag.local.is_local(&"10.244.0.9".parse().expect("ip")), "the node's CIDRs no longer count");
+        assert_eq!(flag.local.is_local(&"10.40.0.9".parse().expect("ip")), Some(true));
+        assert_eq!(
+            flag.local.is_local(&"10.244.0.9".parse().expect("ip")),
+            Some(false),
+            "the node's CIDRs no longer count"
+        );
+    }
+
+    #[test]
+    fn node_cidr_takes_the_nodes_pod_cidrs_whatever_the_cluster_cidr() {
+        let mut node = node();
+        node.cluster_cidrs = vec!["10.0.0.0/8".parse().expect("cidr")];
+        let settings = ProxySettings {
+            cluster_cidrs: vec!["10.32.0.0/12".parse().expect("cidr")],
+            local_mode: LocalMode::NodeCidr,
+            ..Default::default()
+        };
+        let context = NodeContext::derive(&settings, Some(&node));
+        assert_eq!(context.local.cidrs(), ["10.244.1.0/24".parse::<IpNet>().expect("cidr")]);
+        assert!(!context.local.knows(Family::V6));
+        assert_eq!(context.local.matcher(Family::V6), None);
+    }
+
+    #[test]
+    fn an_interface_detector_holds_for_both_families_and_names_are_checked() {
+        let settings = ProxySettings {
+            local_mode: LocalMode::interface("veth", true).expect("name"),
+            ..Default::default()
+        };
+        let context = NodeContext::derive(&settings, None);
+        for f in Family::ALL {
+            assert_eq!(context.local.matcher(f), Some(LocalMatch::Interface { name: "veth", prefix: true }));
+        }
+        assert_eq!(context.local.is_local(&"10.244.0.9".parse().expect("ip")), None);
+        assert_eq!(context.local.describe(), "iifname veth*");
+        for bad in ["", "a\"quote", "sixteen-chars-xx", "sp ace", "star*"] {
+            assert_eq!(LocalMode::interface(bad, false), Err(BadInterfaceName(bad.to_owned())), "{bad:?}");
+        }
+        assert_eq!(LocalMode::interface("cbr0", false), Ok(LocalMode::BridgeInterface("cbr0".into())));
+    }
+
+    #[test]
+    fn a_cidr_matcher_holds_the_prefixes_of_its_family_only() {
+        let d = LocalDetector::new(["fd00:10::/56".parse().expect("c"), "10.32.0.0/12".parse().expect("c")]);
+        let v4: Vec<IpNet> = vec!["10.32.0.0/12".parse().expect("c")];
+        let v6: Vec<IpNet> = vec!["fd00:10::/56".parse().expect("c")];
+        assert_eq!(d.matcher(Family::V4), Some(LocalMatch::Sources(&v4)));
+        assert_eq!(d.matcher(Family::V6), Some(LocalMatch::Sources(&v6)));
     }
 }

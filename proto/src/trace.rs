@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 
-use crate::node_context::NodeContext;
+use crate::node_context::{LocalDetector, NodeContext};
 use crate::policy::{self, Action, EndpointSet, EntryKind, PortFamily};
 use crate::types::{Protocol, ServiceView};
 
@@ -125,8 +125,14 @@ fn trace_entry(pf: &PortFamily, kind: EntryKind, context: &NodeContext, packet: 
         "the destination is one of the Service's entry points",
     );
     let node_addresses = &context.node_addresses;
-    let local_cidrs: Vec<IpNet> = context.local.of_family(pf.family);
-    let from_pod = packet.source.is_some_and(|s| local_cidrs.iter().any(|c| c.contains(&s)));
+    let detector = &context.local;
+    let from_pod = packet.source.and_then(|s| detector.is_local(&s)).unwrap_or(false);
+    if let (Some(s), None) = (packet.source, packet.source.and_then(|s| detector.is_local(&s))) {
+        t.step(
+            "not from a pod",
+            format!("pods are told by the interface a packet comes in on ({}); {s} alone does not say, so the trace takes it as not a pod", detector.describe()),
+        );
+    }
     let from_node = packet.source.is_some_and(|s| node_addresses.contains(&s));
     let entry = pf.entries.iter().find(|e| e.kind == kind && e.address == packet.destination.ip());
     if let Some(allowed) = entry.and_then(|e| pf.allowed_sources(e, node_addresses)) {
@@ -172,10 +178,16 @@ fn trace_entry(pf: &PortFamily, kind: EntryKind, context: &NodeContext, packet: 
         t.step("masquerade", "masqueradeAll is on");
     }
     if kind == EntryKind::ClusterIp {
-        if !local_cidrs.is_empty() && !from_pod && !t.masquerade {
+        if detector.knows(pf.family) && !from_pod && !t.masquerade {
             t.masquerade = true;
             let who = packet.source.map_or("a client outside the cluster".to_owned(), |s| s.to_string());
-            t.step("masquerade", format!("{who} is outside the cluster CIDR ({})", list(&local_cidrs)));
+            let why = match detector {
+                LocalDetector::Cidrs(_) => {
+                    format!("is outside the cluster CIDR ({})", list(&detector.of_family(pf.family)))
+                }
+                LocalDetector::Interface { .. } => format!("is not from a pod ({})", detector.describe()),
+            };
+            t.step("masquerade", format!("{who} {why}"));
         }
         if view.internal_traffic_local {
             t.step("this node's endpoints only", "internalTrafficPolicy: Local");

@@ -54,6 +54,9 @@ pub struct ServiceView {
     /// The IPVS scheduler this Service asks for (one of [`IPVS_SCHEDULERS`]); `None`: the
     /// node agent's default.
     pub ipvs_scheduler: Option<String>,
+    /// The `service.kubernetes.io/service-proxy-name` label: for the agents started with
+    /// `--service-proxy-name` this name only; `None`: for those started without.
+    pub service_proxy_name: Option<String>,
 }
 
 /// The IPVS schedulers kpx offers: round robin, weighted round robin, least connections,
@@ -83,6 +86,7 @@ impl ServiceView {
             health_check_node_port: None,
             session_affinity_timeout: None,
             ipvs_scheduler: None,
+            service_proxy_name: None,
         }
     }
 

@@ -470,11 +470,13 @@ pub fn terminating_endpoints(backend: ProxyBackend) {
 }
 
 /// Masquerade: ClusterIP traffic from outside the cluster CIDR is masqueraded, pod traffic is not,
-/// hairpin is; the agent's `--cluster-cidr` wins over the control plane's; `--masquerade-all`
+/// hairpin is; the agent's `--cluster-cidr` wins over the control plane's; the other
+/// local-traffic detectors (node CIDR, interface prefix, bridge); `--masquerade-all`
 /// masquerades ClusterIP traffic from pods too, but not external traffic of policy Local.
 pub fn masquerade(backend: ProxyBackend) {
     let spec = "  clusterIP: 10.96.1.8\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
     let local = "  type: NodePort\n  clusterIP: 10.96.1.18\n  externalTrafficPolicy: Local\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30108}\n";
+    let remote = "  type: NodePort\n  clusterIP: 10.96.1.19\n  externalTrafficPolicy: Local\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30109}\n";
     let manifests = [(
         "m.yaml",
         documents(&[
@@ -482,6 +484,8 @@ pub fn masquerade(backend: ProxyBackend) {
             slice("m", "m-1", false, &[("http", "TCP", 8080)], &[ep(pod(0))]),
             service("mlocal", local, ""),
             slice("mlocal", "mlocal-1", false, &[("http", "TCP", 8080)], &[ep(pod(0))]),
+            service("mremote", remote, ""),
+            slice("mremote", "mremote-1", false, &[("http", "TCP", 8080)], &[ep(pod(0)).on("node-b")]),
         ]),
     )];
     let cidr = format!("--cluster-cidr={CLUSTER_CIDR}");
@@ -525,6 +529,49 @@ pub fn masquerade(backend: ProxyBackend) {
     s.clear_peers();
     assert_eq!(s.t.pods[1].run_in(move || tcp_request(vip)), Answer::From("pod0".into()));
     assert_eq!(s.peers(0), BTreeSet::from([node_side]), "outside the agent's --cluster-cidr: masqueraded");
+
+    // kube-proxy's other local-traffic detectors, each of which makes pod1 a pod again
+    // although it is outside the agent's --cluster-cidr: the node's pod CIDRs (its Node
+    // object's), the pods' interface name prefix, and a bridge (here pod1's own link).
+    let client = ip(CLIENT_IP);
+    for (detector, flags) in [
+        ("NodeCIDR", &["--detect-local-mode=NodeCIDR"][..]),
+        (
+            "InterfaceNamePrefix",
+            &["--detect-local-mode=InterfaceNamePrefix", "--pod-interface-name-prefix=to-pod"],
+        ),
+        ("BridgeInterface", &["--detect-local-mode=BridgeInterface", "--pod-bridge-interface=to-pod1"]),
+    ] {
+        s.dp.kill();
+        let mut args = vec!["--cluster-cidr=10.99.0.0/16"];
+        args.extend_from_slice(flags);
+        s.dp = s.t.start_dataplane_with(backend, &args);
+        s.dp.wait_event("the restarted agent programmed its state", DEADLINE, |e| {
+            e["message"] == "programmed stored state"
+        });
+        s.clear_peers();
+        assert_eq!(s.t.pods[1].run_in(move || tcp_request(vip)), Answer::From("pod0".into()));
+        assert_eq!(s.peers(0), BTreeSet::from([ip(&pod(1))]), "{detector}: pod1 is a pod, not masqueraded");
+        s.clear_peers();
+        assert_eq!(s.t.client.run_in(move || tcp_request(vip)), Answer::From("pod0".into()));
+        assert_eq!(
+            s.peers(0),
+            BTreeSet::from([node_side]),
+            "{detector}: the client is not a pod: masqueraded"
+        );
+        // Policy-Local external traffic from a pod goes to all endpoints (30109's only one
+        // is on another node); from outside, to this node's only (30108's). IPVS gives a
+        // policy-Local virtual service this node's endpoints only, for pods too.
+        let remote = sock(NODE_IP, 30109);
+        if backend != ProxyBackend::Ipvs {
+            let answer = s.t.pods[1].run_in(move || tcp_request(remote));
+            assert_eq!(answer, Answer::From("pod0".into()), "{detector}: a pod to a policy-Local NodePort");
+        }
+        assert!(!matches!(s.t.client.run_in(move || tcp_request(remote)), Answer::From(_)), "{detector}");
+        s.clear_peers();
+        assert_eq!(s.t.client.run_in(|| tcp_request(sock(NODE_IP, 30108))), Answer::From("pod0".into()));
+        assert_eq!(s.peers(0), BTreeSet::from([client]), "{detector}: the client to an ETP Local NodePort");
+    }
 
     s.dp.kill();
     s.dp = s.t.start_dataplane_with(backend, &["--masquerade-all"]);
@@ -702,9 +749,10 @@ pub fn tcp_before_the_rules(backend: ProxyBackend) {
 }
 
 /// Services of another proxy (`service.kubernetes.io/service-proxy-name`), headless and
-/// ExternalName Services are left alone.
+/// ExternalName Services are left alone; an agent started with `--service-proxy-name`
+/// takes the Services labelled with it, and only those.
 pub fn ignored_services(backend: ProxyBackend) {
-    let other = "apiVersion: v1\nkind: Service\nmetadata:\n  name: other\n  namespace: test\n  labels: {service.kubernetes.io/service-proxy-name: someone-else}\nspec:\n  clusterIP: 10.96.1.12\n  ports: [{port: 80}]\n".to_owned();
+    let other = "apiVersion: v1\nkind: Service\nmetadata:\n  name: other\n  namespace: test\n  labels: {service.kubernetes.io/service-proxy-name: someone-else}\nspec:\n  clusterIP: 10.96.1.12\n  ports: [{name: http, port: 80}]\n".to_owned();
     let headless = service("headless", "  clusterIP: None\n  ports: [{port: 80}]\n", "");
     let external = service("ext", "  type: ExternalName\n  externalName: example.invalid\n", "");
     let normal = service("normal", "  clusterIP: 10.96.1.13\n  ports: [{name: http, port: 80}]\n", "");
@@ -724,13 +772,26 @@ pub fn ignored_services(backend: ProxyBackend) {
             slice("labelled", "labelled-1", false, &http, &[ep(pod(0))]),
         ]),
     )];
-    let s = Scene::start(backend, 1, &manifests, &[], &[]);
+    let mut s = Scene::start(backend, 1, &manifests, &[], &[]);
     wait_answered_by(&s.t.client, sock("10.96.1.13", 80), &["pod0"]);
     for (vip, what) in
         [("10.96.1.12", "another proxy's Service"), ("10.96.1.14", "a Service labelled headless")]
     {
         assert!(!s.rules_mention(vip), "{what} is not programmed");
         assert!(!matches!(s.t.client.run_in(move || tcp_request(sock(vip, 80))), Answer::From(_)), "{what}");
+    }
+
+    // Started as that other proxy (`--service-proxy-name`), the agent takes its labelled
+    // Service, and leaves the others alone (also those it had stored before).
+    s.dp.kill();
+    s.dp = s.t.start_dataplane_with(backend, &["--service-proxy-name=someone-else"]);
+    wait_answered_by(&s.t.client, sock("10.96.1.12", 80), &["pod0"]);
+    for (vip, what) in
+        [("10.96.1.13", "a Service without the label"), ("10.96.1.14", "a Service labelled headless")]
+    {
+        assert!(!s.rules_mention(vip), "--service-proxy-name: {what} is not programmed");
+        let answer = s.t.client.run_in(move || tcp_request(sock(vip, 80)));
+        assert!(!matches!(answer, Answer::From(_)), "--service-proxy-name: {what}: {answer:?}");
     }
 }
 

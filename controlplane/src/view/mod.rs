@@ -41,12 +41,10 @@ use kpx_proto::types::{NodeConfig, ServicePort, ServiceView};
 use crate::model::{ClusterAffinity, EndpointSlice, Node, Service, ServiceType};
 use select::{categorize, Candidate, Policy};
 
-/// Whether kpx programs this Service at all.
+/// Whether kpx programs this Service at all (a Service labelled with a
+/// `service.kubernetes.io/service-proxy-name` goes only to the agents of that name).
 pub fn is_proxied(svc: &Service) -> bool {
-    svc.service_type != ServiceType::ExternalName
-        && !svc.cluster_ips.is_empty()
-        && svc.proxy_name.is_none()
-        && !svc.headless_label
+    svc.service_type != ServiceType::ExternalName && !svc.cluster_ips.is_empty() && !svc.headless_label
 }
 
 /// Where a node is, as far as endpoint selection cares.
@@ -199,6 +197,7 @@ impl<'a> ViewBuilder<'a> {
             health_check_node_port: svc.effective_health_check_node_port(),
             session_affinity_timeout: svc.session_affinity_timeout,
             ipvs_scheduler: svc.ipvs_scheduler.clone(),
+            service_proxy_name: svc.proxy_name.clone(),
             ..ServiceView::new(
                 self.cluster,
                 &svc.key.namespace,

@@ -107,7 +107,7 @@ fn an_address_listed_twice_counts_once_and_ready_wins() {
 }
 
 #[test]
-fn headless_external_name_and_other_proxies_are_ignored() {
+fn headless_and_external_name_are_ignored_and_a_proxy_name_travels_in_the_view() {
     let svc = |ips: &[&str]| Service {
         cluster_ips: ips.iter().map(|i| i.parse().expect("ip")).collect(),
         ..Service::default()
@@ -115,7 +115,11 @@ fn headless_external_name_and_other_proxies_are_ignored() {
     assert!(is_proxied(&svc(&["10.96.0.1"])));
     assert!(!is_proxied(&svc(&[])));
     assert!(!is_proxied(&Service { service_type: ServiceType::ExternalName, ..svc(&["10.96.0.1"]) }));
-    assert!(!is_proxied(&Service { proxy_name: Some("other".into()), ..svc(&["10.96.0.1"]) }));
+    assert!(!is_proxied(&Service { headless_label: true, ..svc(&["10.96.0.1"]) }));
+    let other = Service { proxy_name: Some("other".into()), ..svc(&["10.96.0.1"]) };
+    assert!(is_proxied(&other), "served, to the agents named so");
+    let view = ViewBuilder::new("c", &other, &[]).view(Locality::UNKNOWN);
+    assert_eq!(view.service_proxy_name.as_deref(), Some("other"));
 }
 
 #[test]

@@ -33,6 +33,8 @@ pub struct TypeProgress {
 #[derive(Debug, Clone)]
 pub struct NodeEntry {
     pub node: String,
+    /// The `--service-proxy-name` the node's agent announced (`""`: none).
+    pub proxy_name: String,
     pub peer: Option<SocketAddr>,
     pub connected_since: SystemTime,
     pub types: BTreeMap<ResourceType, TypeProgress>,
@@ -56,6 +58,7 @@ impl NodeRegistry {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let entry = NodeEntry {
             node: String::new(),
+            proxy_name: String::new(),
             peer,
             connected_since: SystemTime::now(),
             types: BTreeMap::new(),
@@ -82,6 +85,11 @@ impl NodeRegistry {
         let (tx, rx) = oneshot::channel();
         query.send(tx).await.ok()?;
         tokio::time::timeout(std::time::Duration::from_secs(5), rx).await.ok()?.ok()
+    }
+
+    /// The `--service-proxy-name` of `node`'s newest stream (`""`: none, or not connected).
+    pub fn proxy_name(&self, node: &str) -> String {
+        self.lock().values().rev().find(|e| e.node == node).map(|e| e.proxy_name.clone()).unwrap_or_default()
     }
 
     /// Whether some open stream serves `node`.

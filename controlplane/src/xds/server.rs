@@ -131,6 +131,9 @@ impl Reporter {
         let mut depth = 0;
         self.nodes.update(self.id, |entry| {
             entry.node.clone_from(&node);
+            if entry.proxy_name != state.proxy_name() {
+                entry.proxy_name = state.proxy_name().to_owned();
+            }
             let p = entry.types.entry(ty).or_default();
             p.acked = acked;
             p.in_flight = in_flight.is_some();

@@ -28,9 +28,11 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
+use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+use envoy_types::pb::google::protobuf::value::Kind;
 
-use super::snapshot::{Resource, ResourceType, Snapshot};
+use super::snapshot::{Audience, Resource, ResourceType, Snapshot};
 use super::wire::Outgoing;
 
 /// One response, as the shared resources it carries.
@@ -49,6 +51,24 @@ pub enum ProtocolError {
     NotThisNode { claimed: String, identity: String, how: &'static str },
     #[error("node.id changed from {0:?} to {1:?} on one stream")]
     NodeChanged(String, String),
+    #[error("node.metadata.{key}: {reason}")]
+    BadMetadata { key: &'static str, reason: String },
+}
+
+/// The `--service-proxy-name` a node announces in `node.metadata` (`""`: none).
+fn proxy_name(node: Option<&Node>) -> Result<String, ProtocolError> {
+    let key = kpx_proto::SERVICE_PROXY_NAME_KEY;
+    let Some(value) = node.and_then(|n| n.metadata.as_ref()).and_then(|m| m.fields.get(key)) else {
+        return Ok(String::new());
+    };
+    let bad = |reason: String| ProtocolError::BadMetadata { key, reason };
+    match &value.kind {
+        Some(Kind::StringValue(name)) => {
+            kpx_proto::check_service_proxy_name(name).map_err(bad)?;
+            Ok(name.clone())
+        }
+        _ => Err(bad("must be a string".to_owned())),
+    }
 }
 
 /// What one request meant, for logs and metrics.
@@ -129,7 +149,7 @@ impl Sync {
     }
 
     /// The version of `name` the node has by the base alone (overrides aside).
-    fn implied(&self, ty: ResourceType, node: &str, name: &str) -> Option<&str> {
+    fn implied(&self, ty: ResourceType, node: Audience<'_>, name: &str) -> Option<&str> {
         if !self.covers(name) {
             return None;
         }
@@ -137,7 +157,7 @@ impl Sync {
     }
 
     /// How many resources the node has by the base alone.
-    fn count(&self, ty: ResourceType, node: &str) -> usize {
+    fn count(&self, ty: ResourceType, node: Audience<'_>) -> usize {
         match self {
             Sync::Start => 0,
             Sync::Walk { acked_count, .. } => *acked_count,
@@ -178,7 +198,7 @@ impl TypeState {
     }
 
     /// The version of `name` the node has.
-    fn has(&self, ty: ResourceType, node: &str, name: &str) -> Option<&str> {
+    fn has(&self, ty: ResourceType, node: Audience<'_>, name: &str) -> Option<&str> {
         match self.overrides.get(name) {
             Some(version) => version.as_deref(),
             None => self.sync.implied(ty, node, name),
@@ -186,7 +206,7 @@ impl TypeState {
     }
 
     /// How many resources the node has.
-    fn count(&self, ty: ResourceType, node: &str) -> usize {
+    fn count(&self, ty: ResourceType, node: Audience<'_>) -> usize {
         let mut count = self.sync.count(ty, node) as isize;
         for (name, version) in &self.overrides {
             match (self.sync.implied(ty, node, name).is_some(), version.is_some()) {
@@ -204,7 +224,7 @@ impl TypeState {
     }
 
     /// Every name the node has (walks the base: for the admin API only).
-    fn held(&self, ty: ResourceType, node: &str) -> Vec<String> {
+    fn held(&self, ty: ResourceType, node: Audience<'_>) -> Vec<String> {
         let mut names: Vec<String> = self.sync.base().map_or_else(Vec::new, |b| {
             b.for_node(ty, node).filter(|r| self.sync.covers(&r.name)).map(|r| r.name.clone()).collect()
         });
@@ -217,7 +237,7 @@ impl TypeState {
 
     /// Records the answer to the response in flight: the node now has what was sent
     /// (`accepted`) or what it had before.
-    fn settle(&mut self, ty: ResourceType, node: &str, in_flight: InFlight, accepted: bool) {
+    fn settle(&mut self, ty: ResourceType, node: Audience<'_>, in_flight: InFlight, accepted: bool) {
         let now: Vec<(String, Option<String>)> = if accepted {
             in_flight.sent
         } else {
@@ -244,7 +264,7 @@ impl TypeState {
 
     /// Moves the base to `snapshot`, keeping as overrides the names whose version on the
     /// node then differs from the new base.
-    fn rebase(&mut self, ty: ResourceType, node: &str, snapshot: &Arc<Snapshot>) {
+    fn rebase(&mut self, ty: ResourceType, node: Audience<'_>, snapshot: &Arc<Snapshot>) {
         let old = match &self.sync {
             Sync::Start => {
                 self.sync = Sync::Walk { base: Arc::clone(snapshot), acked: None, acked_count: 0 };
@@ -290,7 +310,7 @@ impl TypeState {
     }
 
     /// Forgets overrides that say what the base says anyway.
-    fn prune(&mut self, ty: ResourceType, node: &str) {
+    fn prune(&mut self, ty: ResourceType, node: Audience<'_>) {
         let sync = &self.sync;
         self.overrides.retain(|name, version| sync.implied(ty, node, name) != version.as_deref());
     }
@@ -311,7 +331,7 @@ impl Pending {
         &mut self,
         state: &TypeState,
         ty: ResourceType,
-        node: &str,
+        node: Audience<'_>,
         name: &str,
         snapshot: &Snapshot,
     ) -> bool {
@@ -351,6 +371,8 @@ impl Pending {
 #[derive(Debug, Default)]
 pub struct StreamState {
     node: Option<String>,
+    /// The node's `--service-proxy-name` (its first request's `node.metadata`), `""` for none.
+    proxy: String,
     /// Who the caller proved to be (its certificate or token), and how: `node.id` must be it.
     identity: Option<(String, &'static str)>,
     types: BTreeMap<ResourceType, TypeState>,
@@ -378,6 +400,16 @@ impl StreamState {
         self.node.as_deref()
     }
 
+    /// The `--service-proxy-name` the node's agent runs with (`""`: none).
+    pub fn proxy_name(&self) -> &str {
+        &self.proxy
+    }
+
+    /// Who the snapshot is read for.
+    fn audience(&self) -> Audience<'_> {
+        Audience { node: self.node.as_deref().unwrap_or_default(), proxy: &self.proxy }
+    }
+
     /// Takes a request from the node.
     pub fn on_request(&mut self, req: DeltaDiscoveryRequest) -> Result<RequestKind, ProtocolError> {
         let id = req.node.as_ref().map(|n| n.id.as_str()).unwrap_or_default();
@@ -392,7 +424,10 @@ impl StreamState {
         }
         match (&self.node, id) {
             (None, "") => return Err(ProtocolError::NoNodeId),
-            (None, id) => self.node = Some(id.to_owned()),
+            (None, id) => {
+                self.node = Some(id.to_owned());
+                self.proxy = proxy_name(req.node.as_ref())?;
+            }
             (Some(known), id) if !id.is_empty() && id != known => {
                 return Err(ProtocolError::NodeChanged(known.clone(), id.to_owned()))
             }
@@ -401,7 +436,8 @@ impl StreamState {
         let Some(ty) = ResourceType::from_type_url(&req.type_url) else {
             return Ok(RequestKind::UnknownType(req.type_url));
         };
-        let node = self.node.clone().unwrap_or_default();
+        let (node, proxy) = (self.node.clone().unwrap_or_default(), self.proxy.clone());
+        let who = Audience { node: &node, proxy: &proxy };
         let first = !self.types.contains_key(&ty);
         let state = self.types.entry(ty).or_default();
         if first {
@@ -418,8 +454,8 @@ impl StreamState {
         for name in req.resource_names_unsubscribe {
             if name == "*" {
                 // What the base gave the node it keeps, until told otherwise.
-                for name in state.held(ty, &node) {
-                    let version = state.has(ty, &node, &name).map(str::to_owned);
+                for name in state.held(ty, who) {
+                    let version = state.has(ty, who, &name).map(str::to_owned);
                     state.overrides.insert(name, version);
                 }
                 state.wildcard = false;
@@ -446,7 +482,7 @@ impl StreamState {
                 for (name, _) in &in_flight.sent {
                     state.rejected.remove(name);
                 }
-                state.settle(ty, &node, in_flight, true);
+                state.settle(ty, who, in_flight, true);
                 Ok(RequestKind::Ack { ty, nonce })
             }
             Some(status) => {
@@ -455,7 +491,7 @@ impl StreamState {
                         state.rejected.insert(name.clone(), v.clone());
                     }
                 }
-                state.settle(ty, &node, in_flight, false);
+                state.settle(ty, who, in_flight, false);
                 Ok(RequestKind::Nack { ty, nonce, reason: status.message })
             }
         }
@@ -464,14 +500,13 @@ impl StreamState {
     /// What the node holds of `ty`: resources ACKed, resources in the response awaiting its ACK.
     pub fn type_status(&self, ty: ResourceType) -> Option<(usize, Option<usize>)> {
         let state = self.types.get(&ty)?;
-        let node = self.node.as_deref().unwrap_or_default();
-        Some((state.count(ty, node), state.in_flight.as_ref().map(|f| f.sent.len())))
+        Some((state.count(ty, self.audience()), state.in_flight.as_ref().map(|f| f.sent.len())))
     }
 
     /// Per type and name: the version the node ACKed (if any) and the one it NACKed (if any).
     pub fn versions(&self) -> Vec<(ResourceType, String, Option<String>, Option<String>)> {
         let mut out = Vec::new();
-        let node = self.node.as_deref().unwrap_or_default();
+        let node = self.audience();
         for (ty, state) in &self.types {
             let mut names = state.held(*ty, node);
             names.extend(state.rejected.keys().cloned());
@@ -498,7 +533,8 @@ impl StreamState {
 
     /// The next response for `ty`, if the node lacks something and nothing is in flight.
     pub fn next_response(&mut self, ty: ResourceType, snapshot: &Arc<Snapshot>) -> Option<Response> {
-        let node = self.node.clone()?;
+        let (node, proxy) = (self.node.clone()?, self.proxy.clone());
+        let who = Audience { node: &node, proxy: &proxy };
         let state = self.types.get_mut(&ty)?;
         if state.in_flight.is_some() {
             return None;
@@ -509,10 +545,10 @@ impl StreamState {
             names.sort();
             names.dedup();
             for name in &names {
-                pending.consider(state, ty, &node, name, snapshot);
+                pending.consider(state, ty, who, name, snapshot);
             }
         } else {
-            Self::wildcard_response(state, ty, &node, snapshot, &mut pending);
+            Self::wildcard_response(state, ty, who, snapshot, &mut pending);
         }
         if pending.is_empty() {
             return None;
@@ -536,7 +572,7 @@ impl StreamState {
     fn wildcard_response(
         state: &mut TypeState,
         ty: ResourceType,
-        node: &str,
+        node: Audience<'_>,
         snapshot: &Arc<Snapshot>,
         pending: &mut Pending,
     ) {
@@ -590,7 +626,6 @@ mod tests {
     use super::*;
     use crate::source::manifest::state_of;
     use crate::xds::snapshot::BuildOptions;
-    use envoy_types::pb::envoy::config::core::v3::Node;
     use envoy_types::pb::google::rpc::Status;
 
     fn snapshot(yaml: &str) -> Arc<Snapshot> {
@@ -837,6 +872,38 @@ mod tests {
         let mut other = subscribe(&[]);
         other.node = Some(Node { id: "n2".into(), ..Default::default() });
         assert!(matches!(s.on_request(other), Err(ProtocolError::NodeChanged(..))));
+    }
+
+    #[test]
+    fn a_node_announcing_a_service_proxy_name_is_sent_that_names_services_only() {
+        use envoy_types::pb::google::protobuf::{Struct, Value};
+        let snap = snapshot(
+            "kind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n---\n\
+             kind: Service\nmetadata: {name: b, labels: {service.kubernetes.io/service-proxy-name: kpx-b}}\n\
+             spec: {clusterIP: 10.96.0.2, ports: [{port: 80}]}\n",
+        );
+        let with = |value: Kind| {
+            let fields = [(kpx_proto::SERVICE_PROXY_NAME_KEY.to_owned(), Value { kind: Some(value) })];
+            let mut request = subscribe(&[]);
+            request.node = Some(Node {
+                id: "n1".into(),
+                metadata: Some(Struct { fields: fields.into_iter().collect() }),
+                ..Default::default()
+            });
+            request
+        };
+        let sent = |request: DeltaDiscoveryRequest| {
+            let mut s = StreamState::default();
+            s.on_request(request).expect("ok");
+            let response = s.next_response(ResourceType::ServiceView, &snap).expect("a response");
+            names(&response).into_iter().map(str::to_owned).collect::<Vec<String>>()
+        };
+        assert_eq!(sent(subscribe(&[])), ["c/default/a"]);
+        assert_eq!(sent(with(Kind::StringValue("kpx-b".into()))), ["c/default/b"]);
+        let refused =
+            |kind: Kind| StreamState::default().on_request(with(kind)).expect_err("refused").to_string();
+        assert!(refused(Kind::BoolValue(true)).contains("node.metadata.service_proxy_name"));
+        assert!(refused(Kind::StringValue("no spaces".into())).contains("label value"));
     }
 
     #[test]

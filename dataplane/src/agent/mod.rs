@@ -112,10 +112,21 @@ impl Agent {
         conntrack: SharedConntrack,
         control_plane: String,
     ) -> anyhow::Result<Agent> {
-        let (state, damaged) = match store.load()? {
+        let (mut state, damaged) = match store.load()? {
             Ok(state) => (state, None),
             Err(damaged) => (NodeState::default(), Some(damaged)),
         };
+        // Services stored under another --service-proxy-name are not this agent's.
+        let stored = state.services.len();
+        state.services.retain(|_, s| s.value.service_proxy_name == settings.service_proxy_name);
+        if state.services.len() < stored {
+            tracing::warn!(
+                dropped = stored - state.services.len(),
+                service_proxy_name = settings.service_proxy_name.as_deref().unwrap_or(""),
+                "stored Services are for another --service-proxy-name: dropped"
+            );
+            store.replace_all(&state)?;
+        }
         let nothing_stored = damaged.is_none() && state.services.is_empty() && state.node.is_none();
         let kernel_has_rules = nothing_stored && backend.holds_rules()?;
         let damaged = match damaged {
@@ -369,6 +380,11 @@ impl Agent {
         &self.node_name
     }
 
+    /// `--service-proxy-name`, when the agent runs with one.
+    pub fn service_proxy_name(&self) -> Option<&str> {
+        self.settings.service_proxy_name.as_deref()
+    }
+
     pub fn state(&self) -> &NodeState {
         &self.state
     }
@@ -438,6 +454,7 @@ impl Agent {
         started: Instant,
     ) -> Result<Applied, ApplyError> {
         let delta = Delta::validate(&self.node_name, type_url, resources, removed)?;
+        delta.check_proxy_name(self.settings.service_proxy_name.as_deref())?;
         // A store whose last write failed is opened again and rewritten first.
         self.store.heal(&self.state)?;
         let (resources, removed) = (delta.resource_count(), delta.removed_services.len());

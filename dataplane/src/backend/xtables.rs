@@ -5,12 +5,26 @@
 use std::fmt::Write as _;
 
 use kpx_proto::family::Family;
+use kpx_proto::node_context::LocalMatch;
 
 use crate::exec::iptables::Iptables;
 use crate::exec::ExecError;
 
 /// The mark bit that asks kpx's postrouting chain to masquerade.
 pub const MASQ_MARK: &str = "0x2000";
+
+/// The iptables matches that together say "from a pod" (a packet from a pod matches one
+/// of them): one `-s` per prefix, or one `-i` (`NAME+` for a prefix). Empty without a
+/// detector.
+pub fn from_pods(detector: Option<LocalMatch<'_>>) -> Vec<String> {
+    match detector {
+        None => Vec::new(),
+        Some(LocalMatch::Sources(cidrs)) => cidrs.iter().map(|c| format!("-s {c}")).collect(),
+        Some(LocalMatch::Interface { name, prefix }) => {
+            vec![format!("-i {name}{}", if prefix { "+" } else { "" })]
+        }
+    }
+}
 
 /// The iptables tables kpx writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -9,6 +9,8 @@
 //! mode: nftables                      # nftables | iptables | ipvs
 //! hostnameOverride: node-a            # the node name
 //! clusterCIDR: 10.244.0.0/16          # local-traffic detection (overrides the control plane's)
+//! detectLocalMode: ClusterCIDR        # NodeCIDR, BridgeInterface, InterfaceNamePrefix
+//! detectLocal: {bridgeInterface: cbr0, interfaceNamePrefix: veth}
 //! nodePortAddresses: [10.0.0.0/24]
 //! metricsBindAddress: 127.0.0.1:10249
 //! healthzBindAddress: 0.0.0.0:10256
@@ -16,7 +18,7 @@
 //! ipvs: {scheduler: rr}               # rr, wrr, lc, wlc, sh, dh, mh
 //! kpx: {controlPlane: https://cp:18000, stateDir: /var/lib/kpx, adminBindAddress: 127.0.0.1:18001, iptablesMode: auto,
 //!       ipvsDrainGrace: 15m, tlsCA: /etc/kpx/ca.crt, tlsCert: /etc/kpx/tls.crt, tlsKey: /etc/kpx/tls.key,
-//!       nodeTokenFile: /var/run/secrets/kpx/token, insecure: false}
+//!       nodeTokenFile: /var/run/secrets/kpx/token, insecure: false, serviceProxyName: kpx}
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -31,8 +33,10 @@ pub struct KubeProxyConfiguration {
     pub api_version: Option<String>,
     pub kind: Option<String>,
     pub mode: Option<String>,
-    /// Only `ClusterCIDR`, what kpx does.
+    /// `ClusterCIDR`, `NodeCIDR`, `BridgeInterface` or `InterfaceNamePrefix`.
     pub detect_local_mode: Option<String>,
+    /// The interface names of the interface detect-local modes.
+    pub detect_local: Option<DetectLocal>,
     pub hostname_override: Option<String>,
     #[serde(rename = "clusterCIDR")]
     pub cluster_cidr: Option<String>,
@@ -59,6 +63,14 @@ pub struct ModeSection {
     pub strict_arp: Option<bool>,
 }
 
+/// `detectLocal:`.
+#[derive(Debug, Default, Deserialize, Clone)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DetectLocal {
+    pub bridge_interface: Option<String>,
+    pub interface_name_prefix: Option<String>,
+}
+
 /// `kpx:`: what kube-proxy's file has no field for.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -74,6 +86,7 @@ pub struct KpxSection {
     pub admin_bind_address: Option<String>,
     pub iptables_mode: Option<String>,
     pub ipvs_drain_grace: Option<String>,
+    pub service_proxy_name: Option<String>,
 }
 
 /// Reads and checks the file at `path`; also returns the kube-proxy fields it ignored

@@ -39,6 +39,22 @@ pub struct Flags {
     /// Pod CIDRs for local-traffic detection (comma-separated); default: the control plane's.
     #[arg(long, value_delimiter = ',', value_parser = parse_cidr)]
     pub cluster_cidr: Option<Vec<IpNet>>,
+    /// Handle only the Services labelled `service.kubernetes.io/service-proxy-name: NAME`
+    /// (without it: only the Services without that label), to run beside another proxy.
+    #[arg(long, value_parser = parse_service_proxy_name)]
+    pub service_proxy_name: Option<String>,
+    /// What tells pod traffic from other traffic (kube-proxy's `--detect-local-mode`):
+    /// ClusterCIDR (the cluster CIDR, else the node's pod CIDRs), NodeCIDR (the node's pod
+    /// CIDRs), BridgeInterface (`--pod-bridge-interface`), InterfaceNamePrefix
+    /// (`--pod-interface-name-prefix`) [default: ClusterCIDR].
+    #[arg(long)]
+    pub detect_local_mode: Option<String>,
+    /// With `--detect-local-mode=BridgeInterface`: the bridge the node's pods hang off.
+    #[arg(long)]
+    pub pod_bridge_interface: Option<String>,
+    /// With `--detect-local-mode=InterfaceNamePrefix`: how the node's pod interfaces are named.
+    #[arg(long)]
+    pub pod_interface_name_prefix: Option<String>,
     /// Which iptables flavour `--backend iptables` (and ipvs) drives [default: auto: the one
     /// holding more rules].
     #[arg(long, value_enum)]
@@ -130,6 +146,10 @@ fn parse_cidr(text: &str) -> Result<IpNet, String> {
         .parse::<IpNet>()
         .map(|n| n.trunc())
         .map_err(|_| format!("{text:?} is not a CIDR (like 10.0.0.0/8)"))
+}
+
+fn parse_service_proxy_name(text: &str) -> Result<String, String> {
+    kpx_proto::check_service_proxy_name(text).map(|()| text.to_owned())
 }
 
 /// An IPVS scheduler kpx knows (`--ipvs-scheduler`, `ipvs.scheduler`).

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use kpx_proto::cli::parse_duration;
-use kpx_proto::node_context::{NodePortAddresses, ProxySettings};
+use kpx_proto::node_context::{LocalMode, NodePortAddresses, ProxySettings};
 
 pub use flags::{BackendKind, Flags, IptablesMode};
 
@@ -147,6 +147,51 @@ fn duration(field: &str, text: Option<&str>) -> Result<Option<Duration>, ConfigE
     text.map(|t| parse_duration(t).map_err(|e| ConfigError::field(field, e))).transpose()
 }
 
+/// `--detect-local-mode` (or `detectLocalMode`) with the interface name its mode needs.
+fn local_mode(flags: &Flags, file: &KubeProxyConfiguration) -> Result<LocalMode, ConfigError> {
+    let (mode_field, mode) = match (&flags.detect_local_mode, &file.detect_local_mode) {
+        (Some(m), _) => ("--detect-local-mode", m.as_str()),
+        (None, Some(m)) => ("detectLocalMode", m.as_str()),
+        (None, None) => return Ok(LocalMode::default()),
+    };
+    let names = file.detect_local.clone().unwrap_or_default();
+    let (field, name, prefix) = match mode {
+        "ClusterCIDR" => return Ok(LocalMode::ClusterCidr),
+        "NodeCIDR" => return Ok(LocalMode::NodeCidr),
+        "BridgeInterface" => match (&flags.pod_bridge_interface, names.bridge_interface) {
+            (Some(n), _) => ("--pod-bridge-interface", n.clone(), false),
+            (None, Some(n)) => ("detectLocal.bridgeInterface", n, false),
+            (None, None) => {
+                return Err(ConfigError::field(
+                    "--pod-bridge-interface",
+                    format!(
+                    "{mode_field} BridgeInterface needs the bridge's name (or detectLocal.bridgeInterface)"
+                ),
+                ))
+            }
+        },
+        "InterfaceNamePrefix" => match (&flags.pod_interface_name_prefix, names.interface_name_prefix) {
+            (Some(n), _) => ("--pod-interface-name-prefix", n.clone(), true),
+            (None, Some(n)) => ("detectLocal.interfaceNamePrefix", n, true),
+            (None, None) => {
+                return Err(ConfigError::field(
+                    "--pod-interface-name-prefix",
+                    format!(
+                    "{mode_field} InterfaceNamePrefix needs the prefix (or detectLocal.interfaceNamePrefix)"
+                ),
+                ))
+            }
+        },
+        other => {
+            return Err(ConfigError::field(
+                mode_field,
+                format!("{other:?}: expected ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix"),
+            ))
+        }
+    };
+    LocalMode::interface(&name, prefix).map_err(|e| ConfigError::field(field, e.to_string()))
+}
+
 impl AgentConfig {
     /// Flags over the file over defaults.
     pub fn resolve(flags: Flags) -> Result<AgentConfig, ConfigError> {
@@ -164,12 +209,7 @@ impl AgentConfig {
             }
             None => KubeProxyConfiguration::default(),
         };
-        if let Some(mode) = file.detect_local_mode.as_deref().filter(|m| *m != "ClusterCIDR") {
-            return Err(ConfigError::field(
-                "detectLocalMode",
-                format!("{mode:?}: kpx detects pod traffic by ClusterCIDR (clusterCIDR, else each node's pod CIDRs)"),
-            ));
-        }
+        let local_mode = local_mode(&flags, &file)?;
         let kind = match (flags.backend, file.mode.as_deref()) {
             (Some(b), _) => b,
             (None, None | Some("") | Some("nftables")) => BackendKind::Nftables,
@@ -210,6 +250,15 @@ impl AgentConfig {
                 .filter(|d| !d.is_zero());
         let kpx = file.kpx.unwrap_or_default();
         let backend = Self::backend(&flags, kind, &kpx, file.ipvs.as_ref())?;
+        let service_proxy_name = match (&flags.service_proxy_name, &kpx.service_proxy_name) {
+            (Some(name), _) => Some(name.clone()),
+            (None, Some(name)) => {
+                kpx_proto::check_service_proxy_name(name)
+                    .map_err(|e| ConfigError::field("kpx.serviceProxyName", e))?;
+                Some(name.clone())
+            }
+            (None, None) => None,
+        };
         let proxy = ProxySettings {
             masquerade_all: flags.masquerade_all || section.masquerade_all.unwrap_or(false),
             nodeport_addresses: match (&flags.nodeport_addresses, &file.node_port_addresses) {
@@ -226,6 +275,8 @@ impl AgentConfig {
                 }
                 (None, None) => Vec::new(),
             },
+            local_mode,
+            service_proxy_name,
         };
         if flags.cleanup {
             let mode = Mode::Cleanup {
@@ -541,6 +592,38 @@ mod tests {
     }
 
     #[test]
+    fn the_service_proxy_name_comes_from_the_flag_or_the_file_and_is_checked() {
+        let name = |text: &str, flags: Flags| with_file(text, flags).map(|c| c.proxy.service_proxy_name);
+        assert_eq!(name("{}\n", cleanup()).expect("valid"), None);
+        assert_eq!(
+            name("kpx: {serviceProxyName: kpx-b}\n", cleanup()).expect("valid").as_deref(),
+            Some("kpx-b")
+        );
+        let flag = Flags { service_proxy_name: Some("kpx-c".into()), ..cleanup() };
+        assert_eq!(name("kpx: {serviceProxyName: kpx-b}\n", flag).expect("valid").as_deref(), Some("kpx-c"));
+        let err = name("kpx: {serviceProxyName: '-b'}\n", cleanup()).expect_err("bad").to_string();
+        assert!(err.contains("kpx.serviceProxyName"), "{err}");
+    }
+
+    #[test]
+    fn detect_local_modes_come_from_the_file_or_the_flags() {
+        let mode = |text: &str, flags: Flags| with_file(text, flags).expect("valid").proxy.local_mode;
+        assert_eq!(mode("{}\n", cleanup()), LocalMode::ClusterCidr);
+        assert_eq!(mode("detectLocalMode: NodeCIDR\n", cleanup()), LocalMode::NodeCidr);
+        let text = "detectLocalMode: InterfaceNamePrefix\ndetectLocal: {bridgeInterface: '', interfaceNamePrefix: veth}\n";
+        assert_eq!(mode(text, cleanup()), LocalMode::InterfaceNamePrefix("veth".into()));
+        let flags = Flags {
+            detect_local_mode: Some("BridgeInterface".into()),
+            pod_bridge_interface: Some("cbr0".into()),
+            ..cleanup()
+        };
+        assert_eq!(mode(text, flags), LocalMode::BridgeInterface("cbr0".into()), "flags win");
+        let flags = Flags { detect_local_mode: Some("BridgeInterface".into()), ..cleanup() };
+        let err = with_file("{}\n", flags).expect_err("no bridge").to_string();
+        assert!(err.contains("--pod-bridge-interface"), "{err}");
+    }
+
+    #[test]
     fn unknown_or_bad_fields_are_named() {
         let message = |text: &str| with_file(text, cleanup()).expect_err("refused").to_string();
         let err = message("iptables: {localhostNodePorts: true}\n");
@@ -550,10 +633,12 @@ mod tests {
         assert!(message("nftables: {strictARP: true}\n").contains("nftables.strictARP"));
         assert!(message("ipvs: {tcpTimeout: 15m}\n").contains("ipvs.tcpTimeout"));
         assert!(message("nftables: {masqueradeBit: 14}\n").contains("nftables.masqueradeBit"));
-        assert!(message("detectLocalMode: InterfaceNamePrefix\n").contains("detectLocalMode"));
-        assert!(
-            message("detectLocal: {interfaceNamePrefix: veth}\n").contains("detectLocal.interfaceNamePrefix")
-        );
+        let err = message("detectLocalMode: InterfaceNamePrefix\n");
+        assert!(err.contains("--pod-interface-name-prefix") && err.contains("detectLocalMode"), "{err}");
+        assert!(message("detectLocalMode: Pods\n").contains("detectLocalMode"));
+        let err = message("detectLocalMode: BridgeInterface\ndetectLocal: {bridgeInterface: 'br 0'}\n");
+        assert!(err.contains("detectLocal.bridgeInterface") && err.contains("br 0"), "{err}");
+        assert!(message("detectLocal: {bridge: cbr0}\n").contains("unknown field `bridge`"));
         assert!(message("conntrak: {}\nclusterCIDR: 10.0.0.0/8\nfoo: 1\n").contains("unknown field `foo`"));
         let err = message("mode: userspace\n");
         assert!(err.contains("mode") && err.contains("userspace"), "{err}");

@@ -57,8 +57,6 @@ const FIELDS: &[(&str, Unused)] = &[
     ("conntrack.tcpEstablishedTimeout", Unused::NotDone(CONNTRACK_TIMEOUTS)),
     ("conntrack.udpStreamTimeout", Unused::NotDone(CONNTRACK_TIMEOUTS)),
     ("conntrack.udpTimeout", Unused::NotDone(CONNTRACK_TIMEOUTS)),
-    ("detectLocal.bridgeInterface", Unused::NotDone("kpx detects pod traffic by CIDR only")),
-    ("detectLocal.interfaceNamePrefix", Unused::NotDone("kpx detects pod traffic by CIDR only")),
     ("iptables.masqueradeBit", Unused::NotDone(MASQUERADE_BIT)),
     ("nftables.masqueradeBit", Unused::NotDone(MASQUERADE_BIT)),
     ("iptables.localhostNodePorts", Unused::LocalhostNodePorts),

@@ -60,10 +60,36 @@ impl Variants {
     }
 }
 
+/// Who a snapshot is read for: a node, and the `--service-proxy-name` its agent runs with
+/// (`""`: none). An agent with a name gets the Services labelled with that name only; one
+/// without gets the Services without the label.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Audience<'a> {
+    pub node: &'a str,
+    pub proxy: &'a str,
+}
+
+impl<'a> From<&'a String> for Audience<'a> {
+    fn from(node: &'a String) -> Self {
+        Audience { node, proxy: "" }
+    }
+}
+
+impl<'a> From<&'a str> for Audience<'a> {
+    /// A node whose agent runs without a `--service-proxy-name`.
+    fn from(node: &'a str) -> Self {
+        Audience { node, proxy: "" }
+    }
+}
+
 #[derive(Debug, Default, Clone)]
 pub struct Snapshot {
-    /// The default view of every Service, by resource name.
+    /// The default view of every Service without a `service-proxy-name` label, by resource name.
     services: OrderedResources,
+    /// Proxy name → the default views of the Services labelled with it.
+    named: imbl::HashMap<String, OrderedResources>,
+    /// The proxy name of each labelled Service, by resource name.
+    proxy_of: imbl::HashMap<String, String>,
     /// The variants of each Service that has some, by resource name.
     variants: imbl::HashMap<String, Arc<Variants>>,
     /// Zone → the views that differ from the default for that zone's nodes.
@@ -74,7 +100,7 @@ pub struct Snapshot {
     /// Each node's zone and (several clusters) home cluster: with several clusters a node
     /// gets its home cluster's Services only; with one every node gets everything.
     placement: Placement,
-    /// How many Services each cluster has.
+    /// How many Services without a proxy name each cluster has.
     cluster_sizes: BTreeMap<String, usize>,
     /// Node configs by node name.
     node_configs: OrderedResources,
@@ -192,13 +218,14 @@ impl Snapshot {
     /// Stores the views of Service `name` (`None`: removes it), keeping the `Arc`s of
     /// content that did not change.
     fn set_service(&mut self, name: String, views: Option<ServiceViews>, changed: &mut Changes) {
-        let old_default = self.services.get(&name).cloned();
+        let old_proxy = self.proxy_of.get(&name).cloned();
+        let old_default =
+            self.defaults_for(old_proxy.as_deref().unwrap_or("")).and_then(|m| m.get(&name)).cloned();
         let old_variants = self.variants.get(&name).cloned();
         let Some(views) = views else {
             if old_default.is_some() {
                 self.remove_variants(&name, old_variants.as_deref());
-                self.services.remove(&name);
-                self.resize(&name, -1);
+                self.remove_default(&name, old_proxy.as_deref());
                 changed.services.insert(name);
             }
             return;
@@ -218,6 +245,7 @@ impl Snapshot {
             };
             Variants { zones: intern_all(&views.zones), nodes: intern_all(&views.nodes) }
         };
+        // The proxy name is part of the view, so a relabelled Service has a new version.
         let same_default = old_default.as_ref().is_some_and(|d| d.version == default.version);
         let same_variants = match &old_variants {
             Some(old) => old.same_as(&variants),
@@ -226,15 +254,55 @@ impl Snapshot {
         if same_default && same_variants {
             return;
         }
-        if old_default.is_none() {
-            self.resize(&name, 1);
+        if old_default.is_some() {
+            self.remove_default(&name, old_proxy.as_deref());
         }
-        self.services.insert(name.clone(), default);
+        self.insert_default(&name, views.default.service_proxy_name.as_deref(), default);
         if !same_variants {
             self.remove_variants(&name, old_variants.as_deref());
             self.add_variants(&name, variants);
         }
         changed.services.insert(name);
+    }
+
+    /// The default views of the Services for agents named `proxy` (`""`: without a name).
+    fn defaults_for(&self, proxy: &str) -> Option<&OrderedResources> {
+        if proxy.is_empty() {
+            Some(&self.services)
+        } else {
+            self.named.get(proxy)
+        }
+    }
+
+    fn insert_default(&mut self, name: &str, proxy: Option<&str>, default: Arc<Resource>) {
+        match proxy {
+            None => {
+                self.services.insert(name.to_owned(), default);
+                self.resize(name, 1);
+            }
+            Some(proxy) => {
+                self.named.entry(proxy.to_owned()).or_default().insert(name.to_owned(), default);
+                self.proxy_of.insert(name.to_owned(), proxy.to_owned());
+            }
+        }
+    }
+
+    fn remove_default(&mut self, name: &str, proxy: Option<&str>) {
+        match proxy {
+            None => {
+                self.services.remove(name);
+                self.resize(name, -1);
+            }
+            Some(proxy) => {
+                if let Some(map) = self.named.get_mut(proxy) {
+                    map.remove(name);
+                    if map.is_empty() {
+                        self.named.remove(proxy);
+                    }
+                }
+                self.proxy_of.remove(name);
+            }
+        }
     }
 
     fn resize(&mut self, name: &str, by: isize) {
@@ -331,7 +399,7 @@ impl Snapshot {
 
     /// The names of `ty` whose resource differs for `node` between `old` and `new`, found
     /// by merging both in name order (for when `changed_since` no longer knows).
-    pub fn differences(old: &Snapshot, new: &Snapshot, ty: ResourceType, node: &str) -> Vec<String> {
+    pub fn differences(old: &Snapshot, new: &Snapshot, ty: ResourceType, node: Audience<'_>) -> Vec<String> {
         use std::cmp::Ordering;
         let mut before = old.for_node(ty, node).peekable();
         let mut after = new.for_node(ty, node).peekable();
@@ -359,14 +427,19 @@ impl Snapshot {
     }
 
     /// How many resources of `ty` a node gets (without walking them).
-    pub fn count_for_node(&self, ty: ResourceType, node: &str) -> usize {
+    pub fn count_for_node<'w>(&self, ty: ResourceType, who: impl Into<Audience<'w>>) -> usize {
+        let who = who.into();
         match ty {
-            ResourceType::ServiceView => match self.placement.home(node) {
+            ResourceType::ServiceView if !who.proxy.is_empty() => match self.service_range(who.node, None) {
+                Some(range) => self.named.get(who.proxy).map_or(0, |m| m.range(range).count()),
+                None => 0,
+            },
+            ResourceType::ServiceView => match self.placement.home(who.node) {
                 Some(None) => self.services.len(),
                 Some(Some(cluster)) => self.cluster_sizes.get(cluster).copied().unwrap_or(0),
                 None => 0,
             },
-            ResourceType::NodeConfig => usize::from(self.node_configs.contains_key(node)),
+            ResourceType::NodeConfig => usize::from(self.node_configs.contains_key(who.node)),
         }
     }
 
@@ -380,9 +453,9 @@ impl Snapshot {
     pub fn for_node<'a>(
         &'a self,
         ty: ResourceType,
-        node: &'a str,
+        who: impl Into<Audience<'a>>,
     ) -> Box<dyn Iterator<Item = &'a Arc<Resource>> + 'a> {
-        self.for_node_after(ty, node, None)
+        self.for_node_after(ty, who, None)
     }
 
     /// The names of the Services `node` gets, after `after`, as a key range.
@@ -406,15 +479,18 @@ impl Snapshot {
     pub fn for_node_after<'a>(
         &'a self,
         ty: ResourceType,
-        node: &'a str,
+        who: impl Into<Audience<'a>>,
         after: Option<&str>,
     ) -> Box<dyn Iterator<Item = &'a Arc<Resource>> + 'a> {
+        let Audience { node, proxy } = who.into();
         match ty {
             ResourceType::ServiceView => {
-                let Some(range) = self.service_range(node, after) else {
+                let (Some(range), Some(defaults)) =
+                    (self.service_range(node, after), self.defaults_for(proxy))
+                else {
                     return Box::new(std::iter::empty());
                 };
-                let services = self.services.range(range);
+                let services = defaults.range(range);
                 let has_variants = self.node_variants.contains_key(node) || self.variant_zone(node).is_some();
                 if !has_variants {
                     return Box::new(services.map(|(_, default)| default));
@@ -434,7 +510,13 @@ impl Snapshot {
     }
 
     /// One resource that `node` should have, if it exists.
-    pub fn get(&self, ty: ResourceType, node: &str, name: &str) -> Option<&Arc<Resource>> {
+    pub fn get<'w>(
+        &self,
+        ty: ResourceType,
+        who: impl Into<Audience<'w>>,
+        name: &str,
+    ) -> Option<&Arc<Resource>> {
+        let Audience { node, proxy } = who.into();
         match ty {
             ResourceType::ServiceView => {
                 let at_home = match self.placement.home(node) {
@@ -444,16 +526,27 @@ impl Snapshot {
                     }
                     None => false,
                 };
-                let default = self.services.get(name).filter(|_| at_home)?;
+                let default = self.defaults_for(proxy)?.get(name).filter(|_| at_home)?;
                 Some(self.variant(node, name).unwrap_or(default))
             }
             ResourceType::NodeConfig => (name == node).then(|| self.node_configs.get(node)).flatten(),
         }
     }
 
-    /// The default view of every Service, in name order.
+    /// The default view of every Service: those without a proxy name in name order, then
+    /// each proxy name's.
     pub fn defaults(&self) -> impl Iterator<Item = &Arc<Resource>> {
-        self.services.values()
+        self.services.values().chain(self.named.values().flat_map(|m| m.values()))
+    }
+
+    /// The default view of Service `name`, whichever agents it is for.
+    pub fn default_view(&self, name: &str) -> Option<&Arc<Resource>> {
+        self.defaults_for(self.proxy_name(name))?.get(name)
+    }
+
+    /// The `service-proxy-name` of Service `name` (`""`: none, or no such Service).
+    pub fn proxy_name(&self, name: &str) -> &str {
+        self.proxy_of.get(name).map_or("", String::as_str)
     }
 
     /// The variants of Service `name`: for each, who gets it (`zone=<zone>` and the
@@ -476,7 +569,7 @@ impl Snapshot {
     }
 
     pub fn service_count(&self) -> usize {
-        self.services.len()
+        self.services.len() + self.proxy_of.len()
     }
 
     /// How many zone and node variants are stored besides the default views.

@@ -306,3 +306,63 @@ fn a_global_service_has_every_clusters_endpoints_with_affinity_and_withdrawal() 
     assert_eq!(endpoints_of(&snap, "node-e", "east/ns/web"), ["10.1.0.1@home"]);
     assert_eq!(endpoints_of(&snap, "node-w", "west/ns/web"), ["10.1.0.1@east", "10.2.0.1@home"]);
 }
+
+/// A Service labelled with a `service-proxy-name`: for the agents of that name only.
+fn labelled(name: &str, ip: &str, proxy: &str) -> String {
+    format!(
+        "kind: Service\nmetadata: {{name: {name}, namespace: ns, labels: {{service.kubernetes.io/service-proxy-name: {proxy}}}}}\n\
+         spec: {{clusterIP: {ip}, {PORT}}}\n---\n"
+    )
+}
+
+fn names<'a>(snap: &'a Snapshot, who: Audience<'a>) -> Vec<&'a str> {
+    snap.for_node(ResourceType::ServiceView, who).map(|r| r.name.as_str()).collect()
+}
+
+#[test]
+fn each_service_proxy_name_gets_its_own_services_only() {
+    let yaml = format!(
+        "{}---\n{}{}",
+        web(PORT, ""),
+        labelled("b1", "10.96.0.2", "kpx-b"),
+        labelled("c1", "10.96.0.3", "kpx-c")
+    );
+    let snap = build(&yaml, &Snapshot::default());
+    let (plain, b, nobody) = (
+        Audience::from("n1"),
+        Audience { node: "n1", proxy: "kpx-b" },
+        Audience { node: "n1", proxy: "kpx-z" },
+    );
+    assert_eq!(names(&snap, plain), [WEB]);
+    assert_eq!(names(&snap, b), ["c/ns/b1"]);
+    assert!(names(&snap, nobody).is_empty());
+    assert_eq!(snap.count_for_node(ResourceType::ServiceView, plain), 1);
+    assert_eq!(snap.count_for_node(ResourceType::ServiceView, b), 1);
+    assert_eq!(snap.count_for_node(ResourceType::ServiceView, nobody), 0);
+    assert!(snap.get(ResourceType::ServiceView, plain, "c/ns/b1").is_none());
+    assert!(snap.get(ResourceType::ServiceView, b, WEB).is_none());
+    assert!(snap.get(ResourceType::ServiceView, b, "c/ns/b1").is_some());
+    assert_eq!((snap.service_count(), snap.proxy_name("c/ns/c1")), (3, "kpx-c"));
+    assert!(snap.default_view("c/ns/c1").is_some());
+
+    // Relabelled: it moves from kpx-c's agents to kpx-b's, and the change is recorded.
+    let moved = format!(
+        "{}---\n{}{}",
+        web(PORT, ""),
+        labelled("b1", "10.96.0.2", "kpx-b"),
+        labelled("c1", "10.96.0.3", "kpx-b")
+    );
+    let next = build(&moved, &snap);
+    assert_eq!(names(&next, b), ["c/ns/b1", "c/ns/c1"]);
+    assert!(names(&next, Audience { node: "n1", proxy: "kpx-c" }).is_empty());
+    let changed = next.changed_since(snap.generation(), ResourceType::ServiceView).expect("known");
+    assert_eq!(changed, HashSet::from(["c/ns/c1"]));
+    assert_eq!(Snapshot::differences(&snap, &next, ResourceType::ServiceView, b), ["c/ns/c1"]);
+
+    // Label taken off: it is everybody's without a name; gone: nobody's.
+    let plain_again = format!("{}---\n{}", web(PORT, ""), "kind: Service\nmetadata: {name: b1, namespace: ns}\nspec: {clusterIP: 10.96.0.2, ports: [{name: http, port: 80}]}\n");
+    let last = build(&plain_again, &next);
+    assert_eq!(names(&last, plain), ["c/ns/b1", WEB]);
+    assert!(names(&last, b).is_empty());
+    assert_eq!((last.service_count(), last.proxy_name("c/ns/b1")), (2, ""));
+}

@@ -11,7 +11,7 @@ use super::names::PREFIX;
 use super::service::{self, ChainKey, ServiceRules, SharedRule};
 use super::skeleton::{self, HOOKS};
 use crate::backend::owners::Owners;
-use crate::backend::xtables::{self, Table};
+use crate::backend::xtables::{self, from_pods, Table};
 use crate::backend::{Family, NodeContext};
 use crate::state::{ChangeSet, NodeState};
 
@@ -110,7 +110,7 @@ impl Programmed {
         let (mut plan, mut script) = empty.plan_script(desired, &all);
         let mut wanted: BTreeSet<(Family, Table, String)> = BTreeSet::new();
         for family in Family::ALL {
-            for chain in skeleton::fixed_chains(&context.local.of_family(family)) {
+            for chain in skeleton::fixed_chains(&from_pods(context.local.matcher(family))) {
                 let key = (family, chain.table, chain.name.to_owned());
                 script.write_chain(&key, &chain.rules);
                 wanted.insert(key);

@@ -21,7 +21,7 @@ use kpx_proto::policy::{self, Action, EndpointSet, Entry, EntryKind, PortFamily}
 use kpx_proto::types::{Endpoint, ServiceView};
 
 use super::names::{self, ChainKind};
-use crate::backend::xtables::Table;
+use crate::backend::xtables::{from_pods, Table};
 use crate::backend::Family;
 
 /// A rule in a chain that all Services share (`KPX-SERVICES`, `KPX-NODEPORTS`, `KPX-REJECT`).
@@ -85,8 +85,9 @@ impl PortRenderer<'_> {
         self.rules.chains.insert((self.pf.family, Table::Nat, name.to_owned()), rules);
     }
 
-    fn local_cidrs(&self) -> Vec<IpNet> {
-        self.ctx.local.of_family(self.pf.family)
+    /// The matches of this family's pod traffic (empty without a detector).
+    fn pod_matches(&self) -> Vec<String> {
+        from_pods(self.ctx.local.matcher(self.pf.family))
     }
 
     fn render(mut self) {
@@ -102,7 +103,7 @@ impl PortRenderer<'_> {
         }
         if !pf.cluster.is_empty() {
             let mut rules = Vec::new();
-            if !self.local_cidrs().is_empty() {
+            if self.ctx.local.knows(pf.family) {
                 for entry in pf.entries.iter().filter(|e| e.kind == EntryKind::ClusterIp) {
                     rules.push(format!(
                         "-d {} -p {proto} {} -m {proto} --dport {} -j {}",
@@ -201,8 +202,8 @@ impl PortRenderer<'_> {
             _ => names::MARK_DROP.to_owned(),
         };
         let mut rules = Vec::new();
-        for cidr in self.local_cidrs() {
-            rules.push(format!("-s {cidr} -j {cluster_to}"));
+        for from_pod in self.pod_matches() {
+            rules.push(format!("{from_pod} -j {cluster_to}"));
         }
         rules.push(format!("-m addrtype --src-type LOCAL {mark_masq}"));
         rules.push(format!("-m addrtype --src-type LOCAL -j {cluster_to}"));

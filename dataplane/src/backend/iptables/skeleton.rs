@@ -1,7 +1,5 @@
 //! The fixed chains of kpx's iptables layout and their hooks in the built-in chains.
 
-use ipnet::IpNet;
-
 use super::names::{self, DROP_MARK, MASQ_MARK};
 use crate::backend::xtables::{Hook, Table, CANARY_RULE};
 
@@ -52,10 +50,11 @@ pub const HOOKS: [Hook; 7] = [
     },
 ];
 
-/// The fixed chains of one family; `local_cidrs` are the pod CIDRs of that family.
-pub fn fixed_chains(local_cidrs: &[IpNet]) -> Vec<FixedChain> {
+/// The fixed chains of one family; `from_pods` are the matches of its pod traffic
+/// ([`crate::backend::xtables::from_pods`]).
+pub fn fixed_chains(from_pods: &[String]) -> Vec<FixedChain> {
     let chain = |table, name, rules: Vec<String>| FixedChain { table, name, rules };
-    let mut masq_nonlocal: Vec<String> = local_cidrs.iter().map(|c| format!("-s {c} -j RETURN")).collect();
+    let mut masq_nonlocal: Vec<String> = from_pods.iter().map(|m| format!("{m} -j RETURN")).collect();
     masq_nonlocal.push(format!("-j {}", names::MARK_MASQ));
     vec![
         chain(

@@ -132,7 +132,10 @@ fn keys_in_sets(saved: &str) -> BTreeSet<ServiceKey> {
 }
 
 fn chain_inputs(context: &NodeContext, family: Family) -> ChainInputs {
-    ChainInputs { masquerade_all: context.masquerade_all, local_cidrs: context.local.of_family(family) }
+    ChainInputs {
+        masquerade_all: context.masquerade_all,
+        from_pods: xtables::from_pods(context.local.matcher(family)),
+    }
 }
 
 impl IpvsBackend {

@@ -12,8 +12,6 @@
 
 use std::fmt::Write as _;
 
-use ipnet::IpNet;
-
 use super::ipset::{SetName, SetRole};
 use crate::backend::xtables::{canary_lines, missing_hooks, Hook, Table, MASQ_MARK};
 use crate::backend::Family;
@@ -54,8 +52,9 @@ const HOOKS: [Hook; 4] = [
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChainInputs {
     pub masquerade_all: bool,
-    /// The pod CIDRs of the family (traffic from them is not masqueraded to a ClusterIP).
-    pub local_cidrs: Vec<IpNet>,
+    /// The matches of the family's pod traffic, which is not masqueraded to a ClusterIP
+    /// ([`crate::backend::xtables::from_pods`]).
+    pub from_pods: Vec<String>,
 }
 
 /// `iptables-restore --noflush` input for one family: kpx's chains, whole, and the hooks
@@ -74,7 +73,7 @@ pub fn script(family: Family, inputs: &ChainInputs, saved: Option<&str>) -> Stri
             set(SetRole::ExternalLocal)
         ),
     ];
-    nat.extend(inputs.local_cidrs.iter().map(|c| format!("-A {MASQ_NONLOCAL} -s {c} -j RETURN")));
+    nat.extend(inputs.from_pods.iter().map(|m| format!("-A {MASQ_NONLOCAL} {m} -j RETURN")));
     nat.push(format!("-A {MASQ_NONLOCAL} -j {MARK_MASQ}"));
     nat.push(format!("-A {MARK_MASQ} -j MARK --or-mark {MASQ_MARK}"));
     nat.push(format!(
@@ -119,8 +118,7 @@ mod tests {
 
     #[test]
     fn the_rules_match_sets_and_hooks_are_added_once() {
-        let inputs =
-            ChainInputs { masquerade_all: false, local_cidrs: vec!["10.244.0.0/16".parse().expect("net")] };
+        let inputs = ChainInputs { masquerade_all: false, from_pods: vec!["-s 10.244.0.0/16".to_owned()] };
         let fresh = script(Family::V4, &inputs, None);
         assert!(fresh.contains("-A KPX-IPVS-SERVICES -m set --match-set KPX-CLUSTER-IP-4 dst,dst -j KPX-IPVS-MASQ-NONLOCAL\n"), "{fresh}");
         assert!(fresh.contains("-A KPX-IPVS-MASQ-NONLOCAL -s 10.244.0.0/16 -j RETURN\n"), "{fresh}");
@@ -134,7 +132,7 @@ mod tests {
             "*nat\n-A PREROUTING -m comment --comment \"kpx ipvs services\" -j KPX-IPVS-SERVICES\nCOMMIT\n";
         let again = script(Family::V4, &inputs, Some(saved));
         assert_eq!(again.matches("-I ").count(), 3, "{again}");
-        let all = ChainInputs { masquerade_all: true, local_cidrs: vec![] };
+        let all = ChainInputs { masquerade_all: true, from_pods: vec![] };
         let v6 = script(Family::V6, &all, None);
         assert!(v6.contains("--match-set KPX-CLUSTER-IP-6 dst,dst -j KPX-IPVS-MARK-MASQ\n"), "{v6}");
     }

@@ -22,7 +22,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use kpx_proto::node_context::NodeContext;
+use kpx_proto::node_context::{LocalMatch, NodeContext};
 
 use super::render::{Collection, Element, Family, NftFamily, FAMILY, MASQUERADE_MARK, TABLE};
 
@@ -99,6 +99,17 @@ pub fn mark_for_masquerade() -> String {
     format!("meta mark set meta mark | {MASQUERADE_MARK:#x}")
 }
 
+/// The match (with a trailing space) of `f`'s packets that do not come from pods, `None`
+/// when the family has no detector.
+fn not_from_pods(context: &NodeContext, f: Family) -> Option<String> {
+    Some(match context.local.matcher(f)? {
+        LocalMatch::Sources(_) => format!("{} saddr != @{} ", f.nft(), Collection::LocalCidrs(f).name()),
+        LocalMatch::Interface { name, prefix } => {
+            format!("iifname != \"{name}{}\" ", if prefix { "*" } else { "" })
+        }
+    })
+}
+
 /// The maps a full sync deletes and declares again rather than flushes: those the pick
 /// chains use (see [`declare_collections`]).
 pub fn replaced_maps() -> impl Iterator<Item = String> {
@@ -129,7 +140,7 @@ pub fn skeleton(context: &NodeContext, pick_chains: usize, picks: PickChains) ->
     for f in Family::ALL {
         let nft = f.nft();
         let entry = format!("{nft} daddr . meta l4proto . th dport");
-        let detector = context.local.knows(f);
+        let not_from_pods = not_from_pods(context, f);
         let name = |c: Collection| c.name();
         let _ = writeln!(
             s,
@@ -138,11 +149,10 @@ pub fn skeleton(context: &NodeContext, pick_chains: usize, picks: PickChains) ->
             name(Collection::LbAllowed(f))
         );
         let _ = writeln!(s, "add rule {t} services {entry} @{} {mark}", name(Collection::Masquerade(f)));
-        if detector {
+        if let Some(not_from_pods) = &not_from_pods {
             let _ = writeln!(
                 s,
-                "add rule {t} services {nft} saddr != @{} {entry} @{} {mark}",
-                name(Collection::LocalCidrs(f)),
+                "add rule {t} services {not_from_pods}{entry} @{} {mark}",
                 name(Collection::ClusterEntries(f))
             );
         }
@@ -152,14 +162,10 @@ pub fn skeleton(context: &NodeContext, pick_chains: usize, picks: PickChains) ->
             name(Collection::ExternalLocalEntries(f))
         );
         // Pods reaching a policy-Local external address are short-circuited to the cluster set.
-        let from_pods = if detector {
-            format!("{nft} saddr != @{} ", name(Collection::LocalCidrs(f)))
-        } else {
-            String::new()
-        };
         let _ = writeln!(
             s,
-            "add rule {t} services fib saddr type != local {from_pods}{entry} vmap @{}",
+            "add rule {t} services fib saddr type != local {}{entry} vmap @{}",
+            not_from_pods.as_deref().unwrap_or(""),
             name(Collection::ExternalLocal(f))
         );
         let _ = writeln!(s, "add rule {t} services {entry} vmap @{}", name(Collection::ServiceIps(f)));
