@@ -20,6 +20,7 @@ use kpx_dataplane::exec::iptables::{Flavour, Iptables, IptablesProcess};
 use kpx_dataplane::exec::ipvs::NetlinkIpvs;
 use kpx_dataplane::exec::links::IpProcess;
 use kpx_dataplane::exec::nft;
+use kpx_dataplane::exec::sysctl::ProcSys;
 use kpx_dataplane::store::Store;
 use kpx_dataplane::{serve, upkeep, xds_client};
 use kpx_proto::node_context::ProxySettings;
@@ -75,8 +76,13 @@ fn flavour(mode: IptablesMode) -> Flavour {
 fn backend(config: &BackendConfig, conntrack: &SharedConntrack) -> Box<dyn Backend> {
     match config {
         BackendConfig::Nftables => Box::new(NftablesBackend::new(nft::system())),
-        BackendConfig::Iptables { mode } => {
-            Box::new(IptablesBackend::new(Box::new(IptablesProcess { flavour: flavour(*mode) })))
+        BackendConfig::Iptables { mode, localhost_nodeports } => {
+            let backend = IptablesBackend::new(Box::new(IptablesProcess { flavour: flavour(*mode) }));
+            if *localhost_nodeports {
+                Box::new(backend.with_localhost_nodeports(Box::new(ProcSys)))
+            } else {
+                Box::new(backend)
+            }
         }
         BackendConfig::Ipvs { mode, options } => {
             let kernel = IpvsKernel::system(flavour(*mode), Arc::clone(conntrack));

@@ -198,7 +198,8 @@ fn wait_udp_answered_by(ns: &Netns, to: SocketAddr, expected: &str) {
 /// (policy Cluster); not on another node address, not on 127.0.0.1. SCTP: rules only (no SCTP
 /// sockets on this kernel; SCTP traffic is proven in the VM). `primary`: only on the node's
 /// primary address of each family; without the flag, kube-proxy's default of the backend
-/// (`primary` with nftables, every node address otherwise).
+/// (`primary` with nftables, every node address otherwise), and then with iptables
+/// NodePorts on 127.0.0.1 too ([`localhost_node_ports`]).
 pub fn node_port(backend: ProxyBackend) {
     let spec = "  type: NodePort\n  clusterIP: 10.96.1.1\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30080}\n  - {name: dns, protocol: UDP, port: 53, nodePort: 30053}\n  - {name: sctp, protocol: SCTP, port: 9, nodePort: 30009}\n";
     let eps = [ep(pod(0)), ep(pod(1))];
@@ -244,6 +245,60 @@ pub fn node_port(backend: ProxyBackend) {
             assert_eq!(second, Answer::Refused, "{flags:?}: the primary address only");
         }
     }
+    localhost_node_ports(&mut s);
+}
+
+/// kube-proxy's `localhostNodePorts`, on by default with iptables where every node address
+/// is a NodePort address: NodePorts answer on 127.0.0.1 too, which takes `route_localnet`;
+/// packets to 127.0.0.0/8 from another host are then dropped unless a NodePort translated
+/// them, so what listens on loopback only stays unreachable from outside. Other backends
+/// never open NodePorts on 127.0.0.1.
+fn localhost_node_ports(s: &mut Scene) {
+    let loopback = sock("127.0.0.1", 30080);
+    let iptables = matches!(s.backend, ProxyBackend::Iptables | ProxyBackend::IptablesLegacy);
+    if !iptables {
+        assert_eq!(
+            s.t.node.run_in(move || tcp_request(loopback)),
+            Answer::Refused,
+            "no NodePort on loopback"
+        );
+        return;
+    }
+    assert!(
+        matches!(s.t.node.run_in(move || tcp_request(loopback)), Answer::From(_)),
+        "a NodePort on 127.0.0.1"
+    );
+    // The client routes 127.0.0.0/8 to the node, as a neighbour sending to the node's MAC would.
+    let c = &s.t.client;
+    c.ip(&["route", "del", "local", "127.0.0.0/8", "dev", "lo", "table", "local"]);
+    c.ip(&["route", "del", "local", "127.0.0.1", "dev", "lo", "table", "local"]);
+    c.ip(&["route", "add", "127.0.0.0/8", "via", NODE_IP]);
+    c.exec("sysctl", &["-qw", "net.ipv4.conf.all.route_localnet=1"]);
+    c.exec("sysctl", &["-qw", "net.ipv4.conf.eth0.route_localnet=1"]);
+    // UDP, which needs no answer: the client drops replies from 127.0.0.1 as martians.
+    let on_the_node = Backend::start(&s.t.node, "node", 18999);
+    let inner = sock("127.0.0.1", 18999);
+    assert_eq!(s.t.node.run_in(move || udp_request(inner)), Answer::From("node".into()), "the node's own");
+    on_the_node.clear_peers();
+    let _ = c.run_in(move || udp_request(inner));
+    assert!(on_the_node.peers().is_empty(), "127.0.0.1 from another host is dropped: {:?}", on_the_node.peers());
+    s.clear_peers();
+    let _ = c.run_in(|| udp_request(sock("127.0.0.1", 30053)));
+    let reached: BTreeSet<IpAddr> = s.peers(0).union(&s.peers(1)).copied().collect();
+    assert_eq!(reached.len(), 1, "a NodePort it translated is not dropped: {reached:?}");
+
+    s.dp.kill();
+    s.dp = s.t.start_dataplane_with(s.backend, &["--iptables-localhost-nodeports=false"]);
+    s.dp.wait_event("the restarted agent programmed its state", DEADLINE, |e| {
+        e["message"] == "programmed stored state"
+    });
+    wait_for("the NodePort to close on 127.0.0.1", DEADLINE, || {
+        (s.t.node.run_in(move || tcp_request(loopback)) == Answer::Refused).then_some(())
+    });
+    // route_localnet stays set (kube-proxy leaves it too): only the drop rule had kept the
+    // listener from the client, and it went with the localhost NodePorts.
+    let _ = c.run_in(move || udp_request(inner));
+    assert_eq!(on_the_node.peers(), BTreeSet::from([ip(CLIENT_IP)]), "without the drop rule");
 }
 
 /// External IPs and load-balancer IPs; source ranges filter the load-balancer IPs only; a node

@@ -42,7 +42,7 @@ fn a_kube_proxy_configuration_file_drives_the_agent_and_bad_fields_are_named() {
 
     std::fs::write(
         &config,
-        "kind: KubeProxyConfiguration\nmode: iptables\niptables: {localhostNodePorts: true}\n",
+        "kind: KubeProxyConfiguration\nmode: iptables\nnftables: {localhostNodePorts: true}\n",
     )
     .expect("write");
     let out = t.node.try_exec(
@@ -51,7 +51,7 @@ fn a_kube_proxy_configuration_file_drives_the_agent_and_bad_fields_are_named() {
     );
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let message = String::from_utf8_lossy(&out.stderr);
-    assert!(message.contains("localhostNodePorts"), "the unsupported field is named: {message}");
+    assert!(message.contains("nftables.localhostNodePorts"), "the unsupported field is named: {message}");
 
     let out = t.node.try_exec(&binary("kpx-dataplane").display().to_string(), &["--ipvs-scheduler=fastest"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");

@@ -16,6 +16,7 @@
 //! healthzBindAddress: 0.0.0.0:10256
 //! nftables: {masqueradeAll: false, syncPeriod: 1h, minSyncPeriod: 0s}   # likewise iptables:, ipvs:
 //! ipvs: {scheduler: rr}               # rr, wrr, lc, wlc, sh, dh, mh
+//! iptables: {localhostNodePorts: true} # NodePorts on 127.0.0.1 too (iptables' default)
 //! kpx: {controlPlane: https://cp:18000, stateDir: /var/lib/kpx, adminBindAddress: 127.0.0.1:18001, iptablesMode: auto,
 //!       ipvsDrainGrace: 15m, tlsCA: /etc/kpx/ca.crt, tlsCert: /etc/kpx/tls.crt, tlsKey: /etc/kpx/tls.key,
 //!       nodeTokenFile: /var/run/secrets/kpx/token, insecure: false, serviceProxyName: kpx}
@@ -61,6 +62,8 @@ pub struct ModeSection {
     /// ipvs only.
     #[serde(rename = "strictARP")]
     pub strict_arp: Option<bool>,
+    /// iptables only.
+    pub localhost_node_ports: Option<bool>,
 }
 
 /// `detectLocal:`.
@@ -72,7 +75,7 @@ pub struct DetectLocal {
 }
 
 /// `kpx:`: what kube-proxy's file has no field for.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Clone)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct KpxSection {
     pub control_plane: Option<String>,

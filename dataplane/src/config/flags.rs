@@ -55,6 +55,11 @@ pub struct Flags {
     /// With `--detect-local-mode=InterfaceNamePrefix`: how the node's pod interfaces are named.
     #[arg(long)]
     pub pod_interface_name_prefix: Option<String>,
+    /// With `--backend iptables`: NodePorts also on 127.0.0.1 (`route_localnet` set, and
+    /// packets to 127.0.0.0/8 from elsewhere dropped), when `--nodeport-addresses` allows
+    /// loopback (kube-proxy's `--iptables-localhost-nodeports`) [default: true].
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub iptables_localhost_nodeports: Option<bool>,
     /// Which iptables flavour `--backend iptables` (and ipvs) drives [default: auto: the one
     /// holding more rules].
     #[arg(long, value_enum)]

@@ -63,6 +63,9 @@ pub enum BackendConfig {
     Nftables,
     Iptables {
         mode: IptablesMode,
+        /// NodePorts on 127.0.0.1 too (kube-proxy's `iptables.localhostNodePorts`, where
+        /// `nodePortAddresses` allows loopback).
+        localhost_nodeports: bool,
     },
     /// IPVS, with iptables of `mode` for what IPVS cannot do.
     Ipvs {
@@ -228,6 +231,14 @@ impl AgentConfig {
             BackendKind::Ipvs => ("ipvs", file.ipvs.clone()),
         };
         let section: ModeSection = section.unwrap_or_default();
+        for (name, other) in [("nftables", &file.nftables), ("ipvs", &file.ipvs)] {
+            if other.as_ref().is_some_and(|s| s.localhost_node_ports.is_some()) {
+                return Err(ConfigError::field(
+                    &format!("{name}.localhostNodePorts"),
+                    "only the iptables section has localhostNodePorts",
+                ));
+            }
+        }
         for (name, other) in [("nftables", &file.nftables), ("iptables", &file.iptables)] {
             if other.as_ref().is_some_and(|s| s.scheduler.is_some()) {
                 return Err(ConfigError::field(
@@ -248,8 +259,7 @@ impl AgentConfig {
         let min_sync_period =
             duration(&format!("{section_name}.minSyncPeriod"), section.min_sync_period.as_deref())?
                 .filter(|d| !d.is_zero());
-        let kpx = file.kpx.unwrap_or_default();
-        let backend = Self::backend(&flags, kind, &kpx, file.ipvs.as_ref())?;
+        let kpx = file.kpx.clone().unwrap_or_default();
         let service_proxy_name = match (&flags.service_proxy_name, &kpx.service_proxy_name) {
             (Some(name), _) => Some(name.clone()),
             (None, Some(name)) => {
@@ -268,8 +278,8 @@ impl AgentConfig {
                 _ if kind == BackendKind::Nftables => NodePortAddresses::Primary,
                 _ => NodePortAddresses::All,
             },
-            cluster_cidrs: match (flags.cluster_cidr, &file.cluster_cidr) {
-                (Some(c), _) => c,
+            cluster_cidrs: match (&flags.cluster_cidr, &file.cluster_cidr) {
+                (Some(c), _) => c.clone(),
                 (None, Some(text)) => {
                     cidrs("clusterCIDR", &text.split(',').map(str::to_owned).collect::<Vec<_>>())?
                 }
@@ -278,6 +288,7 @@ impl AgentConfig {
             local_mode,
             service_proxy_name,
         };
+        let backend = Self::backend(&flags, kind, &kpx, &file, &proxy.nodeport_addresses)?;
         if flags.cleanup {
             let mode = Mode::Cleanup {
                 own: !flags.kube_proxy_only,
@@ -352,8 +363,10 @@ impl AgentConfig {
         flags: &Flags,
         kind: BackendKind,
         kpx: &file::KpxSection,
-        ipvs: Option<&ModeSection>,
+        file: &KubeProxyConfiguration,
+        nodeport_addresses: &NodePortAddresses,
     ) -> Result<BackendConfig, ConfigError> {
+        let ipvs = file.ipvs.as_ref();
         let mode = match (flags.iptables_mode, kpx.iptables_mode.as_deref()) {
             (Some(m), _) => m,
             (None, None | Some("auto")) => IptablesMode::Auto,
@@ -380,7 +393,25 @@ impl AgentConfig {
         };
         Ok(match kind {
             BackendKind::Nftables => BackendConfig::Nftables,
-            BackendKind::Iptables => BackendConfig::Iptables { mode },
+            BackendKind::Iptables => {
+                let asked = flags
+                    .iptables_localhost_nodeports
+                    .or(file.iptables.as_ref().and_then(|s| s.localhost_node_ports))
+                    .unwrap_or(true);
+                // As kube-proxy: only where the NodePort addresses may include loopback.
+                let loopback = std::net::IpAddr::from([127, 0, 0, 1]);
+                let allowed = match nodeport_addresses {
+                    NodePortAddresses::All => true,
+                    NodePortAddresses::Primary => false,
+                    NodePortAddresses::Cidrs(cidrs) => cidrs.iter().any(|c| c.contains(&loopback)),
+                };
+                if asked && !allowed {
+                    tracing::info!(
+                        "NodePorts are not opened on 127.0.0.1: the NodePort addresses exclude it"
+                    );
+                }
+                BackendConfig::Iptables { mode, localhost_nodeports: asked && allowed }
+            }
             BackendKind::Ipvs => {
                 let strict_arp = flags.ipvs_strict_arp || ipvs.and_then(|s| s.strict_arp).unwrap_or(false);
                 BackendConfig::Ipvs { mode, options: IpvsOptions { scheduler, drain_grace, strict_arp } }
@@ -501,7 +532,10 @@ mod tests {
                     metricsBindAddress: 127.0.0.1:9100\niptables: {masqueradeAll: true, syncPeriod: 1m30s, minSyncPeriod: 500ms}\n\
                     kpx: {controlPlane: 'http://cp:18000', stateDir: /var/lib/kpx, iptablesMode: legacy, insecure: true}\n";
         let c = with_file(text, Flags::default()).expect("valid");
-        assert_eq!(c.backend, BackendConfig::Iptables { mode: IptablesMode::Legacy });
+        assert_eq!(
+            c.backend,
+            BackendConfig::Iptables { mode: IptablesMode::Legacy, localhost_nodeports: false }
+        );
         assert_eq!(run(&c).node_name, "node-a");
         assert_eq!(run(&c).control_planes, [ControlPlane::plaintext("http://cp:18000")]);
         assert!(c.proxy.masquerade_all);
@@ -549,18 +583,14 @@ mod tests {
             AgentConfig::resolve(running()).map(|d| run(&d).sync.full).expect("default")
         );
         assert_eq!(run(&c).listen.healthz.port(), 10256, "an empty address is the default");
-        // Unset in mode iptables, kube-proxy would open NodePorts on 127.0.0.1: said so.
+        // Unset in mode iptables, NodePorts open on 127.0.0.1 too, as kube-proxy's do.
         let iptables = text.replace("mode: \"\"", "mode: iptables");
-        std::fs::write(&path, &iptables).expect("write");
-        let (_, ignored) = file::read(&path).expect("valid");
-        assert!(ignored.iter().any(|i| i.starts_with("iptables.localhostNodePorts")), "{ignored:?}");
-        let off = iptables.replace("localhostNodePorts: null", "localhostNodePorts: false");
-        std::fs::write(&path, off).expect("write");
-        let (_, ignored) = file::read(&path).expect("valid");
-        assert!(
-            !ignored.iter().any(|i| i.starts_with("iptables.localhostNodePorts")),
-            "false is what kpx does"
-        );
+        let localhost = |text: &str| match with_file(text, running()).expect("valid").backend {
+            BackendConfig::Iptables { localhost_nodeports, .. } => localhost_nodeports,
+            other => panic!("{other:?}"),
+        };
+        assert!(localhost(&iptables), "kube-proxy's iptables default");
+        assert!(!localhost(&iptables.replace("localhostNodePorts: null", "localhostNodePorts: false")));
     }
 
     #[test]
@@ -589,6 +619,22 @@ mod tests {
             Flags { nodeport_addresses: Some(vec!["primary".into(), "10.0.0.0/8".into()]), ..cleanup() };
         let err = addresses("{}\n", flag).expect_err("mixed");
         assert!(err.to_string().contains("--nodeport-addresses[0]"), "{err}");
+    }
+
+    #[test]
+    fn localhost_node_ports_only_where_the_node_port_addresses_allow_loopback() {
+        let localhost = |text: &str, flags: Flags| match with_file(text, flags).expect("valid").backend {
+            BackendConfig::Iptables { localhost_nodeports, .. } => localhost_nodeports,
+            other => panic!("{other:?}"),
+        };
+        let ipt = |f: Flags| Flags { backend: Some(BackendKind::Iptables), ..f };
+        assert!(localhost("{}\n", ipt(cleanup())), "on by default");
+        assert!(!localhost("iptables: {localhostNodePorts: false}\n", ipt(cleanup())));
+        let off = Flags { iptables_localhost_nodeports: Some(false), ..ipt(cleanup()) };
+        assert!(!localhost("iptables: {localhostNodePorts: true}\n", off), "the flag wins");
+        assert!(!localhost("nodePortAddresses: [10.0.0.0/8]\n", ipt(cleanup())));
+        assert!(localhost("nodePortAddresses: [10.0.0.0/8, 127.0.0.0/8]\n", ipt(cleanup())));
+        assert!(!localhost("nodePortAddresses: [primary]\n", ipt(cleanup())));
     }
 
     #[test]
@@ -626,8 +672,8 @@ mod tests {
     #[test]
     fn unknown_or_bad_fields_are_named() {
         let message = |text: &str| with_file(text, cleanup()).expect_err("refused").to_string();
-        let err = message("iptables: {localhostNodePorts: true}\n");
-        assert!(err.contains("iptables.localhostNodePorts") && err.contains("127.0.0.1"), "{err}");
+        let err = message("nftables: {localhostNodePorts: true}\n");
+        assert!(err.contains("nftables.localhostNodePorts") && err.contains("only the iptables"), "{err}");
         let err = message("conntrack: {maxPerCore: 65536}\n");
         assert!(err.contains("conntrack.maxPerCore") && err.contains("nf_conntrack_max"), "{err}");
         assert!(message("nftables: {strictARP: true}\n").contains("nftables.strictARP"));

@@ -23,10 +23,6 @@ enum Unused {
     /// kpx does not do it: ignored at its default (kube-proxy then does what the text
     /// says), an error otherwise.
     NotDone(&'static str),
-    /// kube-proxy's `iptables.localhostNodePorts`: kpx never opens NodePorts on
-    /// 127.0.0.1, so `false` is what it does, unset is kube-proxy's `true` (ignored, named),
-    /// `true` an error.
-    LocalhostNodePorts,
 }
 
 const CONNTRACK_SIZE: &str =
@@ -59,7 +55,6 @@ const FIELDS: &[(&str, Unused)] = &[
     ("conntrack.udpTimeout", Unused::NotDone(CONNTRACK_TIMEOUTS)),
     ("iptables.masqueradeBit", Unused::NotDone(MASQUERADE_BIT)),
     ("nftables.masqueradeBit", Unused::NotDone(MASQUERADE_BIT)),
-    ("iptables.localhostNodePorts", Unused::LocalhostNodePorts),
     ("ipvs.excludeCIDRs", Unused::NotDone("kpx's IPVS backend removes only the virtual services it made")),
     ("ipvs.tcpTimeout", Unused::NotDone(IPVS_TIMEOUTS)),
     ("ipvs.tcpFinTimeout", Unused::NotDone(IPVS_TIMEOUTS)),
@@ -78,7 +73,6 @@ pub struct Refused {
 /// have done)`), or the first field whose value kpx cannot honour.
 pub fn take_out(file: &mut Value) -> Result<Vec<String>, Refused> {
     let mut ignored = Vec::new();
-    let mut localhost_node_ports_off = false;
     for (path, how) in FIELDS {
         let Some(value) = remove(file, path) else { continue };
         let at_default = is_default(&value);
@@ -91,34 +85,10 @@ pub fn take_out(file: &mut Value) -> Result<Vec<String>, Refused> {
                     reason: format!("{} is set: {note}", show(&value)),
                 })
             }
-            Unused::LocalhostNodePorts => match value {
-                Value::Bool(false) => localhost_node_ports_off = true,
-                Value::Null => {}
-                Value::Bool(true) => {
-                    return Err(Refused {
-                        field: (*path).to_owned(),
-                        reason: "kpx does not open NodePorts on 127.0.0.1 (set it to false)".to_owned(),
-                    })
-                }
-                other => {
-                    return Err(Refused {
-                        field: (*path).to_owned(),
-                        reason: format!("{}: not true or false", show(&other)),
-                    })
-                }
-            },
         }
     }
     strip_empty(file);
-    // Unset, kube-proxy's iptables mode opens NodePorts on 127.0.0.1.
-    if mode(file) == Some("iptables") && !localhost_node_ports_off {
-        ignored.push("iptables.localhostNodePorts (kube-proxy's iptables mode would open NodePorts on 127.0.0.1; kpx does not)".to_owned());
-    }
     Ok(ignored)
-}
-
-fn mode(file: &Value) -> Option<&str> {
-    file.get("mode").and_then(Value::as_str)
 }
 
 /// Removes `path` (`a.b`) from `file`; a section left empty goes too.

@@ -11,10 +11,13 @@ pub mod ruleset;
 pub mod service;
 pub mod skeleton;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
 
 use crate::backend::{xtables, Backend, BackendError, Family, NodeContext};
 use crate::exec::iptables::Iptables;
+use crate::exec::sysctl::Sysctl;
 use crate::state::{ChangeSet, NodeState};
 
 use ruleset::Programmed;
@@ -23,11 +26,38 @@ pub struct IptablesBackend {
     iptables: Box<dyn Iptables>,
     /// What the kernel holds, as far as we know; `None` after a failure or before the first sync.
     programmed: Option<Programmed>,
+    /// With NodePorts on 127.0.0.1 (kube-proxy's `localhostNodePorts`): where
+    /// `route_localnet` is set, which lets the kernel route packets from 127.0.0.1 out.
+    localhost_nodeports: Option<Box<dyn Sysctl>>,
 }
+
+/// What lets packets to and from 127.0.0.0/8 be routed beyond loopback.
+const ROUTE_LOCALNET: &str = "net.ipv4.conf.all.route_localnet";
 
 impl IptablesBackend {
     pub fn new(iptables: Box<dyn Iptables>) -> Self {
-        IptablesBackend { iptables, programmed: None }
+        IptablesBackend { iptables, programmed: None, localhost_nodeports: None }
+    }
+
+    /// Also opens NodePorts on 127.0.0.1, setting `route_localnet` through `sysctl`; the
+    /// fixed chains then drop packets to 127.0.0.0/8 from elsewhere that no NodePort
+    /// translated (as kube-proxy does, so loopback-only listeners stay loopback-only).
+    pub fn with_localhost_nodeports(mut self, sysctl: Box<dyn Sysctl>) -> Self {
+        tracing::info!("NodePorts also on 127.0.0.1 ({ROUTE_LOCALNET} = 1)");
+        self.localhost_nodeports = Some(sysctl);
+        self
+    }
+
+    /// The node as the rules see it: with localhost NodePorts, 127.0.0.1 is one of the
+    /// NodePort addresses.
+    fn rendered<'c>(&self, context: &'c NodeContext) -> Cow<'c, NodeContext> {
+        let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        if self.localhost_nodeports.is_none() || context.nodeport_addresses.contains(&loopback) {
+            return Cow::Borrowed(context);
+        }
+        let mut with = context.clone();
+        with.nodeport_addresses.push(loopback);
+        Cow::Owned(with)
     }
 
     /// Runs the scripts of every family; IPv4 first.
@@ -53,7 +83,7 @@ impl Backend for IptablesBackend {
         let Some(programmed) = self.programmed.as_ref() else {
             return self.full_sync(desired, context);
         };
-        let mut plan = programmed.plan(desired, context, changes);
+        let mut plan = programmed.plan(desired, &self.rendered(context), changes);
         if plan.needs_full_sync {
             return self.full_sync(desired, context);
         }
@@ -77,11 +107,14 @@ impl Backend for IptablesBackend {
 
     fn full_sync(&mut self, desired: &NodeState, context: &NodeContext) -> Result<(), BackendError> {
         self.programmed = None;
+        if let Some(sysctl) = self.localhost_nodeports.as_mut() {
+            sysctl.set(ROUTE_LOCALNET, "1")?;
+        }
         let mut saved = BTreeMap::new();
         for family in Family::ALL {
             saved.insert(family, self.iptables.save(family)?);
         }
-        let (programmed, plan) = Programmed::full(desired, context, &saved);
+        let (programmed, plan) = Programmed::full(desired, &self.rendered(context), &saved);
         self.run(&plan.scripts)?;
         self.programmed = Some(programmed);
         Ok(())

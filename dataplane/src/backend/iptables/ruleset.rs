@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
+use std::net::IpAddr;
 
 use super::names::PREFIX;
 use super::service::{self, ChainKey, ServiceRules, SharedRule};
@@ -110,7 +111,11 @@ impl Programmed {
         let (mut plan, mut script) = empty.plan_script(desired, &all);
         let mut wanted: BTreeSet<(Family, Table, String)> = BTreeSet::new();
         for family in Family::ALL {
-            for chain in skeleton::fixed_chains(&from_pods(context.local.matcher(family))) {
+            let localhost_nodeports =
+                family == Family::V4 && context.nodeport_addresses.iter().any(IpAddr::is_loopback);
+            for chain in
+                skeleton::fixed_chains(&from_pods(context.local.matcher(family)), localhost_nodeports)
+            {
                 let key = (family, chain.table, chain.name.to_owned());
                 script.write_chain(&key, &chain.rules);
                 wanted.insert(key);

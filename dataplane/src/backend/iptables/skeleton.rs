@@ -51,8 +51,10 @@ pub const HOOKS: [Hook; 7] = [
 ];
 
 /// The fixed chains of one family; `from_pods` are the matches of its pod traffic
-/// ([`crate::backend::xtables::from_pods`]).
-pub fn fixed_chains(from_pods: &[String]) -> Vec<FixedChain> {
+/// ([`crate::backend::xtables::from_pods`]); `localhost_nodeports`: NodePorts are open on
+/// 127.0.0.1 (IPv4), so `route_localnet` is set and packets to 127.0.0.0/8 from elsewhere
+/// that no NodePort translated are dropped.
+pub fn fixed_chains(from_pods: &[String], localhost_nodeports: bool) -> Vec<FixedChain> {
     let chain = |table, name, rules: Vec<String>| FixedChain { table, name, rules };
     let mut masq_nonlocal: Vec<String> = from_pods.iter().map(|m| format!("{m} -j RETURN")).collect();
     masq_nonlocal.push(format!("-j {}", names::MARK_MASQ));
@@ -82,10 +84,16 @@ pub fn fixed_chains(from_pods: &[String]) -> Vec<FixedChain> {
         chain(
             Table::Filter,
             names::FILTER,
-            vec![
+            [
                 format!("-m mark --mark {DROP_MARK}/{DROP_MARK} -j DROP"),
                 format!("-m conntrack --ctstate NEW -j {}", names::REJECT),
-            ],
+            ]
+            .into_iter()
+            .chain(localhost_nodeports.then(|| {
+                "-d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"
+                    .to_owned()
+            }))
+            .collect(),
         ),
         chain(Table::Filter, names::REJECT, vec![]),
         chain(
