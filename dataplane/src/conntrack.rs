@@ -18,6 +18,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use kpx_proto::family::Family;
 
 use kpx_proto::types::{Protocol, ServicePort, ServiceView};
 
@@ -53,6 +56,7 @@ impl StaleFlows {
     }
 }
 
+/// The endpoints the rules send the port's traffic to.
 fn endpoints_of(port: &ServicePort) -> BTreeSet<IpAddr> {
     port.endpoints
         .iter()
@@ -60,6 +64,14 @@ fn endpoints_of(port: &ServicePort) -> BTreeSet<IpAddr> {
         .chain(&port.external_endpoints)
         .map(|e| e.address)
         .collect()
+}
+
+/// The endpoints whose flows stay: those in use, and those still serving (kube-proxy's
+/// conntrack reconciler deletes a flow only once its endpoint stops serving).
+fn kept_endpoints_of(port: &ServicePort) -> BTreeSet<IpAddr> {
+    let mut kept = endpoints_of(port);
+    kept.extend(port.serving_endpoints.iter().map(|e| e.address));
+    kept
 }
 
 /// The flows that became stale when a Service went from `old` to `new` (`None`: absent).
@@ -72,12 +84,16 @@ pub fn stale_flows(old: Option<&ServiceView>, new: Option<&ServiceView>) -> Vec<
         v.map(|v| v.ports.iter().filter(|p| p.protocol == protocol).cloned().collect()).unwrap_or_default()
     };
     let (old_ports, new_ports) = (of(old, Protocol::Udp), of(new, Protocol::Udp));
+    let same = |ports: &[ServicePort], p: &ServicePort| -> Option<ServicePort> {
+        ports.iter().find(|q| q.name == p.name && q.port == p.port).cloned()
+    };
     let find = |ports: &[ServicePort], p: &ServicePort| {
-        ports.iter().find(|q| q.name == p.name && q.port == p.port).map(endpoints_of).unwrap_or_default()
+        same(ports, p).as_ref().map(endpoints_of).unwrap_or_default()
     };
     if let Some(old) = old {
         for port in &old_ports {
-            let gone: Vec<IpAddr> = endpoints_of(port).difference(&find(&new_ports, port)).copied().collect();
+            let kept = same(&new_ports, port).as_ref().map(kept_endpoints_of).unwrap_or_default();
+            let gone: Vec<IpAddr> = kept_endpoints_of(port).difference(&kept).copied().collect();
             for endpoint in gone {
                 for address in addresses(old) {
                     out.insert(StaleFlows::ToAddress { address, port: port.port, endpoint });
@@ -108,12 +124,38 @@ pub fn stale_flows(old: Option<&ServiceView>, new: Option<&ServiceView>) -> Vec<
     out.into_iter().collect()
 }
 
-/// Deletes the flows; [`StaleFlows::Untranslated`] ones only where a listing shows some.
-/// Failures are logged: a stale flow is a nuisance, not a reason to refuse the update.
-pub fn delete(conntrack: &dyn Conntrack, flows: &[StaleFlows]) {
+/// What deleting one family's stale flows did (kube-proxy's conntrack reconciler metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reconciled {
+    pub family: Family,
+    /// Entries the kernel deleted.
+    pub deleted: u64,
+    pub elapsed: Duration,
+}
+
+/// Deletes the flows, one family after the other; [`StaleFlows::Untranslated`] ones only
+/// where a listing shows some. Failures are logged: a stale flow is a nuisance, not a
+/// reason to refuse the update.
+pub fn delete(conntrack: &dyn Conntrack, flows: &[StaleFlows]) -> Vec<Reconciled> {
+    let mut done = Vec::new();
+    for family in Family::ALL {
+        let started = Instant::now();
+        let of_family: Vec<&StaleFlows> =
+            flows.iter().filter(|f| f.filter().ipv6 == (family == Family::V6)).collect();
+        if of_family.is_empty() {
+            continue;
+        }
+        let deleted = delete_family(conntrack, &of_family);
+        done.push(Reconciled { family, deleted, elapsed: started.elapsed() });
+    }
+    done
+}
+
+fn delete_family(conntrack: &dyn Conntrack, flows: &[&StaleFlows]) -> u64 {
     let mut listed: BTreeMap<bool, BTreeSet<(IpAddr, u16)>> = BTreeMap::new();
+    let mut deleted = 0;
     for flow in flows {
-        if let StaleFlows::Untranslated { address, port } = *flow {
+        if let StaleFlows::Untranslated { address, port } = **flow {
             let ipv6 = address.is_ipv6();
             if let std::collections::btree_map::Entry::Vacant(slot) = listed.entry(ipv6) {
                 match conntrack.untranslated_tcp(ipv6) {
@@ -128,11 +170,15 @@ pub fn delete(conntrack: &dyn Conntrack, flows: &[StaleFlows]) {
                 continue;
             }
         }
-        if let Err(e) = conntrack.delete(&flow.filter()) {
-            tracing::warn!(?flow, error = %e, "cannot delete stale flows; they stay until they time out");
-            return;
+        match conntrack.delete(&flow.filter()) {
+            Ok(n) => deleted += n,
+            Err(e) => {
+                tracing::warn!(?flow, error = %e, "cannot delete stale flows; they stay until they time out");
+                return deleted;
+            }
         }
     }
+    deleted
 }
 
 #[cfg(test)]
@@ -182,6 +228,28 @@ mod tests {
             "-D -p udp -f ipv6 --orig-port-dst 30053 --dst-nat fd00::1"
         );
         assert_eq!(stale_flows(Some(&view(&["10.0.0.1"])), None).len(), 2);
+    }
+
+    #[test]
+    fn a_flow_to_an_endpoint_still_serving_is_kept_until_it_stops() {
+        let ip = |s: &str| s.parse::<IpAddr>().expect("ip");
+        let serving = |used: &[&str], still: &[&str]| {
+            let mut v = view(used);
+            v.ports[0].serving_endpoints = view(still).ports[0].endpoints.clone();
+            v
+        };
+        let before = view(&["10.0.0.1", "10.0.0.2"]);
+        // 10.0.0.1 terminates while 10.0.0.2 is ready: no new flow goes to it, old ones stay.
+        assert!(stale_flows(Some(&before), Some(&serving(&["10.0.0.2"], &["10.0.0.1"]))).is_empty());
+        // It stops serving: now its flows go.
+        let gone = stale_flows(Some(&serving(&["10.0.0.2"], &["10.0.0.1"])), Some(&view(&["10.0.0.2"])));
+        assert_eq!(
+            gone[0],
+            StaleFlows::ToAddress { address: ip("10.96.0.53"), port: 53, endpoint: ip("10.0.0.1") }
+        );
+        // A port whose endpoints only served (none used) gaining one in use: a first endpoint.
+        let first = stale_flows(Some(&serving(&[], &["10.0.0.1"])), Some(&view(&["10.0.0.1"])));
+        assert_eq!(first, vec![StaleFlows::AllToAddress { address: ip("10.96.0.53"), port: 53 }]);
     }
 
     fn tcp_view(endpoints: &[&str]) -> ServiceView {

@@ -69,6 +69,9 @@ pub struct AgentMetrics {
     pub services: Gauge,
     /// Full syncs because the canary found kpx's rules flushed behind its back.
     pub rules_repaired: Counter,
+    /// Stale conntrack flows deleted, and how long each family's deletions took.
+    conntrack_deleted: Family<Labels, Counter>,
+    conntrack_reconcile: Seconds,
 }
 
 impl AgentMetrics {
@@ -95,6 +98,8 @@ impl AgentMetrics {
             xds_responses: Family::default(),
             services: Gauge::default(),
             rules_repaired: Counter::default(),
+            conntrack_deleted: Family::default(),
+            conntrack_reconcile: histograms(),
             registry: Registry::default(),
         };
         registry.register(
@@ -182,6 +187,16 @@ impl AgentMetrics {
             m.livez_answers.clone(),
         );
         registry.register(
+            "kubeproxy_conntrack_reconciler_deleted_entries",
+            "Cumulative conntrack flows deleted by conntrack reconciler",
+            m.conntrack_deleted.clone(),
+        );
+        registry.register(
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+            "ReconcileConntrackFlowsLatency latency in seconds",
+            m.conntrack_reconcile.clone(),
+        );
+        registry.register(
             "kpx_xds_connected",
             "1 while the stream to the control plane is open",
             m.xds_connected.clone(),
@@ -206,6 +221,8 @@ impl AgentMetrics {
         for f in families {
             let l = family(f);
             let _ = self.sync_failures.get_or_create(&l);
+            let _ = self.conntrack_deleted.get_or_create(&l);
+            let _ = self.conntrack_reconcile.get_or_create(&l);
             if let Some(partial) = &self.partial_sync_failures {
                 let _ = partial.get_or_create(&l);
             }
@@ -239,6 +256,13 @@ impl AgentMetrics {
         for f in families {
             self.last_queued_timestamp.get_or_create(&family(f)).set(now);
         }
+    }
+
+    /// The stale flows of `ip_family` deleted after a change: `deleted` of them, in `elapsed`.
+    pub fn conntrack_reconciled(&self, ip_family: &str, elapsed: Duration, deleted: u64) {
+        let l = family(ip_family);
+        self.conntrack_reconcile.get_or_create(&l).observe(elapsed.as_secs_f64());
+        self.conntrack_deleted.get_or_create(&l).inc_by(deleted);
     }
 
     /// A change programmed and stored `elapsed` after it arrived.

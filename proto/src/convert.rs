@@ -234,6 +234,11 @@ impl ServiceView {
                     &format!("{at}.endpoint_families"),
                     &p.endpoint_families,
                 )?,
+                serving_endpoints: endpoints(
+                    &format!("{at}.serving_endpoints"),
+                    p.serving_endpoints,
+                    families,
+                )?,
                 name: p.name,
             });
         }
@@ -289,6 +294,7 @@ impl ServiceView {
                         .iter()
                         .map(|f| family_name(*f).to_owned())
                         .collect(),
+                    serving_endpoints: endpoints(&p.serving_endpoints),
                 })
                 .collect(),
             external_ips: strings(&self.external_ips),
@@ -391,6 +397,7 @@ mod tests {
                 local_endpoints: vec![],
                 external_endpoints: vec![],
                 endpoint_families: vec!["IPv4".into()],
+                serving_endpoints: vec![],
             }],
             external_ips: vec!["192.0.2.10".into()],
             load_balancer_ips: vec!["192.0.2.20".into()],
@@ -566,6 +573,7 @@ mod properties {
                         endpoints,
                         node_port,
                         local_endpoints,
+                        serving_endpoints: external_endpoints.clone(),
                         external_endpoints,
                         endpoint_families: families,
                     }

@@ -95,6 +95,7 @@ fn port(families: (bool, bool), local: bool) -> impl Strategy<Value = ServicePor
                     // Kept only for internal-traffic-local views (see `valid_view`).
                     external_endpoints,
                     endpoint_families: Vec::new(),
+                    serving_endpoints: Vec::new(),
                 }
             },
         )

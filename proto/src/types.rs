@@ -117,6 +117,9 @@ pub struct ServicePort {
     /// Internal-traffic-local Services only: the families in which some node has an
     /// endpoint (none anywhere: rejected rather than dropped).
     pub endpoint_families: Vec<Family>,
+    /// UDP ports only: the other serving endpoints, which no rule uses but whose conntrack
+    /// flows are kept (see `kpx.v1.ServicePort.serving_endpoints`).
+    pub serving_endpoints: Vec<Endpoint>,
 }
 
 impl ServicePort {
@@ -131,6 +134,7 @@ impl ServicePort {
             local_endpoints: Vec::new(),
             external_endpoints: Vec::new(),
             endpoint_families: Vec::new(),
+            serving_endpoints: Vec::new(),
         }
     }
 }

@@ -281,7 +281,11 @@ fn localhost_node_ports(s: &mut Scene) {
     assert_eq!(s.t.node.run_in(move || udp_request(inner)), Answer::From("node".into()), "the node's own");
     on_the_node.clear_peers();
     let _ = c.run_in(move || udp_request(inner));
-    assert!(on_the_node.peers().is_empty(), "127.0.0.1 from another host is dropped: {:?}", on_the_node.peers());
+    assert!(
+        on_the_node.peers().is_empty(),
+        "127.0.0.1 from another host is dropped: {:?}",
+        on_the_node.peers()
+    );
     s.clear_peers();
     let _ = c.run_in(|| udp_request(sock("127.0.0.1", 30053)));
     let reached: BTreeSet<IpAddr> = s.peers(0).union(&s.peers(1)).copied().collect();
@@ -749,12 +753,39 @@ pub fn udp_conntrack(backend: ProxyBackend) {
             (rx.recv_timeout(Duration::from_secs(2)).ok()? == Answer::From("pod0".into())).then_some(())
         });
     }
-    write(&s.t, &[ep(pod(1))]);
+    // pod0 terminates while pod1 is ready: new flows go to pod1, and the kept sockets stay
+    // with pod0, which still serves (kube-proxy deletes a UDP flow only once its endpoint
+    // stops serving).
+    let deleted =
+        || s.agent_metric("kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"}");
+    let before = deleted();
+    write(&s.t, &[ep(pod(0)).terminating(), ep(pod(1))]);
+    for to in [sock("10.96.1.11", 53), sock(NODE_IP, 30054)] {
+        wait_udp_answered_by(&s.t.client, to, "pod1");
+    }
+    assert_eq!(deleted(), before, "no flow deleted while pod0 serves");
+    for (to, rx, _) in &handles {
+        while rx.try_recv().is_ok() {}
+        let seen: Vec<Answer> =
+            (0..10).filter_map(|_| rx.recv_timeout(Duration::from_secs(2)).ok()).collect();
+        assert!(
+            seen.len() >= 5 && seen.iter().all(|a| *a == Answer::From("pod0".into())),
+            "the kept socket to {to} stays with the serving, terminating pod0: {seen:?}"
+        );
+    }
+    // pod0 stops serving: its flows go, and the kept sockets reach pod1.
+    write(&s.t, &[ep(pod(0)).terminating().not_ready(), ep(pod(1))]);
     for (to, rx, _) in &handles {
         wait_for(&format!("the kept socket to {to} to reach pod1"), DEADLINE, || {
             (rx.recv_timeout(Duration::from_secs(2)).ok()? == Answer::From("pod1".into())).then_some(())
         });
     }
+    // kube-proxy's reconciler metric counts what the kernel deleted: the two kept flows.
+    let after = deleted();
+    assert!(
+        after >= before + 2.0,
+        "kubeproxy_conntrack_reconciler_deleted_entries_total: {before} then {after}"
+    );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for (_, _, thread) in handles {
         let _ = thread.join();

@@ -245,6 +245,8 @@ fn healthz_turns_away_load_balancers_while_the_node_is_being_deleted() {
 /// kube-proxy's metrics and their labels, as the Kubernetes metrics reference lists them:
 /// name (histograms by their base name), whether a histogram, label names.
 const KUBE_PROXY_METRICS: &[(&str, bool, &[&str])] = &[
+    ("kubeproxy_conntrack_reconciler_deleted_entries_total", false, &["ip_family"]),
+    ("kubeproxy_conntrack_reconciler_sync_duration_seconds", true, &["ip_family"]),
     ("kubeproxy_network_programming_duration_seconds", true, &["ip_family"]),
     ("kubeproxy_proxy_healthz_total", false, &["code"]),
     ("kubeproxy_proxy_livez_total", false, &["code"]),
@@ -261,9 +263,7 @@ const KUBE_PROXY_METRICS: &[(&str, bool, &[&str])] = &[
     ("kubeproxy_sync_proxy_rules_no_local_endpoints_total", false, &["ip_family", "traffic_policy"]),
     ("kubeproxy_sync_proxy_rules_service_changes_pending", false, &[]),
     ("kubeproxy_sync_proxy_rules_service_changes_total", false, &[]),
-    // Not served by kpx (see README): the conntrack reconciler's
-    // `kubeproxy_conntrack_reconciler_{deleted_entries_total,sync_duration_seconds}`, the
-    // nfacct-based `kubeproxy_iptables_{ct_state_invalid_dropped,localhost_nodeports_accepted}_packets_total`,
+    // Not served by kpx (see README): the nfacct-based `kubeproxy_iptables_{ct_state_invalid_dropped,localhost_nodeports_accepted}_packets_total`,
     // `kubeproxy_sync_proxy_rules_iptables_{total,last}` and
     // `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total`.
 ];

@@ -36,10 +36,10 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kpx_proto::family::Family;
-use kpx_proto::types::{NodeConfig, ServicePort, ServiceView};
+use kpx_proto::types::{NodeConfig, Protocol, ServicePort, ServiceView};
 
 use crate::model::{ClusterAffinity, EndpointSlice, Node, Service, ServiceType};
-use select::{categorize, Candidate, Policy};
+use select::{categorize, serving_unused, Candidate, Policy};
 
 /// Whether kpx programs this Service at all (a Service labelled with a
 /// `service.kubernetes.io/service-proxy-name` goes only to the agents of that name).
@@ -174,6 +174,9 @@ impl<'a> ViewBuilder<'a> {
                 };
                 for family in families {
                     let selected = categorize(family, policy, at);
+                    if port.protocol == Protocol::Udp {
+                        out.serving_endpoints.extend(serving_unused(family, &selected));
+                    }
                     out.endpoints.extend(selected.cluster);
                     out.external_endpoints.extend(selected.external);
                     out.local_endpoints.extend(selected.local);
@@ -182,6 +185,7 @@ impl<'a> ViewBuilder<'a> {
                     }
                 }
                 out.endpoints.sort();
+                out.serving_endpoints.sort();
                 out.external_endpoints.sort();
                 out.local_endpoints.sort();
                 out.endpoint_families.sort();

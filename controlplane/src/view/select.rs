@@ -108,6 +108,17 @@ pub(super) fn categorize(candidates: &[Candidate<'_>], policy: Policy, at: Local
     Selected { cluster: local(), external, local: local_set, any }
 }
 
+/// The serving endpoints (ready, or serving and terminating) that `selected` does not use:
+/// a node keeps its UDP conntrack flows to them (kube-proxy deletes a flow only once its
+/// endpoint stops serving).
+pub(super) fn serving_unused(candidates: &[Candidate<'_>], selected: &Selected) -> Vec<Endpoint> {
+    let used = |c: &Candidate<'_>| {
+        let same = |e: &Endpoint| e.address == c.address && e.port == c.port;
+        selected.cluster.iter().chain(&selected.external).chain(&selected.local).any(same)
+    };
+    pick(candidates, |c| (c.ready() || c.source.serving) && !used(c))
+}
+
 fn pick<'a>(candidates: &[Candidate<'a>], keep: impl Fn(&Candidate<'a>) -> bool) -> Vec<Endpoint> {
     candidates.iter().filter(|c| keep(c)).map(Candidate::endpoint).collect()
 }

@@ -75,6 +75,25 @@ fn terminating_serving_endpoints_only_when_none_is_ready() {
 }
 
 #[test]
+fn a_udp_port_names_the_serving_endpoints_it_does_not_use() {
+    let slice = "{addresses: [10.0.0.1]}, {addresses: [10.0.0.2], conditions: {ready: false, serving: true, terminating: true}}, \
+                 {addresses: [10.0.0.3], conditions: {ready: false, serving: false, terminating: true}}";
+    let udp =
+        manifests("clusterIP: 10.96.0.1, ports: [{name: http, port: 53, protocol: UDP}]", &[("IPv4", slice)])
+            .replace("ports: [{name: http, port: 8080}]", "ports: [{name: http, port: 8080, protocol: UDP}]");
+    let udp = state_of(&udp);
+    let view = view_at(&udp, Locality::UNKNOWN);
+    assert_eq!(addrs(&view.ports[0].endpoints), ["10.0.0.1:8080"]);
+    assert_eq!(
+        addrs(&view.ports[0].serving_endpoints),
+        ["10.0.0.2:8080(t)"],
+        "serving, not in use; 10.0.0.3 no longer serves"
+    );
+    let tcp = state_of(&manifests(&format!("clusterIP: 10.96.0.1, {PORTS}"), &[("IPv4", slice)]));
+    assert!(view_at(&tcp, Locality::UNKNOWN).ports[0].serving_endpoints.is_empty(), "UDP only");
+}
+
+#[test]
 fn the_terminating_fallback_is_per_ip_family() {
     let state = state_of(&manifests(
         &format!("clusterIPs: [10.96.0.1, 'fd00::1'], {PORTS}"),

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
+use kpx_proto::family::Family;
 use kpx_proto::node_context::{NodeContext, ProxySettings};
 use kpx_proto::types::ServiceView;
 use tokio::sync::watch;
@@ -517,7 +518,10 @@ impl Agent {
         self.metrics.endpoint_changes.inc_by(endpoint_changes);
         self.metrics.service_changes.inc_by(service_changes);
         if !stale.is_empty() {
-            conntrack::delete(self.conntrack.as_ref(), &stale);
+            for r in conntrack::delete(self.conntrack.as_ref(), &stale) {
+                let ip_family = if r.family == Family::V4 { metrics::IPV4 } else { metrics::IPV6 };
+                self.metrics.conntrack_reconciled(ip_family, r.elapsed, r.deleted);
+            }
         }
         if locality {
             self.refresh_locality();

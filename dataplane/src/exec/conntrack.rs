@@ -70,7 +70,8 @@ pub fn untranslated_destinations(listing: &str) -> BTreeSet<(IpAddr, u16)> {
 /// What kpx asks of conntrack. Shared by the agent and a backend, hence `&self`.
 pub trait Conntrack: Send + Sync {
     /// Deletes the flows `filter` matches; none matching is no error.
-    fn delete(&self, filter: &FlowFilter) -> Result<(), ExecError>;
+    /// Deletes the flows `filter` matches; returns how many there were.
+    fn delete(&self, filter: &FlowFilter) -> Result<u64, ExecError>;
 
     /// The destinations of the TCP connection attempts of one family that are still
     /// unanswered and were not translated (see [`untranslated_destinations`]).
@@ -86,13 +87,14 @@ pub struct ConntrackProcess;
 const TOOL: &str = "conntrack";
 
 impl Conntrack for ConntrackProcess {
-    fn delete(&self, filter: &FlowFilter) -> Result<(), ExecError> {
+    fn delete(&self, filter: &FlowFilter) -> Result<u64, ExecError> {
         let args = filter.args();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         // conntrack exits 1 when no entry matched: nothing to delete, no error.
         let out = process::output(TOOL, TOOL, &args, None)?;
-        tracing::debug!(?filter, result = %String::from_utf8_lossy(&out.stderr).trim(), "conntrack entries deleted");
-        Ok(())
+        let said = String::from_utf8_lossy(&out.stderr);
+        tracing::debug!(?filter, result = %said.trim(), "conntrack entries deleted");
+        Ok(deleted_count(&said))
     }
 
     fn untranslated_tcp(&self, ipv6: bool) -> Result<BTreeSet<(IpAddr, u16)>, ExecError> {
@@ -107,9 +109,29 @@ impl Conntrack for ConntrackProcess {
     }
 }
 
+/// How many entries `conntrack -D` says it deleted ("… 3 flow entries have been deleted.").
+fn deleted_count(said: &str) -> u64 {
+    said.lines()
+        .find_map(|l| l.split_once(" flow entries have been deleted")?.0.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_deleted_count_is_read_from_what_the_tool_says() {
+        assert_eq!(
+            deleted_count("conntrack v1.4.7 (conntrack-tools): 3 flow entries have been deleted.\n"),
+            3
+        );
+        assert_eq!(
+            deleted_count("conntrack v1.4.7 (conntrack-tools): 0 flow entries have been deleted.\n"),
+            0
+        );
+        assert_eq!(deleted_count("conntrack: operation failed\n"), 0);
+    }
 
     #[test]
     fn filters_are_the_tools_arguments() {

@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use kpx_proto::family::Family;
 use kpx_proto::policy::{self, Action, EntryKind, PortFamily};
 use kpx_proto::types::{Endpoint, Protocol, ServiceView};
 
@@ -81,6 +82,22 @@ fn route<'a>(pf: &'a PortFamily<'a>, kind: EntryKind) -> (&'a [&'a Endpoint], bo
     }
 }
 
+/// A UDP port's serving endpoints that no new flow goes to, not among `picked`: weight 0,
+/// so IPVS schedules nothing new to them but the flows they have go on (kube-proxy keeps a
+/// UDP flow until its endpoint stops serving); once they stop, they are removed.
+fn serving(pf: &PortFamily<'_>, picked: &[Destination]) -> Vec<Destination> {
+    let mut out: Vec<Destination> = pf
+        .port
+        .serving_endpoints
+        .iter()
+        .filter(|e| Family::of(&e.address) == pf.family)
+        .filter(|e| !picked.iter().any(|d| (d.address, d.port) == (e.address, e.port)))
+        .map(|e| Destination { address: e.address, port: e.port, weight: 0, active: 0, inactive: 0 })
+        .collect();
+    out.dedup_by_key(|d| (d.address, d.port));
+    out
+}
+
 /// What `view` puts into IPVS, ipsets and the dummy interface.
 pub fn piece(view: &ServiceView, ctx: &Context) -> Piece {
     let (flags, timeout) = match view.session_affinity_timeout {
@@ -99,7 +116,13 @@ pub fn piece(view: &ServiceView, ctx: &Context) -> Piece {
             let key = ServiceKey { address: entry.address, protocol: protocol(proto), port: entry.port };
             let scheduler = view.ipvs_scheduler.clone().unwrap_or_else(|| ctx.scheduler.clone());
             let service = VirtualService { key, scheduler, flags, timeout };
-            out.services.insert(key, (service, destinations(endpoints)));
+            let mut destinations = destinations(endpoints);
+            if proto == Protocol::Udp && !endpoints.is_empty() {
+                let kept = serving(&pf, &destinations);
+                destinations.extend(kept);
+                destinations.sort_by_key(|d| (d.address, d.port));
+            }
+            out.services.insert(key, (service, destinations));
             if entry.kind != EntryKind::NodePort {
                 out.addresses.insert(entry.address);
             }

@@ -34,12 +34,12 @@ impl FakeConntrack {
 }
 
 impl Conntrack for FakeConntrack {
-    fn delete(&self, filter: &FlowFilter) -> Result<(), ExecError> {
+    fn delete(&self, filter: &FlowFilter) -> Result<u64, ExecError> {
         if let (true, Some(address)) = (filter.untranslated, filter.destination) {
             self.untranslated.lock().unwrap_or_else(|p| p.into_inner()).remove(&(address, filter.port));
         }
         self.deleted.lock().unwrap_or_else(|p| p.into_inner()).push(filter.clone());
-        Ok(())
+        Ok(1)
     }
 
     fn untranslated_tcp(&self, ipv6: bool) -> Result<BTreeSet<(IpAddr, u16)>, ExecError> {
