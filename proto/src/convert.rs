@@ -346,6 +346,7 @@ impl NodeConfig {
         };
         let pod_cidrs = cidrs("pod_cidrs", &msg.pod_cidrs)?;
         let cluster_cidrs = cidrs("cluster_cidrs", &msg.cluster_cidrs)?;
+        let service_cidrs = cidrs("service_cidrs", &msg.service_cidrs)?;
         Ok(NodeConfig {
             name: msg.name,
             addresses,
@@ -353,6 +354,7 @@ impl NodeConfig {
             zone: msg.zone,
             cluster_cidrs,
             being_deleted: msg.being_deleted,
+            service_cidrs,
         })
     }
 
@@ -364,6 +366,7 @@ impl NodeConfig {
             zone: self.zone.clone(),
             cluster_cidrs: self.cluster_cidrs.iter().map(ToString::to_string).collect(),
             being_deleted: self.being_deleted,
+            service_cidrs: self.service_cidrs.iter().map(ToString::to_string).collect(),
         }
     }
 

@@ -201,6 +201,8 @@ pub struct NodeContext {
     pub local: LocalDetector,
     /// kube-proxy's `masqueradeAll`.
     pub masquerade_all: bool,
+    /// The cluster's ServiceCIDR ranges, merged (none overlaps another).
+    pub service_cidrs: Vec<IpNet>,
 }
 
 impl NodeContext {
@@ -222,7 +224,14 @@ impl NodeContext {
                 LocalDetector::Interface { name: name.clone(), prefix: true }
             }
         };
-        NodeContext { node_addresses, nodeport_addresses, local, masquerade_all: settings.masquerade_all }
+        let service_cidrs = IpNet::aggregate(&node.map(|n| n.service_cidrs.clone()).unwrap_or_default());
+        NodeContext {
+            node_addresses,
+            nodeport_addresses,
+            local,
+            masquerade_all: settings.masquerade_all,
+            service_cidrs,
+        }
     }
 }
 

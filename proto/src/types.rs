@@ -161,6 +161,8 @@ pub struct NodeConfig {
     /// The Node has a deletion timestamp or the `ToBeDeletedByClusterAutoscaler` taint:
     /// not eligible for load-balancer traffic (`/healthz` answers 503).
     pub being_deleted: bool,
+    /// The cluster's ServiceCIDR ranges (see `kpx.v1.NodeConfig.service_cidrs`).
+    pub service_cidrs: Vec<IpNet>,
 }
 
 impl NodeConfig {

@@ -1,7 +1,8 @@
 //! A Kubernetes API server for tests: it speaks the list/watch protocol kube-rs
 //! uses (lists with a resourceVersion, chunked watch streams of JSON events,
 //! bookmarks, `410 Gone` for an expired resourceVersion) for Services,
-//! EndpointSlices and Nodes, answers TokenReviews of the tokens a test registered (as a
+//! EndpointSlices, Nodes and ServiceCIDRs (the last only once a test asks: until then it
+//! answers 404, as an API server without them does), answers TokenReviews of the tokens a test registered (as a
 //! real kube-apiserver answers them for pod-bound ServiceAccount tokens), and lets a test
 //! hold lists, expire history, drop watch connections and restart the server on the same
 //! address.
@@ -28,6 +29,7 @@ pub enum Kind {
     Service,
     EndpointSlice,
     Node,
+    ServiceCidr,
 }
 
 impl Kind {
@@ -36,6 +38,7 @@ impl Kind {
             "Service" => Some(Kind::Service),
             "EndpointSlice" => Some(Kind::EndpointSlice),
             "Node" => Some(Kind::Node),
+            "ServiceCIDR" => Some(Kind::ServiceCidr),
             _ => None,
         }
     }
@@ -43,6 +46,7 @@ impl Kind {
     fn api_version(self) -> &'static str {
         match self {
             Kind::EndpointSlice => "discovery.k8s.io/v1",
+            Kind::ServiceCidr => "networking.k8s.io/v1",
             _ => "v1",
         }
     }
@@ -52,6 +56,7 @@ impl Kind {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
+            Kind::ServiceCidr => "ServiceCIDR",
         }
     }
 }
@@ -77,6 +82,8 @@ struct ApiState {
     tokens: BTreeMap<String, FakeToken>,
     /// TokenReviews asked for.
     reviews: usize,
+    /// ServiceCIDRs are served (else 404).
+    service_cidrs: bool,
 }
 
 /// A ServiceAccount token the fake API server knows.
@@ -169,6 +176,7 @@ impl FakeApiServer {
             .route("/api/v1/services", get(|s, q| serve(s, q, Kind::Service)))
             .route("/apis/discovery.k8s.io/v1/endpointslices", get(|s, q| serve(s, q, Kind::EndpointSlice)))
             .route("/api/v1/nodes", get(|s, q| serve(s, q, Kind::Node)))
+            .route("/apis/networking.k8s.io/v1/servicecidrs", get(|s, q| serve(s, q, Kind::ServiceCidr)))
             .route("/apis/authentication.k8s.io/v1/tokenreviews", post(token_review))
             .with_state(Arc::clone(&self.state));
         let tls = self.tls.clone();
@@ -230,6 +238,11 @@ impl FakeApiServer {
         state.revision += 1;
         object["metadata"]["resourceVersion"] = json!(state.revision.to_string());
         state.record(kind, "DELETED", object);
+    }
+
+    /// Serves ServiceCIDRs from now on (as an API server of v1.33 or newer does).
+    pub fn serve_service_cidrs(&self) {
+        self.lock().service_cidrs = true;
     }
 
     /// Lists of `kind` wait until [`FakeApiServer::release`].
@@ -346,6 +359,11 @@ async fn serve(State(state): State<Arc<Mutex<ApiState>>>, RawQuery(query): RawQu
     let lock = || state.lock().unwrap_or_else(|p| p.into_inner());
     let watch = matches!(param(&query, "watch"), Some("true" | "1"));
     lock().requests.push((if watch { "watch" } else { "list" }, kind));
+    if kind == Kind::ServiceCidr && !lock().service_cidrs {
+        let missing = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "the server could not find the requested resource", "reason": "NotFound", "code": 404});
+        return (StatusCode::NOT_FOUND, missing.to_string()).into_response();
+    }
     if !watch {
         while lock().held.contains(&kind) {
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -166,6 +166,54 @@ fn a_cluster_ip_refuses_ports_its_services_do_not_have() {
     assert_eq!(t.node.run_in(|| tcp_request(sock("10.96.0.30", 80))), Answer::From("pod0".into()));
 }
 
+/// With ServiceCIDR objects known, a new connection to an address inside one that no
+/// Service has is dropped (kube-proxy's nftables mode drops it), although here the node
+/// routes that address to a pod that answers on it: before the ServiceCIDR, and to an
+/// address outside it, the pod answers; a ClusterIP of the range still does.
+#[test]
+fn unallocated_addresses_of_a_service_cidr_are_dropped() {
+    let t = Topology::new(1);
+    let _backends = t.start_backends(8080);
+    t.write_node(); // the ranges reach the node with its config
+                    // 10.96.77.7 (inside 10.96.0.0/16) and 10.97.77.7 (outside) are pod0's, routed to it.
+    for spare in ["10.96.77.7", "10.97.77.7"] {
+        t.pods[0].ip(&["addr", "add", &format!("{spare}/32"), "dev", "lo"]);
+        t.node.ip(&["route", "add", &format!("{spare}/32"), "via", "10.244.1.2"]);
+    }
+    t.write_manifest(
+        "web.yaml",
+        &service_yaml("web", "10.96.0.30", &[("http", "TCP", 80, 8080)], &pods(&[0])),
+    );
+    let _cp = t.start_control_plane();
+    let _dp = t.start_dataplane();
+    t.wait_answered_by("10.96.0.30", 80, "pod0");
+    let (inside, outside) = (sock("10.96.77.7", 8080), sock("10.97.77.7", 8080));
+    assert_eq!(
+        t.client.run_in(move || tcp_request(inside)),
+        Answer::From("pod0".into()),
+        "no ServiceCIDR yet"
+    );
+    t.write_manifest(
+        "cidr.yaml",
+        "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: kubernetes}\nspec: {cidrs: [10.96.0.0/16, 'fd00:10:96::/112']}\n",
+    );
+    t.wait_rules_contain("10.96.0.0/16");
+    let dropped = t.client.run_in(move || tcp_request(inside));
+    assert!(matches!(dropped, Answer::Failed(_)), "dropped, not refused or answered: {dropped:?}");
+    assert!(matches!(t.node.run_in(move || tcp_request(inside)), Answer::Failed(_)), "from the node too");
+    assert_eq!(
+        t.client.run_in(move || tcp_request(outside)),
+        Answer::From("pod0".into()),
+        "outside the range"
+    );
+    assert_eq!(t.client.run_in(|| tcp_request(sock("10.96.0.30", 80))), Answer::From("pod0".into()));
+    // The ServiceCIDR gone, the address is left alone again.
+    t.remove_manifest("cidr.yaml");
+    wait_for("the dropped address to answer again", DEADLINE, || {
+        (t.client.run_in(move || tcp_request(inside)) == Answer::From("pod0".into())).then_some(())
+    });
+}
+
 /// A forwarded packet conntrack calls INVALID (SYN and FIN at once, from the client to a
 /// pod) is dropped in kpx's forward hook, as kube-proxy drops them: the kernel's counter on
 /// that rule counts each one.

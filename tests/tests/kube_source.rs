@@ -76,7 +76,7 @@ fn nothing_is_served_until_every_initial_list_is_complete() {
         (watching && c.api.requests("list", Kind::EndpointSlice) > 0).then_some(())
     });
     cp.wait_event("the control plane to wait for the lists", DEADLINE, |e| {
-        e["message"] == "waiting for the initial lists of Services, EndpointSlices and Nodes"
+        e["message"] == "waiting for the initial lists of Services, EndpointSlices, Nodes and ServiceCIDRs"
     });
     // The Service is known, its endpoints are not: serving it now would program a Service
     // without endpoints (rejecting traffic). Nothing is served at all.
@@ -125,9 +125,12 @@ fn rbac_covers_what_was_asked(api: &FakeApiServer) {
             (Kind::Service, "/services"),
             (Kind::EndpointSlice, "discovery.k8s.io/endpointslices"),
             (Kind::Node, "/nodes"),
+            (Kind::ServiceCidr, "networking.k8s.io/servicecidrs"),
         ] {
             for verb in ["list", "watch"] {
-                assert!(api.requests(verb, kind) > 0, "the control plane did {verb} {resource}");
+                // An API server without ServiceCIDRs is only asked for their list.
+                let asked = api.requests(verb, kind) > 0 || (kind == Kind::ServiceCidr && verb == "watch");
+                assert!(asked, "the control plane did {verb} {resource}");
                 assert!(
                     granted.contains(&format!("{resource}:{verb}")),
                     "{how} must grant {verb} on {resource}: {granted:?}"
@@ -137,7 +140,7 @@ fn rbac_covers_what_was_asked(api: &FakeApiServer) {
         let beyond: Vec<_> =
             granted.iter().filter(|g| !g.ends_with(":list") && !g.ends_with(":watch")).collect();
         assert_eq!(beyond, ["authentication.k8s.io/tokenreviews:create"], "{how}: nothing else is granted");
-        assert_eq!(granted.len(), 7, "{how}: list/watch of the three kinds and TokenReviews: {granted:?}");
+        assert_eq!(granted.len(), 9, "{how}: list/watch of the four kinds and TokenReviews: {granted:?}");
     }
 }
 
@@ -227,4 +230,30 @@ fn the_node_objects_zone_feeds_topology_hints() {
         let answer = c.t.client.run_in(move || kpx_e2e::traffic::tcp_request(to));
         assert_eq!(answer, kpx_e2e::traffic::Answer::From("pod0".into()));
     }
+}
+
+/// ServiceCIDRs (`networking.k8s.io/v1`) reach every node's config, listed and then
+/// watched: with nftables the node holds their ranges (and drops what no Service has in
+/// them, see foundation.rs). The other tests' API server does not serve ServiceCIDRs (404,
+/// as before v1.33): the control plane then has none and serves everything else.
+#[test]
+fn service_cidrs_are_listed_and_watched_into_the_node_config() {
+    let c = cluster();
+    c.api.serve_service_cidrs();
+    c.api.apply_yaml(&web_on_pod0("web", "10.96.0.10"));
+    let cidr = |name: &str, range: &str| {
+        format!("apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {{name: {name}}}\nspec: {{cidrs: [{range}]}}\n")
+    };
+    c.api.apply_yaml(&cidr("kubernetes", "10.96.0.0/16"));
+    let _cp = c.start_control_plane();
+    let _dp = c.t.start_dataplane();
+    c.t.wait_answered_by("10.96.0.10", 80, "pod0");
+    c.t.wait_rules_contain("10.96.0.0/16");
+    c.api.apply_yaml(&cidr("extra", "10.100.0.0/24"));
+    c.t.wait_rules_contain("10.100.0.0/24");
+    c.api.delete(Kind::ServiceCidr, "", "extra");
+    wait_for("the deleted ServiceCIDR's range to go", DEADLINE, || {
+        (!c.t.ruleset().contains("10.100.0.0/24")).then_some(())
+    });
+    assert!(c.t.ruleset().contains("10.96.0.0/16"), "the other one stays");
 }

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{ClusterState, EndpointSlice, Node, ObjectKey, Service};
+use super::{ClusterState, EndpointSlice, Node, ObjectKey, Service, ServiceCidr};
 
 /// Upserts (`Some`) and deletions (`None`) of Services, EndpointSlices and Nodes, by key.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -13,16 +13,20 @@ pub struct ObjectChanges {
     /// By the slice's own key.
     pub slices: BTreeMap<ObjectKey, Option<EndpointSlice>>,
     pub nodes: BTreeMap<String, Option<Node>>,
+    pub service_cidrs: BTreeMap<String, Option<ServiceCidr>>,
 }
 
 impl ObjectChanges {
     pub fn is_empty(&self) -> bool {
-        self.services.is_empty() && self.slices.is_empty() && self.nodes.is_empty()
+        self.services.is_empty()
+            && self.slices.is_empty()
+            && self.nodes.is_empty()
+            && self.service_cidrs.is_empty()
     }
 
     /// How many objects changed.
     pub fn len(&self) -> usize {
-        self.services.len() + self.slices.len() + self.nodes.len()
+        self.services.len() + self.slices.len() + self.nodes.len() + self.service_cidrs.len()
     }
 
     /// Takes `later` in: where both name an object, `later` wins.
@@ -30,6 +34,7 @@ impl ObjectChanges {
         self.services.extend(later.services);
         self.slices.extend(later.slices);
         self.nodes.extend(later.nodes);
+        self.service_cidrs.extend(later.service_cidrs);
     }
 
     /// The objects upserted, as a state (deletions have nothing to add).
@@ -41,6 +46,7 @@ impl ObjectChanges {
             services: upserts(self.services),
             slices: upserts(self.slices),
             nodes: upserts(self.nodes),
+            service_cidrs: upserts(self.service_cidrs),
         }
     }
 
@@ -50,6 +56,7 @@ impl ObjectChanges {
             services: diff_by_key(&old.services, &new.services),
             slices: diff_by_key(&old.slices, &new.slices),
             nodes: diff_by_key(&old.nodes, &new.nodes),
+            service_cidrs: diff_by_key(&old.service_cidrs, &new.service_cidrs),
         }
     }
 }

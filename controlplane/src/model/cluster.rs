@@ -159,6 +159,17 @@ impl Cluster {
             };
             touched.nodes.insert(name);
         }
+        let ranges = self.state.service_ranges();
+        for (name, new) in changes.service_cidrs {
+            match new {
+                Some(cidr) => self.state.service_cidrs.insert(name, cidr),
+                None => self.state.service_cidrs.remove(&name),
+            };
+        }
+        if self.state.service_ranges() != ranges {
+            // Every node's config carries the Service CIDRs.
+            touched.nodes.extend(self.state.nodes.keys().cloned());
+        }
         touched
     }
 
@@ -179,6 +190,9 @@ impl Cluster {
         }
         touched.shared = touched.services.iter().filter(|k| global(k)).cloned().collect();
         touched.nodes = changed_keys(&old.nodes, &new.nodes).into_iter().cloned().collect();
+        if old.service_ranges() != new.service_ranges() {
+            touched.nodes.extend(new.nodes.keys().cloned());
+        }
         *self = Cluster::new(new);
         touched
     }

@@ -36,6 +36,26 @@ pub struct ClusterState {
     /// EndpointSlices by their own key.
     pub slices: BTreeMap<ObjectKey, EndpointSlice>,
     pub nodes: BTreeMap<String, Node>,
+    /// ServiceCIDRs (`networking.k8s.io/v1`) by name.
+    pub service_cidrs: BTreeMap<String, ServiceCidr>,
+}
+
+/// A `ServiceCIDR`: the ranges ClusterIPs are allocated from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceCidr {
+    pub name: String,
+    /// `spec.cidrs`: one per IP family.
+    pub cidrs: Vec<IpNet>,
+}
+
+impl ClusterState {
+    /// Every ServiceCIDR's ranges, sorted, without repeats.
+    pub fn service_ranges(&self) -> Vec<IpNet> {
+        let mut all: Vec<IpNet> = self.service_cidrs.values().flat_map(|s| s.cidrs.iter().copied()).collect();
+        all.sort();
+        all.dedup();
+        all
+    }
 }
 
 impl ClusterState {

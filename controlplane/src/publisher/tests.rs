@@ -37,6 +37,7 @@ fn upserts(yaml: &str) -> ObjectChanges {
         services: state.services.into_iter().map(|(k, v)| (k, Some(v))).collect(),
         slices: state.slices.into_iter().map(|(k, v)| (k, Some(v))).collect(),
         nodes: state.nodes.into_iter().map(|(k, v)| (k, Some(v))).collect(),
+        service_cidrs: state.service_cidrs.into_iter().map(|(k, v)| (k, Some(v))).collect(),
     }
 }
 

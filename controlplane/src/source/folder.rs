@@ -22,6 +22,7 @@ enum ObjectId {
     Service(ObjectKey),
     Slice(ObjectKey),
     Node(String),
+    ServiceCidr(String),
 }
 
 impl ObjectId {
@@ -30,6 +31,7 @@ impl ObjectId {
             Object::Service(s) => ObjectId::Service(s.key.clone()),
             Object::EndpointSlice(s) => ObjectId::Slice(ClusterState::slice_key(s)),
             Object::Node(n) => ObjectId::Node(n.name.clone()),
+            Object::ServiceCidr(s) => ObjectId::ServiceCidr(s.name.clone()),
         }
     }
 }
@@ -126,6 +128,12 @@ impl Folder {
                 (ObjectId::Node(name), _) => {
                     changes.nodes.insert(name, None);
                 }
+                (ObjectId::ServiceCidr(name), Some(Object::ServiceCidr(s))) => {
+                    changes.service_cidrs.insert(name, Some(s));
+                }
+                (ObjectId::ServiceCidr(name), _) => {
+                    changes.service_cidrs.insert(name, None);
+                }
             }
         }
         changes
@@ -145,6 +153,9 @@ impl Folder {
                 }
                 Some(Object::Node(n)) => {
                     state.nodes.insert(n.name.clone(), n.clone());
+                }
+                Some(Object::ServiceCidr(s)) => {
+                    state.service_cidrs.insert(s.name.clone(), s.clone());
                 }
                 None => {}
             }

@@ -1,5 +1,7 @@
 //! The Kubernetes source: kube-rs watchers of Services, EndpointSlices
-//! (`discovery.k8s.io/v1`) and Nodes of one cluster.
+//! (`discovery.k8s.io/v1`), Nodes and ServiceCIDRs (`networking.k8s.io/v1`) of one
+//! cluster. An API server that does not serve ServiceCIDRs (older than v1.33, or with
+//! the API off) has none: that list counts as complete and empty.
 //!
 //! Each object is turned into the model as soon as it arrives (the same
 //! reading, and the same errors naming the field, as the file source), so only
@@ -18,6 +20,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node as KubeNode, Service as KubeService};
 use k8s_openapi::api::discovery::v1::EndpointSlice as KubeSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR as KubeServiceCidr;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -145,12 +148,15 @@ impl<T: Clone + PartialEq> Kind<T> {
     }
 }
 
-/// The three kinds of one cluster.
+/// The kinds of one cluster.
 #[derive(Default)]
 struct Objects {
     services: Kind<crate::model::Service>,
     slices: Kind<crate::model::EndpointSlice>,
     nodes: Kind<crate::model::Node>,
+    service_cidrs: Kind<crate::model::ServiceCidr>,
+    /// The API server answered the ServiceCIDR list with 404 (logged once).
+    service_cidrs_not_served: bool,
 }
 
 /// What changed in [`Objects`] since the last event sent (nodes by their key, of no namespace).
@@ -159,6 +165,7 @@ struct Pending {
     services: BTreeMap<ObjectKey, Option<crate::model::Service>>,
     slices: BTreeMap<ObjectKey, Option<crate::model::EndpointSlice>>,
     nodes: BTreeMap<ObjectKey, Option<crate::model::Node>>,
+    service_cidrs: BTreeMap<ObjectKey, Option<crate::model::ServiceCidr>>,
 }
 
 impl Pending {
@@ -167,13 +174,14 @@ impl Pending {
             services: self.services,
             slices: self.slices,
             nodes: self.nodes.into_iter().map(|(k, n)| (k.name, n)).collect(),
+            service_cidrs: self.service_cidrs.into_iter().map(|(k, s)| (k.name, s)).collect(),
         }
     }
 }
 
 impl Objects {
     fn synced(&self) -> bool {
-        self.services.synced && self.slices.synced && self.nodes.synced
+        self.services.synced && self.slices.synced && self.nodes.synced && self.service_cidrs.synced
     }
 
     /// Everything known (once, when the initial lists are complete).
@@ -182,15 +190,19 @@ impl Objects {
             services: self.services.live.clone(),
             slices: self.slices.live.clone(),
             nodes: self.nodes.live.iter().map(|(k, n)| (k.name.clone(), n.clone())).collect(),
+            service_cidrs: self.service_cidrs.live.iter().map(|(k, s)| (k.name.clone(), s.clone())).collect(),
         }
     }
 }
 
-/// A watch event of any of the three kinds.
+/// A watch event of any of the kinds.
 enum Change {
     Service(Box<Event<KubeService>>),
     Slice(Box<Event<KubeSlice>>),
     Node(Box<Event<KubeNode>>),
+    ServiceCidr(Box<Event<KubeServiceCidr>>),
+    /// The ServiceCIDR list answered 404: this API server has no ServiceCIDRs.
+    ServiceCidrsNotServed,
 }
 
 /// The event without its object, and the object.
@@ -253,10 +265,20 @@ pub async fn run(
     let slices = watcher::watcher(Api::<KubeSlice>::all(client.clone()), config.clone())
         .default_backoff()
         .map(|e| e.map(|e| Change::Slice(Box::new(e))));
-    let nodes = watcher::watcher(Api::<KubeNode>::all(client.clone()), config)
+    let nodes = watcher::watcher(Api::<KubeNode>::all(client.clone()), config.clone())
         .default_backoff()
         .map(|e| e.map(|e| Change::Node(Box::new(e))));
-    let mut changes = futures::stream::select_all([services.boxed(), slices.boxed(), nodes.boxed()]);
+    let service_cidrs = watcher::watcher(Api::<KubeServiceCidr>::all(client.clone()), config)
+        .default_backoff()
+        .map(|e| match e {
+            Ok(e) => Ok(Change::ServiceCidr(Box::new(e))),
+            Err(watcher::Error::InitialListFailed(kube::Error::Api(status))) if status.is_not_found() => {
+                Ok(Change::ServiceCidrsNotServed)
+            }
+            Err(e) => Err(e),
+        });
+    let mut changes =
+        futures::stream::select_all([services.boxed(), slices.boxed(), nodes.boxed(), service_cidrs.boxed()]);
     tokio::spawn(probe(cluster.clone(), client, reachability));
     let mut objects = Objects::default();
     let mut waiting_logged = false;
@@ -274,7 +296,7 @@ pub async fn run(
             if !waiting_logged {
                 tracing::info!(
                     cluster,
-                    "waiting for the initial lists of Services, EndpointSlices and Nodes"
+                    "waiting for the initial lists of Services, EndpointSlices, Nodes and ServiceCIDRs"
                 );
                 waiting_logged = true;
             }
@@ -294,6 +316,7 @@ pub async fn run(
                 services = state.services.len(),
                 endpoint_slices = state.slices.len(),
                 nodes = state.nodes.len(),
+                service_cidrs = state.service_cidrs.len(),
                 "initial lists complete"
             );
             SourceEvent::Replace(state)
@@ -329,6 +352,23 @@ fn handle(
                 Object::Node(n) => Some(n),
                 _ => None,
             })
+        }
+        Ok(Change::ServiceCidr(event)) => {
+            apply(cluster, &mut objects.service_cidrs, *event, &mut pending.service_cidrs, |o| match o {
+                Object::ServiceCidr(s) => Some(s),
+                _ => None,
+            })
+        }
+        Ok(Change::ServiceCidrsNotServed) => {
+            // Asked again with backoff: served after an upgrade, it is listed then.
+            if !objects.service_cidrs_not_served {
+                tracing::info!(
+                    cluster,
+                    "the API server does not serve ServiceCIDRs (networking.k8s.io/v1): none known"
+                );
+                objects.service_cidrs_not_served = true;
+            }
+            objects.service_cidrs.synced = true;
         }
         Err(e) => {
             // The watcher retries with backoff (and relists after 410 Gone) by itself.

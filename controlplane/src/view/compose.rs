@@ -72,8 +72,8 @@ impl<'a> Inputs<'a> {
     /// The config of `node`, from its home cluster's Node object (the first cluster's that
     /// names it).
     pub fn node_config(&self, node: &str) -> Option<NodeConfig> {
-        let object = self.clusters.values().find_map(|model| model.node(node))?;
-        Some(node_config(object, self.cluster_cidrs))
+        let (model, object) = self.clusters.values().find_map(|model| Some((model, model.node(node)?)))?;
+        Some(node_config(object, self.cluster_cidrs, model.state().service_ranges()))
     }
 
     /// The views of `services` and the configs of `nodes`.

@@ -269,8 +269,9 @@ fn prefer(family: &mut Vec<Candidate<'_>>, affinity: ClusterAffinity) {
     }
 }
 
-/// The node config of a Node object; `cluster_cidrs` are the control plane's `--cluster-cidr`s.
-pub fn node_config(node: &Node, cluster_cidrs: &[IpNet]) -> NodeConfig {
+/// The node config of a Node object; `cluster_cidrs` are the control plane's `--cluster-cidr`s,
+/// `service_cidrs` the ranges of its cluster's ServiceCIDRs.
+pub fn node_config(node: &Node, cluster_cidrs: &[IpNet], service_cidrs: Vec<IpNet>) -> NodeConfig {
     NodeConfig {
         name: node.name.clone(),
         addresses: node.addresses.clone(),
@@ -278,5 +279,6 @@ pub fn node_config(node: &Node, cluster_cidrs: &[IpNet]) -> NodeConfig {
         zone: node.zone.clone().unwrap_or_default(),
         cluster_cidrs: cluster_cidrs.to_vec(),
         being_deleted: node.being_deleted,
+        service_cidrs,
     }
 }

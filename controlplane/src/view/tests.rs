@@ -262,9 +262,41 @@ fn localities_name_every_node_and_zone_whose_view_differs() {
 fn node_config_carries_the_cluster_cidrs() {
     let state = state_of("kind: Node\nmetadata: {name: n1, labels: {topology.kubernetes.io/zone: a}}\nspec: {podCIDR: 10.244.1.0/24}\n");
     let cidrs: Vec<IpNet> = vec!["10.244.0.0/16".parse().expect("cidr")];
-    let config = node_config(&state.nodes["n1"], &cidrs);
+    let config = node_config(&state.nodes["n1"], &cidrs, Vec::new());
     assert_eq!((config.zone.as_str(), config.cluster_cidrs.as_slice()), ("a", cidrs.as_slice()));
     assert_eq!(config.local_traffic_cidrs(), cidrs.as_slice());
+}
+
+#[test]
+fn every_node_config_carries_the_service_cidrs_and_follows_them() {
+    let nodes = "kind: Node\nmetadata: {name: n1}\n---\nkind: Node\nmetadata: {name: n2}\n";
+    let cidr = |name: &str, cidrs: &str| {
+        format!("---\nkind: ServiceCIDR\nmetadata: {{name: {name}}}\nspec: {{cidrs: [{cidrs}]}}\n")
+    };
+    let state = state_of(&format!(
+        "{nodes}{}{}",
+        cidr("kubernetes", "10.96.0.0/16"),
+        cidr("extra", "10.100.0.0/24, 10.96.0.0/16")
+    ));
+    let shown = |s: &ClusterState| s.service_ranges().iter().map(ToString::to_string).collect::<Vec<_>>();
+    assert_eq!(shown(&state), ["10.96.0.0/16", "10.100.0.0/24"], "sorted, without repeats");
+    let mut cluster = Cluster::new(state.clone());
+    let mut changes = crate::model::ObjectChanges::default();
+    changes.service_cidrs.insert("extra".into(), None);
+    let touched = cluster.apply(changes);
+    assert_eq!(touched.nodes.len(), 2, "every node's config changes");
+    assert_eq!(shown(cluster.state()), ["10.96.0.0/16"]);
+    let config = node_config(&cluster.state().nodes["n1"], &[], cluster.state().service_ranges());
+    assert_eq!(config.service_cidrs.len(), 1);
+    let mut same = crate::model::ObjectChanges::default();
+    same.service_cidrs.insert(
+        "again".into(),
+        Some(crate::model::ServiceCidr {
+            name: "again".into(),
+            cidrs: vec!["10.96.0.0/16".parse().expect("cidr")],
+        }),
+    );
+    assert!(cluster.apply(same).nodes.is_empty(), "the same ranges: no node changes");
 }
 
 /// What, spec, endpoints, nodes (`name@zone`), zones with a variant, nodes with a variant.

@@ -5,6 +5,7 @@
 
 mod node;
 mod service;
+mod service_cidr;
 mod slice;
 
 use std::collections::BTreeMap;
@@ -14,9 +15,10 @@ use ipnet::IpNet;
 use kpx_proto::types::Protocol;
 use serde::Deserialize;
 
-use crate::model::{EndpointSlice, Node, ObjectKey, Service};
+use crate::model::{EndpointSlice, Node, ObjectKey, Service, ServiceCidr};
 use node::{node, NodeManifest};
 use service::{service, ServiceManifest};
+use service_cidr::{service_cidr, ServiceCidrManifest};
 use slice::{endpoint_slice, EndpointSliceManifest};
 
 /// One object read from a manifest.
@@ -25,6 +27,7 @@ pub enum Object {
     Service(Service),
     EndpointSlice(EndpointSlice),
     Node(Node),
+    ServiceCidr(ServiceCidr),
 }
 
 /// Why a document was skipped: `document` counts from 0 in its file.
@@ -135,6 +138,15 @@ fn read_value(document: usize, value: serde_yaml::Value, out: &mut Vec<Result<Ob
                 })
                 .map_err(|e| ManifestError { document, ..e }),
         ),
+        "ServiceCIDR" => out.push(
+            typed::<ServiceCidrManifest>(value, "ServiceCIDR")
+                .and_then(|(m, label)| {
+                    service_cidr(m)
+                        .map(Object::ServiceCidr)
+                        .map_err(|(field, reason)| fail(label, field, reason))
+                })
+                .map_err(|e| ManifestError { document, ..e }),
+        ),
         _ => {}
     }
 }
@@ -150,7 +162,7 @@ fn typed<T: for<'de> Deserialize<'de>>(
             let name = m.get("name").and_then(|n| n.as_str()).unwrap_or("?");
             match m.get("namespace").and_then(|n| n.as_str()) {
                 Some(ns) => format!("{ns}/{name}"),
-                None if kind == "Node" => name.to_owned(),
+                None if kind == "Node" || kind == "ServiceCIDR" => name.to_owned(),
                 None => format!("default/{name}"),
             }
         })
@@ -234,6 +246,9 @@ pub(crate) fn state_of(text: &str) -> crate::model::ClusterState {
             }
             Object::Node(n) => {
                 state.nodes.insert(n.name.clone(), n);
+            }
+            Object::ServiceCidr(s) => {
+                state.service_cidrs.insert(s.name.clone(), s);
             }
         }
     }

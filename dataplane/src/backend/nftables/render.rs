@@ -83,6 +83,9 @@ pub enum Collection {
     Hairpin(Family),
     /// Every ClusterIP: traffic still addressed to one after DNAT matched no port of it.
     ClusterIps(Family),
+    /// The cluster's ServiceCIDR ranges: traffic to an address in them that is no
+    /// ClusterIP is dropped.
+    ServiceCidrs(Family),
 }
 
 impl Collection {
@@ -100,7 +103,8 @@ impl Collection {
             | Collection::LbFiltered(f)
             | Collection::LbAllowed(f)
             | Collection::Hairpin(f)
-            | Collection::ClusterIps(f) => f,
+            | Collection::ClusterIps(f)
+            | Collection::ServiceCidrs(f) => f,
         }
     }
 
@@ -119,6 +123,7 @@ impl Collection {
             Collection::LbAllowed(_) => "lb-allowed",
             Collection::Hairpin(_) => "hairpin",
             Collection::ClusterIps(_) => "cluster-ips",
+            Collection::ServiceCidrs(_) => "service-cidrs",
         };
         format!("{base}-{}", self.family().suffix())
     }

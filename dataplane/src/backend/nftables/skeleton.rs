@@ -132,6 +132,12 @@ pub fn skeleton(context: &NodeContext, pick_chains: usize, picks: PickChains) ->
         .map(|c| Element::set(Collection::LocalCidrs(Family::of_net(c)), c.to_string()))
         .collect();
     super::render::element_commands(&mut s, "add", &local_cidrs);
+    let service_cidrs: Vec<Element> = context
+        .service_cidrs
+        .iter()
+        .map(|c| Element::set(Collection::ServiceCidrs(Family::of_net(c)), c.to_string()))
+        .collect();
+    super::render::element_commands(&mut s, "add", &service_cidrs);
     let _ = writeln!(s, "add chain {t} services");
     let _ = writeln!(s, "add chain {t} reject-no-endpoints");
     let _ = writeln!(s, "add chain {t} cluster-ips-check");
@@ -179,6 +185,12 @@ pub fn skeleton(context: &NodeContext, pick_chains: usize, picks: PickChains) ->
             s,
             "add rule {t} cluster-ips-check {nft} daddr @{} reject",
             name(Collection::ClusterIps(f))
+        );
+        // An address of a Service CIDR that is no ClusterIP: unallocated, dropped.
+        let _ = writeln!(
+            s,
+            "add rule {t} cluster-ips-check {nft} daddr @{} drop",
+            name(Collection::ServiceCidrs(f))
         );
     }
     // Base chains. `priority dstnat` is not accepted on the output hook by nft 1.0.6, hence -100.
@@ -276,6 +288,11 @@ fn declare_collections(s: &mut String, f: Family) {
         writeln!(s, "add set {t} {} {{ type {addr} ; flags interval ; }}", Collection::LocalCidrs(f).name());
     let _ = writeln!(s, "add set {t} {} {{ type {addr} . {addr} ; }}", Collection::Hairpin(f).name());
     let _ = writeln!(s, "add set {t} {} {{ type {addr} ; }}", Collection::ClusterIps(f).name());
+    let _ = writeln!(
+        s,
+        "add set {t} {} {{ type {addr} ; flags interval ; }}",
+        Collection::ServiceCidrs(f).name()
+    );
 }
 
 /// A chain that picks one of `endpoints` endpoints of a set evenly.
