@@ -82,8 +82,19 @@ struct ApiState {
     tokens: BTreeMap<String, FakeToken>,
     /// TokenReviews asked for.
     reviews: usize,
-    /// ServiceCIDRs are served (else 404).
-    service_cidrs: bool,
+    /// What a ServiceCIDR request gets.
+    service_cidrs: ServiceCidrs,
+}
+
+/// How the fake API server answers for ServiceCIDRs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum ServiceCidrs {
+    /// 404, as an API server older than v1.33.
+    #[default]
+    NotServed,
+    /// 403, as for a ServiceAccount without RBAC for them.
+    Forbidden,
+    Served,
 }
 
 /// A ServiceAccount token the fake API server knows.
@@ -242,7 +253,12 @@ impl FakeApiServer {
 
     /// Serves ServiceCIDRs from now on (as an API server of v1.33 or newer does).
     pub fn serve_service_cidrs(&self) {
-        self.lock().service_cidrs = true;
+        self.lock().service_cidrs = ServiceCidrs::Served;
+    }
+
+    /// Refuses ServiceCIDR requests with 403 Forbidden from now on.
+    pub fn forbid_service_cidrs(&self) {
+        self.lock().service_cidrs = ServiceCidrs::Forbidden;
     }
 
     /// Lists of `kind` wait until [`FakeApiServer::release`].
@@ -359,10 +375,22 @@ async fn serve(State(state): State<Arc<Mutex<ApiState>>>, RawQuery(query): RawQu
     let lock = || state.lock().unwrap_or_else(|p| p.into_inner());
     let watch = matches!(param(&query, "watch"), Some("true" | "1"));
     lock().requests.push((if watch { "watch" } else { "list" }, kind));
-    if kind == Kind::ServiceCidr && !lock().service_cidrs {
-        let missing = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": "the server could not find the requested resource", "reason": "NotFound", "code": 404});
-        return (StatusCode::NOT_FOUND, missing.to_string()).into_response();
+    let refusal = match lock().service_cidrs {
+        _ if kind != Kind::ServiceCidr => None,
+        ServiceCidrs::Served => None,
+        ServiceCidrs::NotServed => {
+            Some((StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource"))
+        }
+        ServiceCidrs::Forbidden => Some((
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            "servicecidrs.networking.k8s.io is forbidden: cannot list resource \"servicecidrs\"",
+        )),
+    };
+    if let Some((code, reason, message)) = refusal {
+        let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code.as_u16()});
+        return (code, status.to_string()).into_response();
     }
     if !watch {
         while lock().held.contains(&kind) {

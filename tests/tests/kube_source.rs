@@ -232,6 +232,22 @@ fn the_node_objects_zone_feeds_topology_hints() {
     }
 }
 
+/// A control plane not allowed to list ServiceCIDRs (an install whose RBAC predates them)
+/// says so once and serves the rest.
+#[test]
+fn a_forbidden_service_cidr_list_is_logged_and_everything_else_served() {
+    let c = cluster();
+    c.api.forbid_service_cidrs();
+    c.api.apply_yaml(&web_on_pod0("web", "10.96.0.10"));
+    let cp = c.start_control_plane();
+    let _dp = c.t.start_dataplane();
+    c.t.wait_answered_by("10.96.0.10", 80, "pod0");
+    let warning = cp.wait_event("the warning about ServiceCIDRs", DEADLINE, |e| {
+        e["message"].as_str().is_some_and(|m| m.starts_with("not allowed to list ServiceCIDRs"))
+    });
+    assert_eq!(warning["level"], "WARN", "{warning}");
+}
+
 /// ServiceCIDRs (`networking.k8s.io/v1`) reach every node's config, listed and then
 /// watched: with nftables the node holds their ranges (and drops what no Service has in
 /// them, see foundation.rs). The other tests' API server does not serve ServiceCIDRs (404,

@@ -1,7 +1,8 @@
 //! The Kubernetes source: kube-rs watchers of Services, EndpointSlices
 //! (`discovery.k8s.io/v1`), Nodes and ServiceCIDRs (`networking.k8s.io/v1`) of one
 //! cluster. An API server that does not serve ServiceCIDRs (older than v1.33, or with
-//! the API off) has none: that list counts as complete and empty.
+//! the API off), or that does not let kpx list them (RBAC of an older install), has none:
+//! that list counts as complete and empty, and the reason is logged once.
 //!
 //! Each object is turned into the model as soon as it arrives (the same
 //! reading, and the same errors naming the field, as the file source), so only
@@ -155,8 +156,8 @@ struct Objects {
     slices: Kind<crate::model::EndpointSlice>,
     nodes: Kind<crate::model::Node>,
     service_cidrs: Kind<crate::model::ServiceCidr>,
-    /// The API server answered the ServiceCIDR list with 404 (logged once).
-    service_cidrs_not_served: bool,
+    /// The API server answered the ServiceCIDR list with 404 or 403 (logged once).
+    service_cidrs_unavailable: bool,
 }
 
 /// What changed in [`Objects`] since the last event sent (nodes by their key, of no namespace).
@@ -201,8 +202,10 @@ enum Change {
     Slice(Box<Event<KubeSlice>>),
     Node(Box<Event<KubeNode>>),
     ServiceCidr(Box<Event<KubeServiceCidr>>),
-    /// The ServiceCIDR list answered 404: this API server has no ServiceCIDRs.
-    ServiceCidrsNotServed,
+    /// The ServiceCIDR list answered 404 (`forbidden: false`) or 403: none known.
+    ServiceCidrsUnavailable {
+        forbidden: bool,
+    },
 }
 
 /// The event without its object, and the object.
@@ -272,8 +275,10 @@ pub async fn run(
         .default_backoff()
         .map(|e| match e {
             Ok(e) => Ok(Change::ServiceCidr(Box::new(e))),
-            Err(watcher::Error::InitialListFailed(kube::Error::Api(status))) if status.is_not_found() => {
-                Ok(Change::ServiceCidrsNotServed)
+            Err(watcher::Error::InitialListFailed(kube::Error::Api(status)))
+                if status.is_not_found() || status.is_forbidden() =>
+            {
+                Ok(Change::ServiceCidrsUnavailable { forbidden: status.is_forbidden() })
             }
             Err(e) => Err(e),
         });
@@ -359,14 +364,21 @@ fn handle(
                 _ => None,
             })
         }
-        Ok(Change::ServiceCidrsNotServed) => {
-            // Asked again with backoff: served after an upgrade, it is listed then.
-            if !objects.service_cidrs_not_served {
-                tracing::info!(
-                    cluster,
-                    "the API server does not serve ServiceCIDRs (networking.k8s.io/v1): none known"
-                );
-                objects.service_cidrs_not_served = true;
+        Ok(Change::ServiceCidrsUnavailable { forbidden }) => {
+            // Asked again with backoff: once served (or allowed), they are listed then.
+            if !objects.service_cidrs_unavailable {
+                if forbidden {
+                    tracing::warn!(
+                        cluster,
+                        "not allowed to list ServiceCIDRs (networking.k8s.io/v1; grant list and watch on servicecidrs): none known, unallocated Service addresses are not dropped"
+                    );
+                } else {
+                    tracing::info!(
+                        cluster,
+                        "the API server does not serve ServiceCIDRs (networking.k8s.io/v1): none known"
+                    );
+                }
+                objects.service_cidrs_unavailable = true;
             }
             objects.service_cidrs.synced = true;
         }
