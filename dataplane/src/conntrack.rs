@@ -16,7 +16,7 @@
 //! one `conntrack` process, not thousands. Pure but for [`delete`], which hands
 //! the work to [`crate::exec::conntrack`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -40,6 +40,16 @@ pub enum StaleFlows {
 }
 
 impl StaleFlows {
+    /// The IP family of the flows.
+    pub fn family(&self) -> Family {
+        match self {
+            StaleFlows::ToNodePort { endpoint: a, .. }
+            | StaleFlows::ToAddress { address: a, .. }
+            | StaleFlows::AllToAddress { address: a, .. }
+            | StaleFlows::Untranslated { address: a, .. } => Family::of(a),
+        }
+    }
+
     /// The conntrack filter that deletes these flows.
     pub fn filter(&self) -> FlowFilter {
         let (destination, port, nat_to) = match *self {
@@ -49,7 +59,7 @@ impl StaleFlows {
                 (Some(address), port, None)
             }
         };
-        let ipv6 = destination.or(nat_to).is_some_and(|a| a.is_ipv6());
+        let ipv6 = self.family() == Family::V6;
         let untranslated = matches!(self, StaleFlows::Untranslated { .. });
         let protocol = if untranslated { Protocol::Tcp } else { Protocol::Udp };
         FlowFilter { protocol, ipv6, destination, port, nat_to, untranslated }
@@ -140,33 +150,29 @@ pub fn delete(conntrack: &dyn Conntrack, flows: &[StaleFlows]) -> Vec<Reconciled
     let mut done = Vec::new();
     for family in Family::ALL {
         let started = Instant::now();
-        let of_family: Vec<&StaleFlows> =
-            flows.iter().filter(|f| f.filter().ipv6 == (family == Family::V6)).collect();
+        let of_family: Vec<&StaleFlows> = flows.iter().filter(|f| f.family() == family).collect();
         if of_family.is_empty() {
             continue;
         }
-        let deleted = delete_family(conntrack, &of_family);
+        let deleted = delete_family(conntrack, family, &of_family);
         done.push(Reconciled { family, deleted, elapsed: started.elapsed() });
     }
     done
 }
 
-fn delete_family(conntrack: &dyn Conntrack, flows: &[&StaleFlows]) -> u64 {
-    let mut listed: BTreeMap<bool, BTreeSet<(IpAddr, u16)>> = BTreeMap::new();
+/// Deletes `flows`, all of `family`; the unanswered TCP attempts are listed once, if any is asked for.
+fn delete_family(conntrack: &dyn Conntrack, family: Family, flows: &[&StaleFlows]) -> u64 {
+    let mut listed: Option<BTreeSet<(IpAddr, u16)>> = None;
     let mut deleted = 0;
     for flow in flows {
         if let StaleFlows::Untranslated { address, port } = **flow {
-            let ipv6 = address.is_ipv6();
-            if let std::collections::btree_map::Entry::Vacant(slot) = listed.entry(ipv6) {
-                match conntrack.untranslated_tcp(ipv6) {
-                    Ok(found) => slot.insert(found),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot list unanswered TCP attempts; they stay until they time out");
-                        slot.insert(BTreeSet::new())
-                    }
-                };
-            }
-            if !listed.get(&ipv6).is_some_and(|found| found.contains(&(address, port))) {
+            let found = listed.get_or_insert_with(|| {
+                conntrack.untranslated_tcp(family == Family::V6).unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "cannot list unanswered TCP attempts; they stay until they time out");
+                    BTreeSet::new()
+                })
+            });
+            if !found.contains(&(address, port)) {
                 continue;
             }
         }

@@ -213,7 +213,11 @@ impl ServiceView {
                 ))
             }
         };
-        name("service_proxy_name", &msg.service_proxy_name, true)?;
+        if !msg.service_proxy_name.is_empty() {
+            // The rule an agent's --service-proxy-name is checked with.
+            crate::check_service_proxy_name(&msg.service_proxy_name)
+                .map_err(|reason| InvalidResource::new("service_proxy_name", reason))?;
+        }
         let service_proxy_name = Some(msg.service_proxy_name.clone()).filter(|n| !n.is_empty());
         let mut ports = Vec::with_capacity(msg.ports.len());
         for (i, p) in msg.ports.into_iter().enumerate() {

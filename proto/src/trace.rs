@@ -126,8 +126,9 @@ fn trace_entry(pf: &PortFamily, kind: EntryKind, context: &NodeContext, packet: 
     );
     let node_addresses = &context.node_addresses;
     let detector = &context.local;
-    let from_pod = packet.source.and_then(|s| detector.is_local(&s)).unwrap_or(false);
-    if let (Some(s), None) = (packet.source, packet.source.and_then(|s| detector.is_local(&s))) {
+    let local = packet.source.map(|s| (s, detector.is_local(&s)));
+    let from_pod = matches!(local, Some((_, Some(true))));
+    if let Some((s, None)) = local {
         t.step(
             "not from a pod",
             format!("pods are told by the interface a packet comes in on ({}); {s} alone does not say, so the trace takes it as not a pod", detector.describe()),

@@ -159,16 +159,18 @@ impl Cluster {
             };
             touched.nodes.insert(name);
         }
-        let ranges = self.state.service_ranges();
-        for (name, new) in changes.service_cidrs {
-            match new {
-                Some(cidr) => self.state.service_cidrs.insert(name, cidr),
-                None => self.state.service_cidrs.remove(&name),
-            };
-        }
-        if self.state.service_ranges() != ranges {
-            // Every node's config carries the Service CIDRs.
-            touched.nodes.extend(self.state.nodes.keys().cloned());
+        if !changes.service_cidrs.is_empty() {
+            let ranges = self.state.service_ranges();
+            for (name, new) in changes.service_cidrs {
+                match new {
+                    Some(cidr) => self.state.service_cidrs.insert(name, cidr),
+                    None => self.state.service_cidrs.remove(&name),
+                };
+            }
+            if self.state.service_ranges() != ranges {
+                // Every node's config carries the Service CIDRs.
+                touched.nodes.extend(self.state.nodes.keys().cloned());
+            }
         }
         touched
     }

@@ -5,6 +5,7 @@
 //! kube-proxy runs one proxier per IP family, so every decision here (topology,
 //! the fallback to terminating endpoints) is taken per family by the caller.
 
+use std::collections::HashSet;
 use std::net::IpAddr;
 
 use kpx_proto::types::Endpoint;
@@ -112,11 +113,14 @@ pub(super) fn categorize(candidates: &[Candidate<'_>], policy: Policy, at: Local
 /// a node keeps its UDP conntrack flows to them (kube-proxy deletes a flow only once its
 /// endpoint stops serving).
 pub(super) fn serving_unused(candidates: &[Candidate<'_>], selected: &Selected) -> Vec<Endpoint> {
-    let used = |c: &Candidate<'_>| {
-        let same = |e: &Endpoint| e.address == c.address && e.port == c.port;
-        selected.cluster.iter().chain(&selected.external).chain(&selected.local).any(same)
-    };
-    pick(candidates, |c| (c.ready() || c.source.serving) && !used(c))
+    let used: HashSet<(IpAddr, u16)> = selected
+        .cluster
+        .iter()
+        .chain(&selected.external)
+        .chain(&selected.local)
+        .map(|e| (e.address, e.port))
+        .collect();
+    pick(candidates, |c| (c.ready() || c.source.serving) && !used.contains(&(c.address, c.port)))
 }
 
 fn pick<'a>(candidates: &[Candidate<'a>], keep: impl Fn(&Candidate<'a>) -> bool) -> Vec<Endpoint> {

@@ -158,37 +158,38 @@ fn local_mode(flags: &Flags, file: &KubeProxyConfiguration) -> Result<LocalMode,
         (None, None) => return Ok(LocalMode::default()),
     };
     let names = file.detect_local.clone().unwrap_or_default();
-    let (field, name, prefix) = match mode {
+    // The interface modes: the flag, the file field and what it names, and whether it is a prefix.
+    let (flag, file_field, what, given, prefix) = match mode {
         "ClusterCIDR" => return Ok(LocalMode::ClusterCidr),
         "NodeCIDR" => return Ok(LocalMode::NodeCidr),
-        "BridgeInterface" => match (&flags.pod_bridge_interface, names.bridge_interface) {
-            (Some(n), _) => ("--pod-bridge-interface", n.clone(), false),
-            (None, Some(n)) => ("detectLocal.bridgeInterface", n, false),
-            (None, None) => {
-                return Err(ConfigError::field(
-                    "--pod-bridge-interface",
-                    format!(
-                    "{mode_field} BridgeInterface needs the bridge's name (or detectLocal.bridgeInterface)"
-                ),
-                ))
-            }
-        },
-        "InterfaceNamePrefix" => match (&flags.pod_interface_name_prefix, names.interface_name_prefix) {
-            (Some(n), _) => ("--pod-interface-name-prefix", n.clone(), true),
-            (None, Some(n)) => ("detectLocal.interfaceNamePrefix", n, true),
-            (None, None) => {
-                return Err(ConfigError::field(
-                    "--pod-interface-name-prefix",
-                    format!(
-                    "{mode_field} InterfaceNamePrefix needs the prefix (or detectLocal.interfaceNamePrefix)"
-                ),
-                ))
-            }
-        },
+        "BridgeInterface" => (
+            "--pod-bridge-interface",
+            "detectLocal.bridgeInterface",
+            "the bridge's name",
+            (&flags.pod_bridge_interface, names.bridge_interface),
+            false,
+        ),
+        "InterfaceNamePrefix" => (
+            "--pod-interface-name-prefix",
+            "detectLocal.interfaceNamePrefix",
+            "the prefix",
+            (&flags.pod_interface_name_prefix, names.interface_name_prefix),
+            true,
+        ),
         other => {
             return Err(ConfigError::field(
                 mode_field,
                 format!("{other:?}: expected ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix"),
+            ))
+        }
+    };
+    let (field, name) = match given {
+        (Some(n), _) => (flag, n.clone()),
+        (None, Some(n)) => (file_field, n),
+        (None, None) => {
+            return Err(ConfigError::field(
+                flag,
+                format!("{mode_field} {mode} needs {what} (or {file_field})"),
             ))
         }
     };

@@ -56,10 +56,12 @@ pub fn protocol(p: Protocol) -> u16 {
     }
 }
 
-fn destinations(endpoints: &[&Endpoint]) -> Vec<Destination> {
+/// `endpoints` as destinations of `weight`, sorted, one per address and port (the first
+/// wins).
+fn destinations<'e>(endpoints: impl IntoIterator<Item = &'e Endpoint>, weight: u32) -> Vec<Destination> {
     let mut out: Vec<Destination> = endpoints
-        .iter()
-        .map(|e| Destination { address: e.address, port: e.port, weight: 1, active: 0, inactive: 0 })
+        .into_iter()
+        .map(|e| Destination { address: e.address, port: e.port, weight, active: 0, inactive: 0 })
         .collect();
     out.sort_by_key(|d| (d.address, d.port));
     out.dedup_by_key(|d| (d.address, d.port));
@@ -82,20 +84,17 @@ fn route<'a>(pf: &'a PortFamily<'a>, kind: EntryKind) -> (&'a [&'a Endpoint], bo
     }
 }
 
-/// A UDP port's serving endpoints that no new flow goes to, not among `picked`: weight 0,
-/// so IPVS schedules nothing new to them but the flows they have go on (kube-proxy keeps a
-/// UDP flow until its endpoint stops serving); once they stop, they are removed.
-fn serving(pf: &PortFamily<'_>, picked: &[Destination]) -> Vec<Destination> {
-    let mut out: Vec<Destination> = pf
-        .port
-        .serving_endpoints
-        .iter()
-        .filter(|e| Family::of(&e.address) == pf.family)
-        .filter(|e| !picked.iter().any(|d| (d.address, d.port) == (e.address, e.port)))
-        .map(|e| Destination { address: e.address, port: e.port, weight: 0, active: 0, inactive: 0 })
-        .collect();
-    out.dedup_by_key(|d| (d.address, d.port));
-    out
+/// A UDP port's serving endpoints that no new flow goes to, after the `picked` ones, at
+/// weight 0: IPVS schedules nothing new to them but the flows they have go on (kube-proxy
+/// keeps a UDP flow until its endpoint stops serving); once they stop, they are removed.
+fn with_serving(pf: &PortFamily<'_>, picked: &[&Endpoint]) -> Vec<Destination> {
+    let serving = pf.port.serving_endpoints.iter().filter(|e| Family::of(&e.address) == pf.family);
+    // Picked first: where both name an endpoint, its weight is 1.
+    let mut all = destinations(picked.iter().copied(), 1);
+    all.extend(destinations(serving, 0));
+    all.sort_by_key(|d| (d.address, d.port, d.weight == 0));
+    all.dedup_by_key(|d| (d.address, d.port));
+    all
 }
 
 /// What `view` puts into IPVS, ipsets and the dummy interface.
@@ -116,12 +115,11 @@ pub fn piece(view: &ServiceView, ctx: &Context) -> Piece {
             let key = ServiceKey { address: entry.address, protocol: protocol(proto), port: entry.port };
             let scheduler = view.ipvs_scheduler.clone().unwrap_or_else(|| ctx.scheduler.clone());
             let service = VirtualService { key, scheduler, flags, timeout };
-            let mut destinations = destinations(endpoints);
-            if proto == Protocol::Udp && !endpoints.is_empty() {
-                let kept = serving(&pf, &destinations);
-                destinations.extend(kept);
-                destinations.sort_by_key(|d| (d.address, d.port));
-            }
+            let destinations = if proto == Protocol::Udp && !endpoints.is_empty() {
+                with_serving(&pf, endpoints)
+            } else {
+                destinations(endpoints.iter().copied(), 1)
+            };
             out.services.insert(key, (service, destinations));
             if entry.kind != EntryKind::NodePort {
                 out.addresses.insert(entry.address);
