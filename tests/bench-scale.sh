@@ -2,7 +2,8 @@
 # Where kpx stands at scale: fan-out to simulated nodes, node programming per backend,
 # data-path connect latency. Prints a table; --json PATH writes the figures.
 # Usage: sudo tests/bench-scale.sh [--services N] [--endpoints N] [--nodes N] [--slow-percent P]
-#        [--changes N] [--node-services N] [--json PATH] [--skip fanout|node] [--tls]
+#        [--changes N] [--node-scales SxE,…] [--node-changes N] [--json PATH] [--skip fanout|node] [--tls]
+# The README's scale table: tests/bench-table.py PATH.json --readme README.md
 set -eu
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "run as root (it creates network namespaces)" >&2; exit 2; }

@@ -29,18 +29,24 @@ def table(data):
     t = data.get("fanout_tls")
     if t:
         rows.extend(fanout_rows(t, " over mutual TLS"))
-    for backend in ("nftables", "iptables-legacy"):
-        b = data.get(backend)
-        if not b:
-            continue
-        what = f"{b['services']:,} Services × {b.get('endpoints_per_service', '?')} endpoint"
-        rows.append((f"node agent, {backend}, {what}: one endpoint change (validate → kernel → sled)",
+    for b in data.get("node_programming", []):
+        what = (f"node agent, {b['backend']}, {b['services']:,} Services × {b['endpoints_per_service']} "
+                f"distinct endpoints")
+        rows.append((f"{what}: one endpoint change (delta received → kernel → sled), {b['changes']} changes",
                      f"p50 {b['change_p50_ms']} ms, p99 {b['change_p99_ms']} ms"))
-        rows.append((f"node agent, {backend}, {what}: full sync / RSS", f"{b['full_sync_s']:.2f} s / {b['agent_rss_mib']} MiB"))
-        rows.append((f"TCP connect to the first vs the last Service, {backend}",
+        rows.append((f"{what}: full sync (restarted over its store) / initial sync (start → last Service)",
+                     f"{b['full_sync_s']:.2f} s / {b['initial_sync_pipeline_s']:.2f} s"))
+        rows.append((f"{what}: agent RSS, peak / steady",
+                     f"{b['agent_peak_rss_mib']:.0f} MiB / {b['agent_steady_rss_mib']:.0f} MiB"))
+        rows.append((f"{what}: TCP connect to the first vs the last Service",
                      f"{b['connect_first_us']} vs {b['connect_last_us']} µs"))
     out = ["| what | measured |", "|---|---|"]
     out.extend(f"| {what} | {value} |" for what, value in rows)
+    m = data.get("machine", {})
+    if m:
+        out.append("")
+        out.append(f"Measured with `{data.get('command', 'sudo tests/bench-scale.sh')}` on {m.get('cores')} cores, "
+                   f"{m.get('memory_gib'):.0f} GiB, Linux {m.get('kernel')}, {m.get('nft')}.")
     return "\n".join(out) + "\n"
 
 

@@ -1139,7 +1139,7 @@ pub fn full_syncs_under_traffic(backend: ProxyBackend) {
     assert_eq!(kept_affinity.failed, 0, "the client keeps its endpoint: {kept_affinity:?}");
 }
 
-/// kpx's rules flushed behind its back (`nft flush ruleset`; `iptables -F` of nat and
+/// kpx's rules flushed behind its back (`nft flush ruleset`, then `nft flush table`; `iptables -F` of nat and
 /// filter, both families): the backend's canary finds it and the agent programs
 /// everything again within its check period (10 s), without a `--full-sync-period`;
 /// `kpx_rules_repaired_total` counts it, and traffic flows again. Then once more with the
@@ -1173,8 +1173,13 @@ fn flush_and_wait_for_repair(s: &Scene, repairs: u64, while_: &str) {
     let logged = || s.dp.events().iter().filter(|e| e["message"] == "rules repaired").count() as u64;
     let flushed = std::time::Instant::now();
     match s.backend {
-        ProxyBackend::Nftables => {
+        // The first time everything goes (the table with it); the second time only the
+        // rules, while the table, its sets and their elements stay.
+        ProxyBackend::Nftables if repairs == 1 => {
             s.t.node.exec("nft", &["flush", "ruleset"]);
+        }
+        ProxyBackend::Nftables => {
+            s.t.node.exec("nft", &["flush", "table", "inet", "kpx"]);
         }
         ProxyBackend::Iptables | ProxyBackend::IptablesLegacy | ProxyBackend::Ipvs => {
             let flavour = if s.backend == ProxyBackend::IptablesLegacy { "legacy" } else { "nft" };

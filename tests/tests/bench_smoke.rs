@@ -16,8 +16,10 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
             "3",
             "--nodes",
             "12",
-            "--node-services",
-            "60",
+            "--node-scales",
+            "60x3,30x5",
+            "--node-changes",
+            "3",
             "--changes",
             "1",
             "--stuck-percent",
@@ -38,8 +40,37 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
     }
     let figures: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).expect("json written")).expect("valid JSON");
-    for key in ["fanout", "nftables", "iptables-legacy"] {
-        assert!(figures.get(key).is_some(), "no {key} in {figures}");
+    assert!(figures.get("fanout").is_some(), "no fanout in {figures}");
+    let runs: Vec<(String, u64, u64)> = figures["node_programming"]
+        .as_array()
+        .expect("node_programming runs")
+        .iter()
+        .map(|r| {
+            let n = |k: &str| r[k].as_u64().unwrap_or(0);
+            (r["backend"].as_str().unwrap_or("").to_owned(), n("services"), n("endpoints_per_service"))
+        })
+        .collect();
+    let run = |b: &str, s: u64, e: u64| (b.to_owned(), s, e);
+    assert_eq!(
+        runs,
+        [run("nftables", 60, 3), run("nftables", 30, 5), run("iptables-legacy", 60, 3)],
+        "{figures}"
+    );
+    for r in figures["node_programming"].as_array().into_iter().flatten() {
+        assert_eq!(r["changes"], 3, "{r}");
+        // The data-path Services answered (a connect that failed would leave 0).
+        assert!(r["connect_first_us"].as_u64() > Some(0) && r["connect_last_us"].as_u64() > Some(0), "{r}");
+    }
+    // The README's table is generated from this JSON: the generator reads it.
+    let table = std::process::Command::new("python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/bench-table.py"))
+        .arg(&json)
+        .output()
+        .expect("run bench-table.py");
+    let markdown = String::from_utf8_lossy(&table.stdout);
+    assert!(table.status.success(), "{markdown}{}", String::from_utf8_lossy(&table.stderr));
+    for row in ["60 Services × 3", "30 Services × 5", "one endpoint change → all 12 nodes"] {
+        assert!(markdown.contains(row), "no {row:?} in:\n{markdown}");
     }
     assert_eq!(figures["fanout"]["nodes"], 12);
     // Every fourth node never reads its stream: the control plane closes and counts them.

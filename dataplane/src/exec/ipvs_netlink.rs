@@ -2,27 +2,19 @@
 //! virtual services and their destinations, created, edited, deleted and listed, one
 //! request per call, each acknowledged by the kernel.
 
-use std::io;
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 #[cfg(test)]
 use super::ipvs::PROTO_TCP;
 use super::ipvs::{Destination, IpvsError, ServiceKey, VirtualService, FLAG_PERSISTENT, FORWARD_MASQUERADE};
+
+use super::netlink::{attributes, find, Message, NetlinkError, Socket};
 
 const NETLINK_GENERIC: i32 = 16;
 const GENL_ID_CTRL: u16 = 0x10;
 const CTRL_CMD_GETFAMILY: u8 = 3;
 const CTRL_ATTR_FAMILY_ID: u16 = 1;
 const CTRL_ATTR_FAMILY_NAME: u16 = 2;
-
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP: u16 = 0x300;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLA_F_NESTED: u16 = 0x8000;
-const NLA_TYPE_MASK: u16 = 0x3fff;
 
 const IPVS_GENL_VERSION: u8 = 1;
 mod cmd {
@@ -61,68 +53,16 @@ mod dest {
     pub const ADDR_FAMILY: u16 = 11;
 }
 
-/// A message being written: header, generic netlink header, attributes.
-struct Message {
-    buf: Vec<u8>,
-    nests: Vec<usize>,
+/// A generic netlink message: `family`'s `command` at `version`.
+fn genl_message(family: u16, command: u8, version: u8) -> Message {
+    Message::new(family, [command, version, 0, 0])
 }
 
-impl Message {
-    fn new(family: u16, command: u8, version: u8) -> Message {
-        let mut buf = Vec::with_capacity(256);
-        buf.extend_from_slice(&0u32.to_ne_bytes()); // length, set in finish
-        buf.extend_from_slice(&family.to_ne_bytes());
-        buf.extend_from_slice(&0u16.to_ne_bytes()); // flags, set in finish
-        buf.extend_from_slice(&0u32.to_ne_bytes()); // sequence, set in finish
-        buf.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel fills it
-        buf.extend_from_slice(&[command, version, 0, 0]);
-        Message { buf, nests: Vec::new() }
-    }
-
-    fn pad(&mut self) {
-        while !self.buf.len().is_multiple_of(4) {
-            self.buf.push(0);
-        }
-    }
-
-    fn put(&mut self, kind: u16, value: &[u8]) -> &mut Self {
-        let len = u16::try_from(4 + value.len()).unwrap_or(u16::MAX);
-        self.buf.extend_from_slice(&len.to_ne_bytes());
-        self.buf.extend_from_slice(&kind.to_ne_bytes());
-        self.buf.extend_from_slice(value);
-        self.pad();
-        self
-    }
-
-    fn u16(&mut self, kind: u16, value: u16) -> &mut Self {
-        self.put(kind, &value.to_ne_bytes())
-    }
-
-    fn u32(&mut self, kind: u16, value: u32) -> &mut Self {
-        self.put(kind, &value.to_ne_bytes())
-    }
-
-    fn begin(&mut self, kind: u16) -> &mut Self {
-        self.nests.push(self.buf.len());
-        self.buf.extend_from_slice(&[0, 0]);
-        self.buf.extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
-        self
-    }
-
-    fn end(&mut self) -> &mut Self {
-        if let Some(start) = self.nests.pop() {
-            let len = u16::try_from(self.buf.len() - start).unwrap_or(u16::MAX);
-            self.buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
-        }
-        self
-    }
-
-    fn finish(mut self, flags: u16, seq: u32) -> Vec<u8> {
-        let len = u32::try_from(self.buf.len()).unwrap_or(u32::MAX);
-        self.buf[0..4].copy_from_slice(&len.to_ne_bytes());
-        self.buf[6..8].copy_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
-        self.buf[8..12].copy_from_slice(&seq.to_ne_bytes());
-        self.buf
+fn error(op: &'static str, e: NetlinkError) -> IpvsError {
+    match e {
+        NetlinkError::Socket(e) => IpvsError::Socket(e),
+        NetlinkError::Kernel(error) => IpvsError::Kernel { op, error },
+        NetlinkError::Malformed => IpvsError::Malformed { op },
     }
 }
 
@@ -175,26 +115,6 @@ fn destination_attrs(m: &mut Message, d: &Destination) {
         .u32(dest::L_THRESH, 0)
         .u16(dest::ADDR_FAMILY, family_of(d.address))
         .end();
-}
-
-/// Attributes of a message body or nest, by type.
-fn attributes(mut data: &[u8]) -> Vec<(u16, &[u8])> {
-    let mut out = Vec::new();
-    while data.len() >= 4 {
-        let len = u16::from_ne_bytes([data[0], data[1]]) as usize;
-        let kind = u16::from_ne_bytes([data[2], data[3]]) & NLA_TYPE_MASK;
-        if len < 4 || len > data.len() {
-            break;
-        }
-        out.push((kind, &data[4..len]));
-        let next = len.next_multiple_of(4).min(data.len());
-        data = &data[next..];
-    }
-    out
-}
-
-fn find<'a>(attrs: &[(u16, &'a [u8])], kind: u16) -> Option<&'a [u8]> {
-    attrs.iter().find(|(k, _)| *k == kind).map(|(_, v)| *v)
 }
 
 fn read_u16(v: Option<&[u8]>) -> Option<u16> {
@@ -253,23 +173,15 @@ fn parse_destination(nest: &[u8], service_family: u16) -> Option<Destination> {
 
 /// A generic netlink socket bound to the IPVS family.
 pub struct IpvsSocket {
-    fd: OwnedFd,
+    socket: Socket,
     family: u16,
-    seq: u32,
 }
 
 impl IpvsSocket {
     pub fn open() -> Result<IpvsSocket, IpvsError> {
-        // SAFETY: plain socket(2); the descriptor is owned right away.
-        let raw =
-            unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, NETLINK_GENERIC) };
-        if raw < 0 {
-            return Err(IpvsError::Socket(io::Error::last_os_error()));
-        }
-        // SAFETY: `raw` is a fresh descriptor nobody else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let mut socket = IpvsSocket { fd, family: GENL_ID_CTRL, seq: 0 };
-        let mut m = Message::new(GENL_ID_CTRL, CTRL_CMD_GETFAMILY, 1);
+        let socket = Socket::open(NETLINK_GENERIC).map_err(|e| error("open", e))?;
+        let mut socket = IpvsSocket { socket, family: GENL_ID_CTRL };
+        let mut m = genl_message(GENL_ID_CTRL, CTRL_CMD_GETFAMILY, 1);
         m.put(CTRL_ATTR_FAMILY_NAME, b"IPVS\0");
         let replies = match socket.request("family lookup", m, false) {
             Ok(r) => r,
@@ -286,63 +198,13 @@ impl IpvsSocket {
         Ok(socket)
     }
 
-    /// Sends one request and collects the bodies (after the generic header) of its replies;
-    /// `dump` requests end with DONE, others with the kernel's ACK.
+    /// Sends one request and collects the bodies of its replies.
     fn request(&mut self, op: &'static str, m: Message, dump: bool) -> Result<Vec<Vec<u8>>, IpvsError> {
-        self.seq = self.seq.wrapping_add(1);
-        let seq = self.seq;
-        let bytes = m.finish(if dump { NLM_F_DUMP } else { NLM_F_ACK }, seq);
-        let fd = self.fd.as_raw_fd();
-        // SAFETY: sending an initialized buffer on our socket (to the kernel: no address).
-        let sent = unsafe { libc::send(fd, bytes.as_ptr().cast(), bytes.len(), 0) };
-        if sent < 0 {
-            return Err(IpvsError::Socket(io::Error::last_os_error()));
-        }
-        let mut bodies = Vec::new();
-        let mut buf = vec![0u8; 64 << 10];
-        loop {
-            // SAFETY: receiving into a buffer we own, at most its length.
-            let got = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if got < 0 {
-                let error = io::Error::last_os_error();
-                if error.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(IpvsError::Socket(error));
-            }
-            let mut data = &buf[..got as usize];
-            while data.len() >= 16 {
-                let len = u32::from_ne_bytes([data[0], data[1], data[2], data[3]]) as usize;
-                let kind = u16::from_ne_bytes([data[4], data[5]]);
-                let reply_seq = u32::from_ne_bytes([data[8], data[9], data[10], data[11]]);
-                if len < 16 || len > data.len() {
-                    return Err(IpvsError::Malformed { op });
-                }
-                let payload = &data[16..len];
-                data = &data[len.next_multiple_of(4).min(data.len())..];
-                if reply_seq != seq {
-                    continue;
-                }
-                match kind {
-                    NLMSG_DONE => return Ok(bodies),
-                    NLMSG_ERROR => {
-                        let code = payload.get(..4).map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
-                        return match code {
-                            Some(0) => Ok(bodies),
-                            Some(code) => {
-                                Err(IpvsError::Kernel { op, error: io::Error::from_raw_os_error(-code) })
-                            }
-                            None => Err(IpvsError::Malformed { op }),
-                        };
-                    }
-                    _ => bodies.push(payload.get(4..).unwrap_or_default().to_vec()),
-                }
-            }
-        }
+        self.socket.request(m, dump).map_err(|e| error(op, e))
     }
 
     fn message(&self, command: u8) -> Message {
-        Message::new(self.family, command, IPVS_GENL_VERSION)
+        genl_message(self.family, command, IPVS_GENL_VERSION)
     }
 
     /// Every virtual service.
@@ -430,6 +292,7 @@ impl IpvsSocket {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exec::netlink::{HEADERS, NLM_F_ACK};
 
     #[test]
     fn a_service_request_is_laid_out_as_the_kernel_reads_it() {
@@ -439,12 +302,12 @@ mod tests {
             flags: FLAG_PERSISTENT,
             timeout: 10800,
         };
-        let mut m = Message::new(0x20, cmd::NEW_SERVICE, IPVS_GENL_VERSION);
+        let mut m = genl_message(0x20, cmd::NEW_SERVICE, IPVS_GENL_VERSION);
         service_attrs(&mut m, &s);
         let bytes = m.finish(NLM_F_ACK, 7);
         assert_eq!(u32::from_ne_bytes(bytes[0..4].try_into().expect("4")) as usize, bytes.len());
         assert_eq!(bytes[16], cmd::NEW_SERVICE);
-        let top = attributes(&bytes[20..]);
+        let top = attributes(&bytes[HEADERS..]);
         assert_eq!(top.len(), 1);
         assert_eq!(top[0].0, attr::SERVICE);
         let parsed = parse_service(top[0].1).expect("parses back");
@@ -465,10 +328,10 @@ mod tests {
                 active: 0,
                 inactive: 0,
             };
-            let mut m = Message::new(0x20, cmd::NEW_DEST, IPVS_GENL_VERSION);
+            let mut m = genl_message(0x20, cmd::NEW_DEST, IPVS_GENL_VERSION);
             destination_attrs(&mut m, &d);
             let bytes = m.finish(NLM_F_ACK, 1);
-            let top = attributes(&bytes[20..]);
+            let top = attributes(&bytes[HEADERS..]);
             let back = parse_destination(top[0].1, libc::AF_INET as u16).expect("parses back");
             assert_eq!(back, d);
         }

@@ -2,9 +2,11 @@
 //! whole or not at all), through libnftables in-process when it can be opened, else the
 //! `nft` process.
 
+use std::collections::BTreeSet;
+
 use super::libnftables::NftLibrary;
 pub use super::libnftables::OpenError;
-use super::{process, ExecError};
+use super::{nft_netlink, process, ExecError};
 
 /// kpx's table: family and name.
 pub const FAMILY: &str = "inet";
@@ -18,16 +20,26 @@ pub trait Nft: Send {
     fn list_table(&mut self) -> Result<String, ExecError> {
         self.list(&format!("table {FAMILY} {TABLE}"))
     }
-    /// `nft list chain inet kpx CHAIN` ("" when it or the table does not exist): cheap,
-    /// where listing the table is not.
-    fn list_chain(&mut self, chain: &str) -> Result<String, ExecError> {
-        self.list(&format!("chain {FAMILY} {TABLE} {chain}"))
-    }
+    /// How many rules chain `chain` of kpx's table holds (0 when it or the table does not
+    /// exist): cheap at any number of elements (netlink, not `nft list chain`, which
+    /// fetches every element of the table first).
+    fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError>;
     /// `nft list WHAT` ("" when it does not exist).
     fn list(&mut self, what: &str) -> Result<String, ExecError>;
-    /// `nft -t list table inet kpx`: its sets, maps and chains without their elements ("" when
-    /// it does not exist); cheap at any number of elements.
-    fn outline(&mut self) -> Result<String, ExecError>;
+    /// The names of kpx's table's chains, sets and maps, and its comment (`None` when it
+    /// does not exist); cheap at any number of elements (netlink again).
+    fn outline(&mut self) -> Result<Option<Outline>, ExecError>;
+}
+
+/// What kpx's table holds, by name, without what is inside.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Outline {
+    pub comment: Option<String>,
+    pub chains: BTreeSet<String>,
+    /// The chains among `chains` that hold no rule (`nft flush table` leaves them so).
+    pub empty_chains: BTreeSet<String>,
+    pub sets: BTreeSet<String>,
+    pub maps: BTreeSet<String>,
 }
 
 /// libnftables in-process when it can be opened, else the `nft` process.
@@ -63,8 +75,12 @@ impl Nft for NftProcess {
         list_with(&["list"], what)
     }
 
-    fn outline(&mut self) -> Result<String, ExecError> {
-        list_with(&["-t", "list"], &format!("table {FAMILY} {TABLE}"))
+    fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {
+        nft_netlink::rules_in_chain(chain)
+    }
+
+    fn outline(&mut self) -> Result<Option<Outline>, ExecError> {
+        nft_netlink::outline()
     }
 }
 
@@ -98,8 +114,12 @@ impl Nft for NftLibrary {
         self.list_with(what, false)
     }
 
-    fn outline(&mut self) -> Result<String, ExecError> {
-        self.list_with(&format!("table {FAMILY} {TABLE}"), true)
+    fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {
+        nft_netlink::rules_in_chain(chain)
+    }
+
+    fn outline(&mut self) -> Result<Option<Outline>, ExecError> {
+        nft_netlink::outline()
     }
 }
 

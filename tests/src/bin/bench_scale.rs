@@ -9,11 +9,14 @@
 //!    time until each fast node has it is measured; control plane RSS per stream and CPU
 //!    seconds per change; then how long until the control plane closed the stuck streams
 //!    (`--ack-timeout`), and its RSS with them and after.
-//! 2. node programming: kpx-dataplane in a network namespace with its control plane,
-//!    per backend: full sync of all Services, one-endpoint-change latency inside the
-//!    agent (delta received → kernel committed + stored, from its log), its RSS.
-//! 3. data path: TCP connect latency to the first and the last of the Services (all
-//!    backed by one pod), per backend.
+//! 2. node programming, at each of `--node-scales` (Services × distinct endpoints per
+//!    Service; default 10k × 10, 5k × 50, 50k × 10): kpx-dataplane with nftables in a
+//!    network namespace with its control plane (iptables-legacy at the first scale too):
+//!    the initial sync (agent start → last Service programmed, and the agent's own apply
+//!    time), `--node-changes` one-endpoint changes (delta received → kernel committed +
+//!    stored, from its log), a full sync (restarted over its store), peak and steady RSS.
+//! 3. data path: TCP connect latency to the first and the last Service (in every
+//!    backend's order), two Services of their own backed by a real pod, per run of 2.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -38,12 +41,18 @@ struct Args {
     /// The control plane's `--ack-timeout`, in seconds.
     ack_timeout_s: u64,
     changes: usize,
-    node_services: usize,
+    node_scales: Vec<Scale>,
+    /// One endpoint changes measured per node-programming scale.
+    node_changes: usize,
     json: Option<PathBuf>,
     skip: Vec<String>,
     /// Also run the fan-out over mutual TLS and print both side by side.
     tls: bool,
 }
+
+/// Node programming's scales: Kubernetes' per-cluster envelope of 250k endpoints (5k ×
+/// 50) between a common shape and five times the envelope.
+const DEFAULT_NODE_SCALES: &str = "10000x10,5000x50,50000x10";
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
@@ -54,7 +63,8 @@ fn parse_args() -> Result<Args, String> {
         stuck_percent: 5,
         ack_timeout_s: 120,
         changes: 5,
-        node_services: 10_000,
+        node_scales: parse_scales("--node-scales", DEFAULT_NODE_SCALES)?,
+        node_changes: 100,
         json: None,
         skip: vec![],
         tls: false,
@@ -71,11 +81,12 @@ fn parse_args() -> Result<Args, String> {
             "--stuck-percent" => a.stuck_percent = number(value()?)?,
             "--ack-timeout" => a.ack_timeout_s = number(value()?)? as u64,
             "--changes" => a.changes = number(value()?)?.max(1),
-            "--node-services" => a.node_services = number(value()?)?,
+            "--node-scales" => a.node_scales = parse_scales(&flag, &value()?)?,
+            "--node-changes" => a.node_changes = number(value()?)?.max(1),
             "--json" => a.json = Some(PathBuf::from(value()?)),
             "--skip" => a.skip.push(value()?),
             "--tls" => a.tls = true,
-            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --stuck-percent --ack-timeout SECONDS --changes --node-services --json --skip fanout|node|datapath --tls)")),
+            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --stuck-percent --ack-timeout SECONDS --changes --node-scales SxE,… --node-changes --json --skip fanout|node|datapath --tls)")),
         }
     }
     Ok(a)
@@ -85,39 +96,68 @@ fn vip(i: usize) -> String {
     format!("10.{}.{}.{}", 96 + i / 62_500, (i % 62_500) / 250, i % 250 + 1)
 }
 
-/// Writes `services` Services of one port with `endpoints` endpoints each (or, with `pod`,
-/// the one endpoint `pod`), 500 to a file; Service 0 alone in `svc-0.yaml` (the one changed).
-fn write_manifests(dir: &Path, services: usize, endpoints: usize, pod: Option<&str>, generation: usize) {
-    let mut files: BTreeMap<String, String> = BTreeMap::new();
-    for i in 0..services {
-        let file = if i == 0 { "svc-0.yaml".to_owned() } else { format!("svc-{:03}.yaml", 1 + i / 500) };
-        let eps: Vec<String> = match pod {
-            Some(p) => vec![p.to_owned()],
-            None => (0..endpoints)
-                .map(|e| {
-                    let n = i * endpoints + e + if i == 0 { generation * 7919 } else { 0 };
-                    format!("10.{}.{}.{}", 200 + (n / 62_500) % 50, (n % 62_500) / 250, n % 250 + 1)
-                })
-                .collect(),
-        };
-        let text = files.entry(file).or_default();
+/// The `n`-th endpoint address of a benchmark (10.128.0.0/9: 8M distinct ones).
+fn endpoint_address(n: usize) -> String {
+    format!("10.{}.{}.{}", 128 + (n >> 16) % 128, (n >> 8) & 255, n & 255)
+}
+
+/// One Service of a benchmark manifest: name, ClusterIP, endpoint addresses.
+struct BenchService {
+    name: String,
+    vip: String,
+    endpoints: Vec<String>,
+}
+
+impl BenchService {
+    /// Service `i` of a benchmark of `endpoints` distinct endpoints per Service. At
+    /// `generation` g > 0, Service 0's last endpoint is another address (10.127.x.y): one
+    /// endpoint changed.
+    fn numbered(i: usize, endpoints: usize, generation: usize) -> BenchService {
+        let mut eps: Vec<String> = (0..endpoints).map(|e| endpoint_address(i * endpoints + e)).collect();
+        if i == 0 && generation > 0 {
+            if let Some(last) = eps.last_mut() {
+                *last = format!("10.127.{}.{}", (generation / 250) % 250, generation % 250 + 1);
+            }
+        }
+        BenchService { name: format!("svc-{i}"), vip: vip(i), endpoints: eps }
+    }
+
+    fn yaml(&self) -> String {
+        let name = &self.name;
+        let mut text = format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: bench}}\nspec: {{clusterIP: {}, ports: [{{name: http, protocol: TCP, port: 80}}]}}\n---\n",
+            self.vip
+        );
         text.push_str(&format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{i}, namespace: bench}}\nspec: {{clusterIP: {}, ports: [{{name: http, protocol: TCP, port: 80}}]}}\n---\n",
-            vip(i)
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-1, namespace: bench, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{name: http, protocol: TCP, port: 8080}}]\nendpoints:\n"
         ));
-        text.push_str(&format!(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc-{i}-1, namespace: bench, labels: {{kubernetes.io/service-name: svc-{i}}}}}\naddressType: IPv4\nports: [{{name: http, protocol: TCP, port: 8080}}]\nendpoints:\n"
-        ));
-        for e in eps {
+        for e in &self.endpoints {
             text.push_str(&format!(
                 "- {{addresses: [{e}], conditions: {{ready: true}}, nodeName: node-a}}\n"
             ));
         }
         text.push_str("---\n");
+        text
+    }
+}
+
+/// Writes `services` Services of one port with `endpoints` distinct endpoints each, 500 to
+/// a file; Service 0 alone in `svc-0.yaml` (the one changed, at `generation`).
+fn write_manifests(dir: &Path, services: usize, endpoints: usize, generation: usize) {
+    let mut files: BTreeMap<String, String> = BTreeMap::new();
+    for i in 0..services {
+        let file = if i == 0 { "svc-0.yaml".to_owned() } else { format!("svc-{:03}.yaml", 1 + i / 500) };
+        files.entry(file).or_default().push_str(&BenchService::numbered(i, endpoints, generation).yaml());
     }
     for (file, text) in files {
         kpx_e2e::topology::write_atomically(&dir.join(file), &text);
     }
+}
+
+/// Rewrites Service 0's file at generation `g` (its last endpoint changed).
+fn write_manifests_one(dir: &Path, endpoints: usize, g: usize) {
+    let text = BenchService::numbered(0, endpoints, g).yaml();
+    kpx_e2e::topology::write_atomically(&dir.join("svc-0.yaml"), &text);
 }
 
 /// A `/proc/PID/status` figure in KiB (`VmRSS`, `VmHWM`).
@@ -346,7 +386,7 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
     };
     let manifests = dir.path().join("manifests");
     std::fs::create_dir(&manifests).expect("dir");
-    write_manifests(&manifests, a.services, a.endpoints, None, 0);
+    write_manifests(&manifests, a.services, a.endpoints, 0);
     let cp_bin = kpx_e2e::process::binary("kpx-controlplane");
     let log_path = dir.path().join("cp.log");
     let log = std::fs::File::create(&log_path).expect("log");
@@ -566,12 +606,25 @@ fn compare_tls(out: &serde_json::Map<String, serde_json::Value>) {
     }
 }
 
-/// Rewrites Service 0's file with generation `g` (one endpoint set changed).
-fn write_manifests_one(dir: &Path, endpoints: usize, g: usize) {
-    let tmp = tempfile::tempdir().expect("tmp");
-    write_manifests(tmp.path(), 1, endpoints, None, g);
-    let text = std::fs::read_to_string(tmp.path().join("svc-0.yaml")).expect("svc-0");
-    kpx_e2e::topology::write_atomically(&dir.join("svc-0.yaml"), &text);
+/// What the figures were measured on: cores, memory, kernel, nft.
+fn machine() -> serde_json::Value {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let mem_kib: u64 = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+        .unwrap_or(0);
+    let nft = std::process::Command::new("nft")
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    json!({
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "memory_gib": (mem_kib as f64 / 1048576.0).round(),
+        "kernel": read("/proc/sys/kernel/osrelease").trim(),
+        "nft": nft,
+    })
 }
 
 /// Events of a JSON log file.
@@ -583,51 +636,111 @@ fn events(path: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn node_programming(
-    a: &Args,
-    backend: ProxyBackend,
-    label: &str,
-    out: &mut serde_json::Map<String, serde_json::Value>,
-) {
-    println!("\n== node programming and data path: {label}, {} Services", a.node_services);
+/// One node-programming scale: Services × distinct endpoints per Service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Scale {
+    services: usize,
+    endpoints: usize,
+}
+
+impl std::fmt::Display for Scale {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}×{}", self.services, self.endpoints)
+    }
+}
+
+fn parse_scales(flag: &str, text: &str) -> Result<Vec<Scale>, String> {
+    text.split(',')
+        .map(|one| {
+            let (s, e) =
+                one.split_once('x').ok_or_else(|| format!("{flag}: {one:?} is not SERVICESxENDPOINTS"))?;
+            let number = |v: &str| v.trim().parse::<usize>().ok().filter(|n| *n > 0);
+            match (number(s), number(e)) {
+                (Some(services), Some(endpoints)) => Ok(Scale { services, endpoints }),
+                _ => Err(format!("{flag}: {one:?}: both numbers must be positive")),
+            }
+        })
+        .collect()
+}
+
+/// The two Services of the data-path measurement, backed by a real pod: the first and
+/// the last in every backend's order (keys sort by name).
+const DATA_PATH_SERVICES: [(&str, &str); 2] = [("aaa-first", "10.95.0.1"), ("zzz-last", "10.95.0.2")];
+
+fn write_data_path_services(dir: &Path) {
+    let text: String = DATA_PATH_SERVICES
+        .iter()
+        .map(|(name, vip)| {
+            BenchService {
+                name: (*name).to_owned(),
+                vip: (*vip).to_owned(),
+                endpoints: vec![Topology::pod_ip(0)],
+            }
+            .yaml()
+        })
+        .collect();
+    kpx_e2e::topology::write_atomically(&dir.join("data-path.yaml"), &text);
+}
+
+/// The agent's "delta applied" events of Services (the log holds every run of it).
+fn service_deltas(log: &Path) -> Vec<serde_json::Value> {
+    events(log)
+        .into_iter()
+        .filter(|e| e["message"] == "delta applied" && e["type_url"] == kpx_proto::SERVICE_VIEW_TYPE_URL)
+        .collect()
+}
+
+/// Node programming at one scale: a real control plane and node agent in a namespace.
+/// Initial sync (the whole pipeline, and the agent's own apply time), `changes` single
+/// endpoint changes (delta received → kernel committed and stored, from the agent's
+/// log), a full sync (the agent restarted over its store reprograms everything), the
+/// agent's peak (VmHWM) and steady RSS, and TCP connects to the data-path Services.
+fn node_programming(scale: Scale, changes: usize, backend: ProxyBackend, label: &str) -> serde_json::Value {
+    let total = scale.services + DATA_PATH_SERVICES.len();
+    println!(
+        "\n== node programming and data path: {label}, {} Services × {} distinct endpoints ({} endpoints; + {} Services backed by a pod for the data path)",
+        scale.services,
+        scale.endpoints,
+        scale.services * scale.endpoints,
+        DATA_PATH_SERVICES.len()
+    );
     let t = Topology::new(1);
     let _backend = t.start_backends(8080);
     let manifests = t.manifests();
-    write_manifests(&manifests, a.node_services, a.endpoints, Some(&Topology::pod_ip(0)), 0);
+    write_manifests(&manifests, scale.services, scale.endpoints, 0);
+    write_data_path_services(&manifests);
     let _cp = t.start_control_plane();
     let start = Instant::now();
-    let dp: KpxProcess = t.start_dataplane_with(backend, &[]);
+    let mut dp: KpxProcess = t.start_dataplane_with(backend, &[]);
     let log = dp.log.clone();
-    let applied = |evs: &[serde_json::Value]| -> usize {
-        evs.iter()
-            .filter(|e| e["message"] == "delta applied" && e["type_url"] == kpx_proto::SERVICE_VIEW_TYPE_URL)
-            .map(|e| e["resources"].as_u64().unwrap_or(0) as usize)
-            .sum()
-    };
-    kpx_e2e::wait_for("the node's initial sync", Duration::from_secs(1800), || {
-        (applied(&events(&log)) >= a.node_services).then_some(())
+    let initial = kpx_e2e::wait_for("the node's initial sync", Duration::from_secs(1800), || {
+        let deltas = service_deltas(&log);
+        let applied: u64 = deltas.iter().map(|e| e["resources"].as_u64().unwrap_or(0)).sum();
+        (applied >= total as u64).then_some(deltas)
     });
-    let full = start.elapsed();
+    let pipeline = start.elapsed();
+    let initial_apply: Duration =
+        initial.iter().map(|e| Duration::from_micros(e["elapsed_us"].as_u64().unwrap_or(0))).sum();
     let pid = kpx_e2e::wait_for("the agent's pid", Duration::from_secs(5), || dp.pid());
-    let rss = rss_kib(pid);
-    // One endpoint change at a time: Service 0 moves between pod 0's address and another.
+    let peak_after_sync = peak_rss_kib(pid);
+    // One endpoint change at a time: Service 0's last endpoint moves to another address.
     let mut latencies = Vec::new();
-    for change in 1..=a.changes.max(5) * 4 {
-        let before = events(&log).iter().filter(|e| e["message"] == "delta applied").count();
-        let tmp = tempfile::tempdir().expect("tmp");
-        let ep = if change % 2 == 1 { format!("10.250.0.{}", change % 250 + 1) } else { Topology::pod_ip(0) };
-        write_manifests(tmp.path(), 1, 1, Some(&ep), 0);
-        let text = std::fs::read_to_string(tmp.path().join("svc-0.yaml")).expect("svc-0");
-        kpx_e2e::topology::write_atomically(&manifests.join("svc-0.yaml"), &text);
-        let event = kpx_e2e::wait_for("the change applied", Duration::from_secs(60), || {
-            events(&log).into_iter().filter(|e| e["message"] == "delta applied").nth(before)
+    for change in 1..=changes {
+        let before = service_deltas(&log).len();
+        write_manifests_one(&manifests, scale.endpoints, change);
+        let event = kpx_e2e::wait_for("the change applied", Duration::from_secs(120), || {
+            service_deltas(&log).into_iter().nth(before)
         });
         latencies.push(Duration::from_micros(event["elapsed_us"].as_u64().unwrap_or(0)));
     }
     latencies.sort();
+    // Steady: idle through two canary checks and housekeeping.
+    std::thread::sleep(Duration::from_secs(25));
+    let steady = rss_kib(pid);
+    let peak = peak_rss_kib(pid);
     // Data path: connect latency to the first and the last Service.
-    let connect = |addr: String| -> Duration {
-        let to = sock(&addr, 80);
+    let connect = |addr: &str| -> Duration {
+        let to = sock(addr, 80);
         let mut times: Vec<Duration> = t.client.run_in(move || {
             (0..200)
                 .filter_map(|_| {
@@ -641,29 +754,53 @@ fn node_programming(
         times.sort();
         percentile(&times, 0.5)
     };
-    let (first, last) = (connect(vip(1)), connect(vip(a.node_services - 1)));
+    let (first, last) = (connect(DATA_PATH_SERVICES[0].1), connect(DATA_PATH_SERVICES[1].1));
+    // Full sync: the agent restarted over its store programs all it holds again, over
+    // the table it left (emptied and refilled in one transaction).
+    dp.stop();
+    let dp = t.start_dataplane_with(backend, &[]);
+    let programmed = dp.wait_event("its stored state programmed", Duration::from_secs(1800), |e| {
+        e["message"] == "programmed stored state" && e["services"].as_u64() == Some(total as u64)
+    });
+    let full_sync = Duration::from_millis(programmed["elapsed_ms"].as_u64().unwrap_or(0));
+    let restart_pid = kpx_e2e::wait_for("the agent's pid", Duration::from_secs(5), || dp.pid());
+    let restart_peak = peak_rss_kib(restart_pid);
     println!(
-        "full sync {:.2} s; one endpoint change inside the agent p50 {} ms, p99 {} ms ({} changes); agent RSS {} MiB",
-        full.as_secs_f64(),
+        "initial sync: {:.2} s from the agent's start to the last Service programmed (the agent applying: {:.2} s); agent peak RSS {} MiB after it",
+        pipeline.as_secs_f64(),
+        initial_apply.as_secs_f64(),
+        peak_after_sync / 1024
+    );
+    println!(
+        "one endpoint change inside the agent (delta received → kernel committed + stored): p50 {} ms, p99 {} ms over {} changes",
         ms(percentile(&latencies, 0.5)),
         ms(percentile(&latencies, 0.99)),
-        latencies.len(),
-        rss / 1024
+        latencies.len()
+    );
+    println!(
+        "full sync (restarted over its store): {:.2} s, peak RSS {} MiB; agent RSS: peak {} MiB, steady {} MiB (25 s idle after the changes)",
+        full_sync.as_secs_f64(),
+        restart_peak / 1024,
+        peak / 1024,
+        steady / 1024
     );
     println!(
         "TCP connect, median of 200: first Service {} µs, last Service {} µs",
         first.as_micros(),
         last.as_micros()
     );
-    out.insert(
-        label.into(),
-        json!({
-            "services": a.node_services, "endpoints_per_service": 1, "full_sync_s": full.as_secs_f64(),
-            "change_p50_ms": ms(percentile(&latencies, 0.5)), "change_p99_ms": ms(percentile(&latencies, 0.99)),
-            "agent_rss_mib": rss / 1024,
-            "connect_first_us": first.as_micros() as u64, "connect_last_us": last.as_micros() as u64,
-        }),
-    );
+    json!({
+        "backend": label, "services": scale.services, "endpoints_per_service": scale.endpoints,
+        "data_path_services": DATA_PATH_SERVICES.len(),
+        "initial_sync_pipeline_s": pipeline.as_secs_f64(), "initial_sync_agent_apply_s": initial_apply.as_secs_f64(),
+        "full_sync_s": full_sync.as_secs_f64(),
+        "changes": latencies.len(),
+        "change_p50_ms": ms(percentile(&latencies, 0.5)), "change_p99_ms": ms(percentile(&latencies, 0.99)),
+        "agent_peak_rss_mib": peak as f64 / 1024.0, "agent_steady_rss_mib": steady as f64 / 1024.0,
+        "agent_peak_rss_after_initial_sync_mib": peak_after_sync as f64 / 1024.0,
+        "agent_full_sync_peak_rss_mib": restart_peak as f64 / 1024.0,
+        "connect_first_us": first.as_micros() as u64, "connect_last_us": last.as_micros() as u64,
+    })
 }
 
 fn main() {
@@ -684,9 +821,32 @@ fn main() {
         }
     }
     if !a.skip.iter().any(|s| s == "node") {
-        node_programming(&a, ProxyBackend::Nftables, "nftables", &mut out);
-        node_programming(&a, ProxyBackend::IptablesLegacy, "iptables-legacy", &mut out);
+        // nftables at every scale; iptables-legacy at the first, for the data path's
+        // first-vs-last comparison (its rules are a list walked per packet).
+        let mut runs: Vec<serde_json::Value> = a
+            .node_scales
+            .iter()
+            .map(|&scale| node_programming(scale, a.node_changes, ProxyBackend::Nftables, "nftables"))
+            .collect();
+        if let Some(&first) = a.node_scales.first() {
+            runs.push(node_programming(
+                first,
+                a.node_changes,
+                ProxyBackend::IptablesLegacy,
+                "iptables-legacy",
+            ));
+        }
+        out.insert("node_programming".into(), serde_json::Value::Array(runs));
     }
+    out.insert(
+        "command".into(),
+        json!(format!(
+            "sudo tests/bench-scale.sh {}",
+            std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+        )
+        .trim_end()),
+    );
+    out.insert("machine".into(), machine());
     let text = serde_json::to_string_pretty(&serde_json::Value::Object(out)).unwrap_or_default();
     if let Some(path) = &a.json {
         if let Err(e) = std::fs::write(path, &text) {

@@ -20,7 +20,6 @@ use crate::backend::{Backend, BackendError, NodeContext};
 use crate::exec::nft::Nft;
 use crate::state::{ChangeSet, NodeState};
 
-use outline::Outline;
 use ruleset::Programmed;
 
 pub struct NftablesBackend {
@@ -70,7 +69,7 @@ impl Backend for NftablesBackend {
 
     fn full_sync(&mut self, desired: &NodeState, context: &NodeContext) -> Result<(), BackendError> {
         self.programmed = None;
-        let existing = Outline::parse(&self.nft.outline()?);
+        let existing = self.nft.outline()?;
         let current = existing.as_ref().filter(|e| e.is_current());
         let (programmed, contents) = Programmed::full(desired, context, current);
         let script = match (&existing, current) {
@@ -106,7 +105,7 @@ impl Backend for NftablesBackend {
         if self.programmed.is_none() {
             return Ok(true);
         }
-        Ok(self.nft.list_chain(skeleton::CANARY)?.contains(skeleton::CANARY_COMMENT))
+        Ok(self.nft.rules_in_chain(skeleton::CANARY)? > 0)
     }
 }
 
@@ -153,6 +152,24 @@ mod tests {
         );
         assert!(backend.intact().expect("listed"), "the canary is back");
         assert!(nft.rules("nat-prerouting").len() == 1, "{:?}", nft.rules("nat-prerouting"));
+    }
+
+    #[test]
+    fn a_full_sync_after_the_tables_rules_were_flushed_writes_the_pick_chains_again() {
+        let nft = FakeNft::new();
+        let mut backend = NftablesBackend::new(Box::new(nft.clone()));
+        let desired = state(&[("a", "10.96.0.1", &["10.0.0.1", "10.0.0.2"])]);
+        backend.full_sync(&desired, &node_context()).expect("created");
+        let pick = "pick-v4-2";
+        assert_eq!(nft.rules(pick).len(), 1, "{:?}", nft.chains());
+        // `nft flush table inet kpx`: every chain emptied, the sets and maps kept.
+        let flush: String = nft.chains().iter().map(|c| format!("flush chain inet kpx {c}\n")).collect();
+        nft.clone().run(&flush).expect("flushed");
+        assert!(!backend.intact().expect("listed"), "the canary is gone");
+        backend.full_sync(&desired, &node_context()).expect("repaired");
+        assert_eq!(nft.rules(pick).len(), 1, "the pick chains are written again");
+        assert!(backend.intact().expect("listed"));
+        assert_eq!(nft.table_deletions(), 0);
     }
 
     #[test]

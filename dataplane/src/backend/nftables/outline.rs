@@ -33,38 +33,9 @@ use super::render::{FAMILY, TABLE};
 use super::ruleset::Contents;
 use super::skeleton;
 
-/// What kpx's table holds, by name: read from `nft -t list table` (no elements).
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Outline {
-    pub comment: Option<String>,
-    pub chains: BTreeSet<String>,
-    pub sets: BTreeSet<String>,
-    pub maps: BTreeSet<String>,
-}
+pub use crate::exec::nft::Outline;
 
 impl Outline {
-    /// The outline of a listing; `None` when nothing is listed (no table).
-    pub fn parse(listing: &str) -> Option<Outline> {
-        if listing.trim().is_empty() {
-            return None;
-        }
-        let mut outline = Outline::default();
-        for line in listing.lines() {
-            // The table's own objects are indented once; their contents deeper.
-            let Some(line) = line.strip_prefix('\t').filter(|l| !l.starts_with('\t')) else { continue };
-            if let Some(comment) = line.strip_prefix("comment \"").and_then(|c| c.strip_suffix('"')) {
-                outline.comment = Some(comment.to_owned());
-                continue;
-            }
-            let mut words = line.split_whitespace();
-            let (Some(kind), Some(name), Some("{")) = (words.next(), words.next(), words.next()) else {
-                continue;
-            };
-            outline.insert(kind, name);
-        }
-        Some(outline)
-    }
-
     /// Whether the table is of this version's layout, so that it can be refilled in place.
     pub fn is_current(&self) -> bool {
         self.comment.as_deref() == Some(COMMENT)
@@ -158,38 +129,29 @@ fn empty_in_place(s: &mut String, existing: &Outline, wanted: &Outline, kept: &B
 mod tests {
     use super::*;
 
-    /// `nft -t list table inet kpx` as nft 1.0.6 prints it (abridged).
-    const LISTED: &str = "table inet kpx {\n\
-        \tcomment \"managed by kpx-dataplane, layout 2\"\n\
-        \tmap service-ips-v4 {\n\t\ttype ipv4_addr . inet_proto . inet_service : verdict\n\t}\n\
-        \tmap endpoints-v4 {\n\t\ttypeof ip daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport\n\t}\n\
-        \tset sa-0123456789ab-ba9876543210 {\n\t\ttype ipv4_addr\n\t\tsize 65535\n\t\tflags dynamic,timeout\n\t\ttimeout 1m\n\t}\n\
-        \tset sa-0123456789ab-000000000000 {\n\t\ttype ipv4_addr\n\t\tflags dynamic,timeout\n\t}\n\
-        \tset hairpin-v4 {\n\t\ttype ipv4_addr . ipv4_addr\n\t}\n\
-        \tchain services {\n\t\tip daddr . meta l4proto . th dport vmap @service-ips-v4\n\t}\n\
-        \tchain pick-v4-64 {\n\t}\n\
-        \tchain sa-0123456789ab {\n\t\tip saddr @sa-0123456789ab-ba9876543210 goto sa-0123456789ab-ba9876543210\n\t}\n\
-        \tchain nat-prerouting {\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tjump services\n\t}\n\
-        }\n";
+    /// A table of this layout, as the kernel lists it.
+    fn listed() -> Outline {
+        let names = |n: &[&str]| n.iter().map(|s| (*s).to_owned()).collect();
+        Outline {
+            comment: Some(COMMENT.to_owned()),
+            chains: names(&["nat-prerouting", "pick-v4-64", "sa-0123456789ab", "services"]),
+            sets: names(&["hairpin-v4", "sa-0123456789ab-000000000000", "sa-0123456789ab-ba9876543210"]),
+            maps: names(&["endpoints-v4", "service-ips-v4"]),
+            empty_chains: BTreeSet::new(),
+        }
+    }
 
     #[test]
-    fn an_outline_names_the_tables_objects_and_nothing_inside_them() {
-        let outline = Outline::parse(LISTED).expect("a table");
-        assert!(outline.is_current());
-        assert_eq!(
-            outline.chains.iter().map(String::as_str).collect::<Vec<_>>(),
-            ["nat-prerouting", "pick-v4-64", "sa-0123456789ab", "services"]
-        );
-        assert_eq!(outline.maps.len(), 2);
-        assert_eq!(outline.sets.len(), 3);
-        assert_eq!(Outline::parse(""), None, "no table");
-        let older = LISTED.replace(", layout 2", "");
-        assert!(!Outline::parse(&older).expect("a table").is_current(), "made by an older kpx");
+    fn only_a_table_of_this_layout_is_current() {
+        assert!(listed().is_current());
+        let older = Outline { comment: Some("managed by kpx-dataplane".into()), ..listed() };
+        assert!(!older.is_current(), "made by an older kpx");
+        assert!(!Outline { comment: None, ..listed() }.is_current());
     }
 
     #[test]
     fn a_full_sync_keeps_the_table_and_empties_it_first() {
-        let existing = Outline::parse(LISTED).expect("a table");
+        let existing = listed();
         let script = "add map inet kpx service-ips-v4 { type ipv4_addr . inet_proto . inet_service : verdict ; }\n\
             add map inet kpx endpoints-v4 { typeof ip daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport ; }\n\
             add set inet kpx hairpin-v4 { type ipv4_addr . ipv4_addr ; }\n\

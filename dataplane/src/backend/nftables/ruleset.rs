@@ -55,7 +55,8 @@ impl Plan {
 impl Programmed {
     /// Everything kpx's table holds for `desired`, as `add` commands into an empty table
     /// (what goes before them: [`super::outline`]). `existing`, a table of the current layout
-    /// in the kernel: when it has every pick chain wanted, they are kept as they are.
+    /// in the kernel: when it has every pick chain wanted, each with its rules (`nft flush
+    /// table` leaves them empty), they are kept as they are.
     pub fn full(
         desired: &NodeState,
         context: &NodeContext,
@@ -70,7 +71,11 @@ impl Programmed {
         let pick_chains = skeleton::pick_chains_for(max_endpoints);
         let wanted = skeleton::pick_chain_names(context, pick_chains);
         let kept = match existing {
-            Some(existing) if wanted.is_subset(&existing.chains) => wanted,
+            Some(existing)
+                if wanted.is_subset(&existing.chains) && wanted.is_disjoint(&existing.empty_chains) =>
+            {
+                wanted
+            }
             _ => BTreeSet::new(),
         };
         let picks = if kept.is_empty() { PickChains::Write } else { PickChains::Kept };

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::exec::nft::{Nft, FAMILY, TABLE};
+use crate::exec::nft::{Nft, Outline, FAMILY, TABLE};
 use crate::exec::ExecError;
 
 const TOOL: &str = "nft (fake)";
@@ -169,13 +169,28 @@ impl Nft for FakeNft {
         }
     }
 
-    fn outline(&mut self) -> Result<String, ExecError> {
+    fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {
+        Ok(self.rules(chain).len())
+    }
+
+    fn outline(&mut self) -> Result<Option<Outline>, ExecError> {
         let state = self.state();
-        Ok(state
-            .tables
-            .get(&table_key(FAMILY, TABLE))
-            .map(|t| dump(FAMILY, TABLE, t, true))
-            .unwrap_or_default())
+        Ok(state.tables.get(&table_key(FAMILY, TABLE)).map(|t| {
+            let named =
+                |map: bool| t.sets.iter().filter(|(_, s)| s.is_map == map).map(|(n, _)| n.clone()).collect();
+            Outline {
+                comment: t.comment.clone(),
+                chains: t.chains.keys().cloned().collect(),
+                empty_chains: t
+                    .chains
+                    .iter()
+                    .filter(|(_, c)| c.rules.is_empty())
+                    .map(|(n, _)| n.clone())
+                    .collect(),
+                sets: named(false),
+                maps: named(true),
+            }
+        }))
     }
 }
 
