@@ -13,6 +13,7 @@ pub mod conntrack;
 pub mod exec;
 pub mod healthcheck;
 pub mod http;
+pub mod memory;
 pub mod metrics;
 pub mod serve;
 pub mod state;

@@ -219,6 +219,24 @@ impl Topology {
         KpxProcess::start(&self.node, "kpx-dataplane", &args, self.log_path("dataplane"))
     }
 
+    /// The node agent driving `backend` under `wrapper` (a profiler: `heaptrack -o FILE`);
+    /// without one, as [`Topology::start_dataplane_with`].
+    pub fn start_dataplane_under(&self, backend: ProxyBackend, wrapper: &[String]) -> KpxProcess {
+        let Some((program, wrapper_args)) = wrapper.split_first() else {
+            return self.start_dataplane_with(backend, &[]);
+        };
+        let mut args = wrapper_args.to_vec();
+        args.push(crate::process::binary("kpx-dataplane").display().to_string());
+        args.extend(Self::dataplane_args(&self.dir.path().join("state"), backend, &["--log-format=json"]));
+        KpxProcess::start_path(
+            &self.node,
+            std::path::Path::new(program),
+            "kpx-dataplane",
+            &args,
+            self.log_path("dataplane"),
+        )
+    }
+
     /// The node agent driving `backend`, with extra flags and environment variables.
     pub fn start_dataplane_with_env(
         &self,

@@ -20,6 +20,8 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
             "60x3,30x5",
             "--node-changes",
             "3",
+            "--node-idle",
+            "1",
             "--changes",
             "1",
             "--stuck-percent",

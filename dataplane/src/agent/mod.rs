@@ -229,6 +229,7 @@ impl Agent {
             self.metrics.endpoint_changes_pending.set(0);
             self.metrics.service_changes_pending.set(0);
             self.refresh_locality();
+            crate::memory::release_freed();
         }
     }
 
@@ -515,6 +516,9 @@ impl Agent {
             return Err(e.into());
         }
         self.synced(sync_elapsed, false);
+        if changes.services.len() >= crate::memory::LARGE_CHANGE_SERVICES {
+            crate::memory::release_freed();
+        }
         self.metrics.endpoint_changes.inc_by(endpoint_changes);
         self.metrics.service_changes.inc_by(service_changes);
         if !stale.is_empty() {

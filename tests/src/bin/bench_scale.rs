@@ -44,6 +44,8 @@ struct Args {
     node_scales: Vec<Scale>,
     /// One endpoint changes measured per node-programming scale.
     node_changes: usize,
+    /// How long the agent idles before its steady RSS is read, in seconds.
+    node_idle_s: u64,
     json: Option<PathBuf>,
     skip: Vec<String>,
     /// Also run the fan-out over mutual TLS and print both side by side.
@@ -65,6 +67,7 @@ fn parse_args() -> Result<Args, String> {
         changes: 5,
         node_scales: parse_scales("--node-scales", DEFAULT_NODE_SCALES)?,
         node_changes: 100,
+        node_idle_s: 25,
         json: None,
         skip: vec![],
         tls: false,
@@ -83,10 +86,11 @@ fn parse_args() -> Result<Args, String> {
             "--changes" => a.changes = number(value()?)?.max(1),
             "--node-scales" => a.node_scales = parse_scales(&flag, &value()?)?,
             "--node-changes" => a.node_changes = number(value()?)?.max(1),
+            "--node-idle" => a.node_idle_s = number(value()?)? as u64,
             "--json" => a.json = Some(PathBuf::from(value()?)),
             "--skip" => a.skip.push(value()?),
             "--tls" => a.tls = true,
-            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --stuck-percent --ack-timeout SECONDS --changes --node-scales SxE,… --node-changes --json --skip fanout|node|datapath --tls)")),
+            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --stuck-percent --ack-timeout SECONDS --changes --node-scales SxE,… --node-changes --node-idle SECONDS --json --skip fanout|node|datapath --tls)")),
         }
     }
     Ok(a)
@@ -695,7 +699,7 @@ fn service_deltas(log: &Path) -> Vec<serde_json::Value> {
 /// endpoint changes (delta received → kernel committed and stored, from the agent's
 /// log), a full sync (the agent restarted over its store reprograms everything), the
 /// agent's peak (VmHWM) and steady RSS, and TCP connects to the data-path Services.
-fn node_programming(scale: Scale, changes: usize, backend: ProxyBackend, label: &str) -> serde_json::Value {
+fn node_programming(a: &Args, scale: Scale, backend: ProxyBackend, label: &str) -> serde_json::Value {
     let total = scale.services + DATA_PATH_SERVICES.len();
     println!(
         "\n== node programming and data path: {label}, {} Services × {} distinct endpoints ({} endpoints; + {} Services backed by a pod for the data path)",
@@ -711,7 +715,12 @@ fn node_programming(scale: Scale, changes: usize, backend: ProxyBackend, label: 
     write_data_path_services(&manifests);
     let _cp = t.start_control_plane();
     let start = Instant::now();
-    let mut dp: KpxProcess = t.start_dataplane_with(backend, &[]);
+    // KPX_BENCH_DP_WRAPPER="heaptrack" runs each agent under a profiler (RSS figures are
+    // then the wrapper's).
+    let wrapper: Vec<String> = std::env::var("KPX_BENCH_DP_WRAPPER")
+        .map(|w| w.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default();
+    let mut dp: KpxProcess = t.start_dataplane_under(backend, &wrapper);
     let log = dp.log.clone();
     let initial = kpx_e2e::wait_for("the node's initial sync", Duration::from_secs(1800), || {
         let deltas = service_deltas(&log);
@@ -725,7 +734,7 @@ fn node_programming(scale: Scale, changes: usize, backend: ProxyBackend, label: 
     let peak_after_sync = peak_rss_kib(pid);
     // One endpoint change at a time: Service 0's last endpoint moves to another address.
     let mut latencies = Vec::new();
-    for change in 1..=changes {
+    for change in 1..=a.node_changes {
         let before = service_deltas(&log).len();
         write_manifests_one(&manifests, scale.endpoints, change);
         let event = kpx_e2e::wait_for("the change applied", Duration::from_secs(120), || {
@@ -734,8 +743,8 @@ fn node_programming(scale: Scale, changes: usize, backend: ProxyBackend, label: 
         latencies.push(Duration::from_micros(event["elapsed_us"].as_u64().unwrap_or(0)));
     }
     latencies.sort();
-    // Steady: idle through two canary checks and housekeeping.
-    std::thread::sleep(Duration::from_secs(25));
+    // Steady: idle (by default through two canary checks and housekeeping).
+    std::thread::sleep(Duration::from_secs(a.node_idle_s));
     let steady = rss_kib(pid);
     let peak = peak_rss_kib(pid);
     // Data path: connect latency to the first and the last Service.
@@ -758,13 +767,14 @@ fn node_programming(scale: Scale, changes: usize, backend: ProxyBackend, label: 
     // Full sync: the agent restarted over its store programs all it holds again, over
     // the table it left (emptied and refilled in one transaction).
     dp.stop();
-    let dp = t.start_dataplane_with(backend, &[]);
+    let mut dp = t.start_dataplane_under(backend, &wrapper);
     let programmed = dp.wait_event("its stored state programmed", Duration::from_secs(1800), |e| {
         e["message"] == "programmed stored state" && e["services"].as_u64() == Some(total as u64)
     });
     let full_sync = Duration::from_millis(programmed["elapsed_ms"].as_u64().unwrap_or(0));
     let restart_pid = kpx_e2e::wait_for("the agent's pid", Duration::from_secs(5), || dp.pid());
     let restart_peak = peak_rss_kib(restart_pid);
+    dp.stop();
     println!(
         "initial sync: {:.2} s from the agent's start to the last Service programmed (the agent applying: {:.2} s); agent peak RSS {} MiB after it",
         pipeline.as_secs_f64(),
@@ -778,11 +788,12 @@ fn node_programming(scale: Scale, changes: usize, backend: ProxyBackend, label: 
         latencies.len()
     );
     println!(
-        "full sync (restarted over its store): {:.2} s, peak RSS {} MiB; agent RSS: peak {} MiB, steady {} MiB (25 s idle after the changes)",
+        "full sync (restarted over its store): {:.2} s, peak RSS {} MiB; agent RSS: peak {} MiB, steady {} MiB ({} s idle after the changes)",
         full_sync.as_secs_f64(),
         restart_peak / 1024,
         peak / 1024,
-        steady / 1024
+        steady / 1024,
+        a.node_idle_s
     );
     println!(
         "TCP connect, median of 200: first Service {} µs, last Service {} µs",
@@ -797,6 +808,7 @@ fn node_programming(scale: Scale, changes: usize, backend: ProxyBackend, label: 
         "changes": latencies.len(),
         "change_p50_ms": ms(percentile(&latencies, 0.5)), "change_p99_ms": ms(percentile(&latencies, 0.99)),
         "agent_peak_rss_mib": peak as f64 / 1024.0, "agent_steady_rss_mib": steady as f64 / 1024.0,
+        "agent_steady_after_idle_s": a.node_idle_s,
         "agent_peak_rss_after_initial_sync_mib": peak_after_sync as f64 / 1024.0,
         "agent_full_sync_peak_rss_mib": restart_peak as f64 / 1024.0,
         "connect_first_us": first.as_micros() as u64, "connect_last_us": last.as_micros() as u64,
@@ -826,15 +838,10 @@ fn main() {
         let mut runs: Vec<serde_json::Value> = a
             .node_scales
             .iter()
-            .map(|&scale| node_programming(scale, a.node_changes, ProxyBackend::Nftables, "nftables"))
+            .map(|&scale| node_programming(&a, scale, ProxyBackend::Nftables, "nftables"))
             .collect();
         if let Some(&first) = a.node_scales.first() {
-            runs.push(node_programming(
-                first,
-                a.node_changes,
-                ProxyBackend::IptablesLegacy,
-                "iptables-legacy",
-            ));
+            runs.push(node_programming(&a, first, ProxyBackend::IptablesLegacy, "iptables-legacy"));
         }
         out.insert("node_programming".into(), serde_json::Value::Array(runs));
     }
