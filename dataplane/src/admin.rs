@@ -93,7 +93,7 @@ impl NodeAdmin for NodeAdminService {
         let response = self
             .with_agent(move |agent| {
                 let state = agent.state();
-                let t = trace::trace(state.services.values().map(|s| &s.value), agent.context(), packet);
+                let t = trace::trace(state.services.values().map(|s| &*s.value), agent.context(), packet);
                 let backend = agent.backend_name();
                 let rules = agent
                     .rules()

@@ -5,6 +5,7 @@
 //! kernel or the store refuses it, so the last good state is kept.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use kpx_proto::types::{NodeConfig, ServiceView};
 use kpx_proto::{InvalidResource, ResourceType};
@@ -18,7 +19,7 @@ pub struct Versioned<T> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeState {
     pub node: Option<Versioned<NodeConfig>>,
-    pub services: BTreeMap<String, Versioned<ServiceView>>,
+    pub services: BTreeMap<String, Versioned<Arc<ServiceView>>>,
 }
 
 impl NodeState {
@@ -162,7 +163,7 @@ impl ChangeSet {
 /// How to put the state back as it was before a delta.
 #[derive(Debug, Default)]
 pub struct Undo {
-    services: Vec<(String, Option<Versioned<ServiceView>>)>,
+    services: Vec<(String, Option<Versioned<Arc<ServiceView>>>)>,
     node: Option<Option<Versioned<NodeConfig>>>,
 }
 
@@ -177,7 +178,7 @@ impl NodeState {
             if self.services.get(&name).is_some_and(|old| old.version == svc.version) {
                 continue;
             }
-            let old = self.services.insert(name.clone(), svc);
+            let old = self.services.insert(name.clone(), Versioned { version: svc.version, value: Arc::new(svc.value) });
             undo.services.push((name.clone(), old));
             changes.services.insert(name);
         }
@@ -225,7 +226,7 @@ mod tests {
         let mut s = NodeState { node: Some(versioned("n-1", node_config())), ..Default::default() };
         for name in ["a", "b"] {
             let view = service(name, "10.96.0.1", &["10.244.0.1"]);
-            s.services.insert(view.resource_name(), versioned("1", view));
+            s.services.insert(view.resource_name(), versioned("1", view.into()));
         }
         s
     }

@@ -234,7 +234,7 @@ impl Store {
                 if value.resource_name().as_bytes() != resource {
                     return Ok(Err(Damaged::new(name, "record does not hold the Service its key names")));
                 }
-                state.services.insert(value.resource_name(), Versioned { version, value });
+                state.services.insert(value.resource_name(), Versioned { version, value: value.into() });
             } else if key.as_ref() == NODE_KEY {
                 match NodeConfig::decode(body) {
                     Ok(value) => state.node = Some(Versioned { version, value }),
@@ -372,11 +372,12 @@ impl Store {
 mod tests {
     use super::*;
     use kpx_proto::types::{Endpoint, Protocol, ServicePort};
+    use std::sync::Arc;
 
-    fn svc(name: &str) -> Versioned<ServiceView> {
+    fn svc(name: &str) -> Versioned<Arc<ServiceView>> {
         Versioned {
             version: format!("v-{name}"),
-            value: ServiceView::new(
+            value: Arc::new(ServiceView::new(
                 "c",
                 "ns",
                 name,
@@ -393,7 +394,7 @@ mod tests {
                         cluster: String::new(),
                     }],
                 )],
-            ),
+            )),
         }
     }
 

@@ -269,6 +269,7 @@ fn handle(agent: &mut Agent, response: DeltaDiscoveryResponse) -> (DeltaDiscover
                 nonce = response.nonce,
                 resources = applied.resources,
                 removed = applied.removed,
+                kernel_us = applied.to_kernel.as_micros() as u64,
                 elapsed_us = applied.elapsed.as_micros() as u64,
                 "delta applied"
             );

@@ -38,7 +38,7 @@ fn state(views: &[ServiceView]) -> NodeState {
     for (i, v) in views.iter().enumerate() {
         s.services.insert(
             v.resource_name(),
-            Versioned { version: format!("v{i}-{}", v.ports.len()), value: v.clone() },
+            Versioned { version: format!("v{i}-{}", v.ports.len()), value: v.clone().into() },
         );
     }
     s

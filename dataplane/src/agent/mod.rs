@@ -65,7 +65,19 @@ impl SharedAgent {
 pub struct Applied {
     pub resources: usize,
     pub removed: usize,
+    /// From the response's arrival until the kernel had it (until the state took it, when
+    /// the kernel had nothing to do).
+    pub to_kernel: Duration,
+    /// Until the kernel and the store had it (the ACK follows).
     pub elapsed: Duration,
+}
+
+impl Applied {
+    /// Applied without programming anything.
+    fn unprogrammed(resources: usize, removed: usize, started: Instant) -> Applied {
+        let elapsed = started.elapsed();
+        Applied { resources, removed, to_kernel: elapsed, elapsed }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -465,7 +477,7 @@ impl Agent {
         let locality = self.touches_locality(&delta);
         let (changes, undo) = self.state.apply(delta);
         if changes.is_empty() {
-            return Ok(Applied { resources, removed, elapsed: started.elapsed() });
+            return Ok(Applied::unprogrammed(resources, removed, started));
         }
         let previous_context = changes.node.then(|| {
             let next = NodeContext::derive(&self.settings, self.state.node.as_ref().map(|n| &n.value));
@@ -482,7 +494,7 @@ impl Agent {
             }
             self.metrics.endpoint_changes_pending.inc_by(endpoint_changes as i64);
             self.metrics.service_changes_pending.inc_by(service_changes as i64);
-            return Ok(Applied { resources, removed, elapsed: started.elapsed() });
+            return Ok(Applied::unprogrammed(resources, removed, started));
         }
         let sync_started = Instant::now();
         if let Err(source) = self.backend.apply(&self.state, &self.context, &changes) {
@@ -503,6 +515,7 @@ impl Agent {
             return Err(ApplyError::Backend { backend: self.backend.name(), source });
         }
         let sync_elapsed = sync_started.elapsed();
+        let to_kernel = started.elapsed();
         if let Err(e) = self.store.commit(&self.state, &changes) {
             // The kernel moved ahead of the store: put both back to the last good state.
             self.state.undo(undo);
@@ -530,7 +543,7 @@ impl Agent {
         if locality {
             self.refresh_locality();
         }
-        Ok(Applied { resources, removed, elapsed: started.elapsed() })
+        Ok(Applied { resources, removed, to_kernel, elapsed: started.elapsed() })
     }
 
     /// How many Services of a delta change only their endpoints, and how many more than that.
@@ -552,7 +565,7 @@ impl Agent {
     /// The conntrack entries `delta` will leave stale (see [`conntrack`]), from the
     /// Services as they are and as the delta makes them; deleted once the kernel took it.
     fn stale_flows(&self, delta: &Delta) -> Vec<conntrack::StaleFlows> {
-        let now = |name: &str| self.state.services.get(name).map(|s| &s.value);
+        let now = |name: &str| self.state.services.get(name).map(|s| &*s.value);
         let changed = delta
             .services
             .iter()

@@ -64,7 +64,7 @@ fn state(services: usize) -> NodeState {
         NodeState { node: Some(Versioned { version: "1".into(), value: node }), ..Default::default() };
     for i in 0..services {
         let v = service(i, 0);
-        s.services.insert(v.value.resource_name(), v);
+        s.services.insert(v.value.resource_name(), Versioned { version: v.version, value: v.value.into() });
     }
     s
 }
@@ -98,7 +98,7 @@ fn measure(label: &str, backend: &mut dyn Backend, services: usize) {
         v.value.ports[0].endpoints[g % ENDPOINTS].address = address([10, 250], g);
         v.version = format!("{i}-changed-{g}");
         let name = v.value.resource_name();
-        desired.services.insert(name.clone(), v);
+        desired.services.insert(name.clone(), Versioned { version: v.version, value: v.value.into() });
         let started = Instant::now();
         if let Err(e) = backend.apply(&desired, &context, &ChangeSet { services: [name].into(), node: false })
         {

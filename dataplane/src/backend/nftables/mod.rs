@@ -119,7 +119,7 @@ mod tests {
     fn with_affinity(mut s: NodeState, name: &str, timeout: u32) -> NodeState {
         let key = format!("c/ns/{name}");
         let view = &mut s.services.get_mut(&key).expect("the service").value;
-        view.session_affinity_timeout = Some(timeout);
+        std::sync::Arc::make_mut(view).session_affinity_timeout = Some(timeout);
         s
     }
 
@@ -141,7 +141,7 @@ mod tests {
         let mut second = state(&[("b", "10.96.0.2", &["10.0.0.8"])]);
         second.services.insert(
             "c/ns/c".into(),
-            Versioned { version: "1".into(), value: service("c", "10.96.0.3", &["10.0.0.7"]) },
+            Versioned { version: "1".into(), value: service("c", "10.96.0.3", &["10.0.0.7"]).into() },
         );
         backend.full_sync(&second, &context).expect("refilled");
         assert_eq!(nft.table_deletions(), 0, "the table and its base chains stay");

@@ -4,6 +4,10 @@
 //! chains cover is a full sync.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use kpx_proto::family::Family;
+use kpx_proto::types::ServiceView;
 
 use super::affinity::{self, NftObject};
 use super::outline::Outline;
@@ -16,8 +20,8 @@ use crate::state::{ChangeSet, NodeState};
 
 #[derive(Debug, Default)]
 pub struct Programmed {
-    /// The elements programmed for each Service (entries it lost to another Service left out).
-    services: HashMap<String, ServiceRules>,
+    /// What is programmed for each Service.
+    services: HashMap<String, ProgrammedService>,
     /// Which Service owns each entry.
     owners: Owners,
     /// How many Services use each shared element.
@@ -26,6 +30,30 @@ pub struct Programmed {
     pick_chains: usize,
     /// The node context everything was rendered in.
     context: NodeContext,
+}
+
+/// What is programmed for one Service: the view it was rendered from (shared with the
+/// node's state) and the entries it holds (those it lost to another Service left out).
+/// Its elements are rendered again when a plan needs them, never kept: at 250k endpoints
+/// the rendered text would be most of the agent's memory.
+#[derive(Debug)]
+struct ProgrammedService {
+    view: Arc<ServiceView>,
+    entries: Vec<(Family, String)>,
+}
+
+impl ProgrammedService {
+    /// Its rules as programmed in `context` (the context everything was programmed in).
+    fn rules(&self, context: &NodeContext) -> ServiceRules {
+        held(service::service_rules(&self.view, context), self.entries.clone())
+    }
+}
+
+/// `rules` with only the elements of the entries `held` (the others belong to another Service).
+fn held(mut rules: ServiceRules, held: Vec<(Family, String)>) -> ServiceRules {
+    rules.elements.retain(|(entry, e)| held.iter().any(|t| &t.1 == entry && t.0 == e.collection.family()));
+    rules.entries = held;
+    rules
 }
 
 /// What a full sync writes into an emptied table, and the pick chains it keeps as they are.
@@ -39,7 +67,7 @@ pub struct Contents {
 #[derive(Debug, Default)]
 pub struct Plan {
     pub script: String,
-    services: Vec<(String, Option<ServiceRules>)>,
+    services: Vec<(String, Option<ProgrammedService>)>,
     shared: Vec<(Element, usize)>,
     /// The fixed part must change (more pick chains, another node context): only a full
     /// sync can do that.
@@ -98,7 +126,7 @@ impl Programmed {
         }
         let mut deletes: BTreeSet<Element> = BTreeSet::new();
         let mut adds: BTreeSet<Element> = BTreeSet::new();
-        let mut old_objects: Vec<&NftObject> = Vec::new();
+        let mut old_objects: Vec<NftObject> = Vec::new();
         let mut new_objects: Vec<NftObject> = Vec::new();
         let mut shared_delta: HashMap<Element, isize> = HashMap::new();
         let mut claims = self.owners.begin(
@@ -108,23 +136,21 @@ impl Programmed {
                 .filter_map(|n| self.services.get(n).map(|r| (n.as_str(), &r.entries[..]))),
         );
         for name in &changes.services {
-            let old = self.services.get(name);
+            let old = self.services.get(name).map(|p| p.rules(&self.context));
             let new = desired.services.get(name).map(|s| {
-                let mut rules = service::service_rules(&s.value, &self.context);
+                let rules = service::service_rules(&s.value, &self.context);
                 let taken = claims.claim(name, &rules.entries);
-                rules
-                    .elements
-                    .retain(|(entry, e)| taken.iter().any(|t| &t.1 == entry && t.0 == e.collection.family()));
-                rules.entries = taken;
-                rules
+                (Arc::clone(&s.value), held(rules, taken))
             });
+            let new_view = new.as_ref().map(|(view, _)| Arc::clone(view));
+            let new = new.map(|(_, rules)| rules);
             let old_elements: BTreeSet<&Element> =
                 old.iter().flat_map(|r| r.elements.iter().map(|(_, e)| e)).collect();
             let new_elements: BTreeSet<&Element> =
                 new.iter().flat_map(|r| r.elements.iter().map(|(_, e)| e)).collect();
             deletes.extend(old_elements.difference(&new_elements).map(|e| (*e).clone()));
             adds.extend(new_elements.difference(&old_elements).map(|e| (*e).clone()));
-            old_objects.extend(old.iter().flat_map(|r| &r.objects));
+            old_objects.extend(old.iter().flat_map(|r| r.objects.iter().cloned()));
             new_objects.extend(new.iter().flat_map(|r| r.objects.iter().cloned()));
             for e in old.iter().flat_map(|r| &r.shared) {
                 *shared_delta.entry(e.clone()).or_default() -= 1;
@@ -135,7 +161,10 @@ impl Programmed {
             if new.as_ref().is_some_and(|r| r.max_endpoints > self.pick_chains) {
                 plan.needs_full_sync = true;
             }
-            plan.services.push((name.clone(), new));
+            let programmed = new_view
+                .zip(new)
+                .map(|(view, rules)| ProgrammedService { view, entries: rules.entries });
+            plan.services.push((name.clone(), programmed));
         }
         for (element, delta) in shared_delta {
             let before = self.shared.get(&element).copied().unwrap_or(0);
@@ -151,7 +180,7 @@ impl Programmed {
         }
         // Elements that point at chains go before the chains; new chains exist before
         // elements point at them. A key both deleted and added is a value change.
-        let objects = affinity::object_commands(old_objects, &new_objects);
+        let objects = affinity::object_commands(&old_objects, &new_objects);
         render::element_commands(&mut plan.script, "delete", &deletes);
         plan.script.push_str(&objects.remove);
         plan.script.push_str(&objects.create);
