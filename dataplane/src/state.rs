@@ -178,7 +178,9 @@ impl NodeState {
             if self.services.get(&name).is_some_and(|old| old.version == svc.version) {
                 continue;
             }
-            let old = self.services.insert(name.clone(), Versioned { version: svc.version, value: Arc::new(svc.value) });
+            let old = self
+                .services
+                .insert(name.clone(), Versioned { version: svc.version, value: Arc::new(svc.value) });
             undo.services.push((name.clone(), old));
             changes.services.insert(name);
         }

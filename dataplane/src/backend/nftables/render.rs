@@ -155,6 +155,24 @@ impl Element {
     }
 }
 
+/// An element several Services may need (counted, not owned): an endpoint's hairpin
+/// pair or a ClusterIP, kept as its address (compact at 250k endpoints), rendered on
+/// demand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Shared {
+    Hairpin(IpAddr),
+    ClusterIp(IpAddr),
+}
+
+impl Shared {
+    pub fn element(self) -> Element {
+        match self {
+            Shared::Hairpin(a) => Element::set(Collection::Hairpin(Family::of(&a)), format!("{a} . {a}")),
+            Shared::ClusterIp(a) => Element::set(Collection::ClusterIps(Family::of(&a)), a.to_string()),
+        }
+    }
+}
+
 /// At most this many elements per command, to keep lines reasonable for nft's parser.
 const ELEMENTS_PER_COMMAND: usize = 1000;
 

@@ -11,7 +11,7 @@ use kpx_proto::types::ServiceView;
 
 use super::affinity::{self, NftObject};
 use super::outline::Outline;
-use super::render::{self, Element};
+use super::render::{self, Element, Shared};
 use super::service::{self, ServiceRules};
 use super::skeleton::{self, PickChains};
 use crate::backend::owners::Owners;
@@ -25,7 +25,7 @@ pub struct Programmed {
     /// Which Service owns each entry.
     owners: Owners,
     /// How many Services use each shared element.
-    shared: HashMap<Element, usize>,
+    shared: HashMap<Shared, u32>,
     /// Pick chains exist for 1..=this many endpoints.
     pick_chains: usize,
     /// The node context everything was rendered in.
@@ -68,7 +68,7 @@ pub struct Contents {
 pub struct Plan {
     pub script: String,
     services: Vec<(String, Option<ProgrammedService>)>,
-    shared: Vec<(Element, usize)>,
+    shared: Vec<(Shared, u32)>,
     /// The fixed part must change (more pick chains, another node context): only a full
     /// sync can do that.
     pub needs_full_sync: bool,
@@ -128,7 +128,7 @@ impl Programmed {
         let mut adds: BTreeSet<Element> = BTreeSet::new();
         let mut old_objects: Vec<NftObject> = Vec::new();
         let mut new_objects: Vec<NftObject> = Vec::new();
-        let mut shared_delta: HashMap<Element, isize> = HashMap::new();
+        let mut shared_delta: HashMap<Shared, i32> = HashMap::new();
         let mut claims = self.owners.begin(
             changes
                 .services
@@ -153,29 +153,28 @@ impl Programmed {
             old_objects.extend(old.iter().flat_map(|r| r.objects.iter().cloned()));
             new_objects.extend(new.iter().flat_map(|r| r.objects.iter().cloned()));
             for e in old.iter().flat_map(|r| &r.shared) {
-                *shared_delta.entry(e.clone()).or_default() -= 1;
+                *shared_delta.entry(*e).or_default() -= 1;
             }
             for e in new.iter().flat_map(|r| &r.shared) {
-                *shared_delta.entry(e.clone()).or_default() += 1;
+                *shared_delta.entry(*e).or_default() += 1;
             }
             if new.as_ref().is_some_and(|r| r.max_endpoints > self.pick_chains) {
                 plan.needs_full_sync = true;
             }
-            let programmed = new_view
-                .zip(new)
-                .map(|(view, rules)| ProgrammedService { view, entries: rules.entries });
+            let programmed =
+                new_view.zip(new).map(|(view, rules)| ProgrammedService { view, entries: rules.entries });
             plan.services.push((name.clone(), programmed));
         }
-        for (element, delta) in shared_delta {
-            let before = self.shared.get(&element).copied().unwrap_or(0);
+        for (shared, delta) in shared_delta {
+            let before = self.shared.get(&shared).copied().unwrap_or(0);
             let after = before.saturating_add_signed(delta);
             if before == 0 && after > 0 {
-                adds.insert(element.clone());
+                adds.insert(shared.element());
             } else if before > 0 && after == 0 {
-                deletes.insert(element.clone());
+                deletes.insert(shared.element());
             }
             if before != after {
-                plan.shared.push((element, after));
+                plan.shared.push((shared, after));
             }
         }
         // Elements that point at chains go before the chains; new chains exist before

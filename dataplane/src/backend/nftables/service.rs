@@ -8,7 +8,7 @@ use kpx_proto::node_context::NodeContext;
 use kpx_proto::types::{Endpoint, ServiceView};
 
 use super::affinity::{self, NftObject};
-use super::render::{Collection, Element, Family};
+use super::render::{Collection, Element, Family, Shared};
 use super::skeleton::{endpoints_map, masquerades_all, pick_chain_name, EndpointSet};
 use kpx_proto::policy::{self, Action, EntryKind, PortFamily};
 
@@ -20,7 +20,7 @@ pub struct ServiceRules {
     /// Elements only this Service uses, grouped under the entry they belong to.
     pub elements: Vec<(String, Element)>,
     /// Elements several Services may share (counted, not owned).
-    pub shared: BTreeSet<Element>,
+    pub shared: BTreeSet<Shared>,
     /// Chains and sets of its own (session affinity).
     pub objects: Vec<NftObject>,
     /// The most endpoints one of its ports picks from (the pick chain it needs).
@@ -50,7 +50,7 @@ fn render_port(pf: &PortFamily, ctx: &NodeContext, rules: &mut ServiceRules) {
     let external_target = target(pf, EndpointSet::External, ctx, rules);
     let local_target = target(pf, EndpointSet::Local, ctx, rules);
     for ep in pf.all_endpoints() {
-        rules.shared.insert(Element::set(Collection::Hairpin(f), format!("{} . {}", ep.address, ep.address)));
+        rules.shared.insert(Shared::Hairpin(ep.address));
     }
     for entry in &pf.entries {
         let key = format!("{} . {} . {}", entry.address, pf.port.protocol, entry.port);
@@ -58,7 +58,7 @@ fn render_port(pf: &PortFamily, ctx: &NodeContext, rules: &mut ServiceRules) {
         let mut add = |e: Element| rules.elements.push((key.clone(), e));
         if entry.kind == EntryKind::ClusterIp {
             add(Element::set(Collection::ClusterEntries(f), &key));
-            rules.shared.insert(Element::set(Collection::ClusterIps(f), entry.address.to_string()));
+            rules.shared.insert(Shared::ClusterIp(entry.address));
         }
         let main = pf.main_set(entry.kind);
         let main_target = if main == EndpointSet::External { &external_target } else { &cluster_target };
@@ -156,7 +156,8 @@ mod tests {
 
     fn text(rules: &ServiceRules) -> String {
         let mut text = String::new();
-        element_commands(&mut text, "add", rules.elements.iter().map(|(_, e)| e).chain(&rules.shared));
+        let shared: Vec<Element> = rules.shared.iter().map(|s| s.element()).collect();
+        element_commands(&mut text, "add", rules.elements.iter().map(|(_, e)| e).chain(&shared));
         text
     }
 
