@@ -38,8 +38,9 @@ def table(data):
                      f"p99 {b.get('change_to_kernel_p99_ms', '?')} / {b['change_p99_ms']} ms"))
         rows.append((f"{what}: full sync (restarted over its store) / initial sync (start → last Service)",
                      f"{b['full_sync_s']:.2f} s / {b['initial_sync_pipeline_s']:.2f} s"))
-        rows.append((f"{what}: agent RSS, peak / steady",
-                     f"{b['agent_peak_rss_mib']:.0f} MiB / {b['agent_steady_rss_mib']:.0f} MiB"))
+        rows.append((f"{what}: agent RSS, peak (initial sync and changes) / steady / peak of a full sync",
+                     f"{b['agent_peak_rss_mib']:.0f} / {b['agent_steady_rss_mib']:.0f} / "
+                     f"{b.get('agent_full_sync_peak_rss_mib', float('nan')):.0f} MiB"))
         rows.append((f"{what}: TCP connect to the first vs the last Service",
                      f"{b['connect_first_us']} vs {b['connect_last_us']} µs"))
     out = ["| what | measured |", "|---|---|"]
