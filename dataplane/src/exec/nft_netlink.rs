@@ -46,7 +46,8 @@ mod set {
 /// The type of a table's comment in its user data (nft's TLVs: type, length, value).
 const UDATA_TABLE_COMMENT: u8 = 0;
 
-const TOOL: &str = "nf_tables netlink";
+/// Named in errors (a kernel interface, not a program the image must hold).
+const FACILITY: &str = "nf_tables netlink";
 
 fn failed(what: &str, e: NetlinkError) -> ExecError {
     let message = match e {
@@ -54,7 +55,7 @@ fn failed(what: &str, e: NetlinkError) -> ExecError {
         NetlinkError::Kernel(e) => format!("{what}: {e}"),
         NetlinkError::Malformed => format!("{what}: malformed reply from the kernel"),
     };
-    ExecError::refused(TOOL, message)
+    ExecError::refused(FACILITY, message)
 }
 
 fn request(command: u8) -> Message {
