@@ -14,11 +14,6 @@ type CtxFree = unsafe extern "C" fn(*mut c_void);
 type CtxBuffer = unsafe extern "C" fn(*mut c_void) -> c_int;
 type CtxGetBuffer = unsafe extern "C" fn(*mut c_void) -> *const c_char;
 type RunCmd = unsafe extern "C" fn(*mut c_void, *const c_char) -> c_int;
-type GetFlags = unsafe extern "C" fn(*mut c_void) -> u32;
-type SetFlags = unsafe extern "C" fn(*mut c_void, u32);
-
-/// `NFT_CTX_OUTPUT_TERSE` of `nftables/libnftables.h`: listings without set elements.
-const OUTPUT_TERSE: u32 = 1 << 11;
 
 const TOOL: &str = "libnftables";
 
@@ -30,8 +25,6 @@ pub struct NftLibrary {
     output: CtxGetBuffer,
     error: CtxGetBuffer,
     run_cmd: RunCmd,
-    get_flags: GetFlags,
-    set_flags: SetFlags,
 }
 
 // SAFETY: the context is used by one thread at a time (the backend is behind `&mut`);
@@ -90,8 +83,6 @@ impl NftLibrary {
         let output: CtxGetBuffer = symbol(handle, "nft_ctx_get_output_buffer")?;
         let error: CtxGetBuffer = symbol(handle, "nft_ctx_get_error_buffer")?;
         let run_cmd: RunCmd = symbol(handle, "nft_run_cmd_from_buffer")?;
-        let get_flags: GetFlags = symbol(handle, "nft_ctx_output_get_flags")?;
-        let set_flags: SetFlags = symbol(handle, "nft_ctx_output_set_flags")?;
         // SAFETY: functions resolved from the library; flags 0 is NFT_CTX_DEFAULT.
         let ctx = unsafe { new(0) };
         if ctx.is_null() {
@@ -104,25 +95,7 @@ impl NftLibrary {
             return Err(OpenError::NoBuffers);
         }
         // Built once, complete: dropping it frees the context and closes the library.
-        Ok(NftLibrary { handle, ctx, free, output, error, run_cmd, get_flags, set_flags })
-    }
-
-    /// Runs a listing command, tersely (without set elements) or not; returns (ok, output,
-    /// error text).
-    pub fn listing(&mut self, command: &str, terse: bool) -> Result<(bool, String, String), ExecError> {
-        if !terse {
-            return self.command(command);
-        }
-        // SAFETY: a valid context; the flags are restored before returning.
-        let flags = unsafe {
-            let flags = (self.get_flags)(self.ctx);
-            (self.set_flags)(self.ctx, flags | OUTPUT_TERSE);
-            flags
-        };
-        let listed = self.command(command);
-        // SAFETY: as above.
-        unsafe { (self.set_flags)(self.ctx, flags) };
-        listed
+        Ok(NftLibrary { handle, ctx, free, output, error, run_cmd })
     }
 
     /// Runs a script; returns (ok, output, error text).

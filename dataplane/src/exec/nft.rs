@@ -111,7 +111,14 @@ impl Nft for NftLibrary {
     }
 
     fn list(&mut self, what: &str) -> Result<String, ExecError> {
-        self.list_with(what, false)
+        let (ok, output, error) = self.command(&format!("list {what}"))?;
+        if ok {
+            return Ok(output);
+        }
+        if error.contains("No such file or directory") {
+            return Ok(String::new());
+        }
+        Err(ExecError::refused(LIBRARY, error.trim()))
     }
 
     fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {
@@ -120,19 +127,5 @@ impl Nft for NftLibrary {
 
     fn outline(&mut self) -> Result<Option<Outline>, ExecError> {
         nft_netlink::outline()
-    }
-}
-
-impl NftLibrary {
-    /// `list WHAT`, tersely (without elements) or not ("" when it does not exist).
-    fn list_with(&mut self, what: &str, terse: bool) -> Result<String, ExecError> {
-        let (ok, output, error) = self.listing(&format!("list {what}"), terse)?;
-        if ok {
-            return Ok(output);
-        }
-        if error.contains("No such file or directory") {
-            return Ok(String::new());
-        }
-        Err(ExecError::refused(LIBRARY, error.trim()))
     }
 }

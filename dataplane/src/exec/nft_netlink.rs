@@ -62,77 +62,74 @@ fn request(command: u8) -> Message {
     Message::new(NFNL_SUBSYS_NFTABLES << 8 | u16::from(command), [NFPROTO_INET, NFNETLINK_V0, 0, 0])
 }
 
-fn dump(what: &str, m: Message) -> Result<Vec<Vec<u8>>, ExecError> {
-    let mut socket = Socket::open(NETLINK_NETFILTER).map_err(|e| failed(what, e))?;
+fn open(what: &str) -> Result<Socket, ExecError> {
+    Socket::open(NETLINK_NETFILTER).map_err(|e| failed(what, e))
+}
+
+fn dump(socket: &mut Socket, what: &str, m: Message) -> Result<Vec<Vec<u8>>, ExecError> {
     socket.request(m, true).map_err(|e| failed(what, e))
 }
 
 /// How many rules chain `name` of kpx's table holds (0 when it or the table is gone).
 pub fn rules_in_chain(name: &str) -> Result<usize, ExecError> {
+    const WHAT: &str = "list the rules of a chain";
     let mut m = request(msg::GET_RULE);
     m.string(rule::TABLE, TABLE).string(rule::CHAIN, name);
-    Ok(rule_chains(dump("list the rules of a chain", m)?).filter(|chain| chain == name).count())
-}
-
-/// The chain of each rule of kpx's table among `replies` (the kernel filters a dump by
-/// the table and chain asked for; a rule counts only where it says so).
-fn rule_chains(replies: Vec<Vec<u8>>) -> impl Iterator<Item = String> {
-    replies.into_iter().filter_map(|body| {
-        let a = attributes(&body);
-        (read_string(find(&a, rule::TABLE)).as_deref() == Some(TABLE))
-            .then(|| read_string(find(&a, rule::CHAIN)))
-            .flatten()
-    })
+    let replies = dump(&mut open(WHAT)?, WHAT, m)?;
+    Ok(of_kpx(&replies, rule::TABLE, rule::CHAIN).filter(|(chain, _)| chain == name).count())
 }
 
 /// The outline of kpx's table; `None` when there is no such table.
 pub fn outline() -> Result<Option<Outline>, ExecError> {
+    const WHAT: &str = "list kpx's table";
+    let mut socket = open(WHAT)?;
     let mut m = request(msg::GET_TABLE);
     m.string(table::NAME, TABLE);
-    let mut socket = Socket::open(NETLINK_NETFILTER).map_err(|e| failed("list kpx's table", e))?;
     let tables = match socket.request(m, false) {
         Ok(replies) => replies,
         Err(NetlinkError::Kernel(e)) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
-        Err(e) => return Err(failed("list kpx's table", e)),
+        Err(e) => return Err(failed(WHAT, e)),
     };
     let mut outline = Outline {
         comment: tables.iter().find_map(|body| comment(find(&attributes(body), table::USERDATA)?)),
         ..Outline::default()
     };
-    outline.chains =
-        names(dump("list chains", request(msg::GET_CHAIN))?, chain::TABLE, chain::NAME, |_| true);
+    let chains = dump(&mut socket, "list chains", request(msg::GET_CHAIN))?;
+    outline.chains = of_kpx(&chains, chain::TABLE, chain::NAME).map(|(name, _)| name).collect();
     let mut rules = request(msg::GET_RULE);
     rules.string(rule::TABLE, TABLE);
-    let with_rules: BTreeSet<String> = rule_chains(dump("list rules", rules)?).collect();
+    let rules = dump(&mut socket, "list rules", rules)?;
+    let with_rules: BTreeSet<String> =
+        of_kpx(&rules, rule::TABLE, rule::CHAIN).map(|(chain, _)| chain).collect();
     outline.empty_chains = outline.chains.difference(&with_rules).cloned().collect();
-    let sets = dump("list sets", request(msg::GET_SET))?;
-    let flags = |a: &[(u16, &[u8])]| {
-        find(a, set::FLAGS)
+    let sets = dump(&mut socket, "list sets", request(msg::GET_SET))?;
+    for (name, a) in of_kpx(&sets, set::TABLE, set::NAME) {
+        let flags = find(&a, set::FLAGS)
             .and_then(|v| v.get(..4))
-            .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-    };
-    outline.sets =
-        names(sets.clone(), set::TABLE, set::NAME, |a| flags(a) & (set::MAP | set::ANONYMOUS) == 0);
-    outline.maps = names(sets, set::TABLE, set::NAME, |a| flags(a) & (set::MAP | set::ANONYMOUS) == set::MAP);
+            .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        match flags & (set::MAP | set::ANONYMOUS) {
+            0 => outline.sets.insert(name),
+            set::MAP => outline.maps.insert(name),
+            _ => false,
+        };
+    }
     Ok(Some(outline))
 }
 
-/// The names of the objects of kpx's table among `replies` that `keep`.
-fn names(
-    replies: Vec<Vec<u8>>,
+/// The objects of kpx's table among a dump's `replies`, each with its name and attributes
+/// (the kernel filters some dumps by table, not all; each reply says whose it is).
+fn of_kpx(
+    replies: &[Vec<u8>],
     table_attr: u16,
     name_attr: u16,
-    keep: impl Fn(&[(u16, &[u8])]) -> bool,
-) -> BTreeSet<String> {
-    replies
-        .iter()
-        .filter_map(|body| {
-            let a = attributes(body);
-            (read_string(find(&a, table_attr)).as_deref() == Some(TABLE) && keep(&a))
-                .then(|| read_string(find(&a, name_attr)))
-                .flatten()
-        })
-        .collect()
+) -> impl Iterator<Item = (String, Vec<(u16, &[u8])>)> {
+    replies.iter().filter_map(move |body| {
+        let a = attributes(body);
+        if read_string(find(&a, table_attr)).as_deref() != Some(TABLE) {
+            return None;
+        }
+        Some((read_string(find(&a, name_attr))?, a))
+    })
 }
 
 /// The comment among a table's user data (type, length, value; the value NUL-terminated).

@@ -136,33 +136,35 @@ impl Programmed {
                 .filter_map(|n| self.services.get(n).map(|r| (n.as_str(), &r.entries[..]))),
         );
         for name in &changes.services {
-            let old = self.services.get(name).map(|p| p.rules(&self.context));
-            let new = desired.services.get(name).map(|s| {
-                let rules = service::service_rules(&s.value, &self.context);
-                let taken = claims.claim(name, &rules.entries);
-                (Arc::clone(&s.value), held(rules, taken))
-            });
-            let new_view = new.as_ref().map(|(view, _)| Arc::clone(view));
-            let new = new.map(|(_, rules)| rules);
-            let old_elements: BTreeSet<&Element> =
-                old.iter().flat_map(|r| r.elements.iter().map(|(_, e)| e)).collect();
-            let new_elements: BTreeSet<&Element> =
-                new.iter().flat_map(|r| r.elements.iter().map(|(_, e)| e)).collect();
-            deletes.extend(old_elements.difference(&new_elements).map(|e| (*e).clone()));
-            adds.extend(new_elements.difference(&old_elements).map(|e| (*e).clone()));
-            old_objects.extend(old.iter().flat_map(|r| r.objects.iter().cloned()));
-            new_objects.extend(new.iter().flat_map(|r| r.objects.iter().cloned()));
-            for e in old.iter().flat_map(|r| &r.shared) {
+            let view = desired.services.get(name).map(|s| &s.value);
+            let old = self.services.get(name).map(|p| p.rules(&self.context)).unwrap_or_default();
+            let new = view
+                .map(|view| {
+                    let rules = service::service_rules(view, &self.context);
+                    let taken = claims.claim(name, &rules.entries);
+                    held(rules, taken)
+                })
+                .unwrap_or_default();
+            for e in &old.shared {
                 *shared_delta.entry(*e).or_default() -= 1;
             }
-            for e in new.iter().flat_map(|r| &r.shared) {
+            for e in &new.shared {
                 *shared_delta.entry(*e).or_default() += 1;
             }
-            if new.as_ref().is_some_and(|r| r.max_endpoints > self.pick_chains) {
-                plan.needs_full_sync = true;
+            plan.needs_full_sync |= new.max_endpoints > self.pick_chains;
+            // Both are this plan's own: their elements move, none is copied.
+            let mut old_elements: BTreeSet<Element> = old.elements.into_iter().map(|(_, e)| e).collect();
+            let new_elements: BTreeSet<Element> = new.elements.into_iter().map(|(_, e)| e).collect();
+            for e in new_elements {
+                if !old_elements.remove(&e) {
+                    adds.insert(e);
+                }
             }
+            deletes.extend(old_elements);
+            old_objects.extend(old.objects);
+            new_objects.extend(new.objects);
             let programmed =
-                new_view.zip(new).map(|(view, rules)| ProgrammedService { view, entries: rules.entries });
+                view.map(|view| ProgrammedService { view: Arc::clone(view), entries: new.entries });
             plan.services.push((name.clone(), programmed));
         }
         for (shared, delta) in shared_delta {

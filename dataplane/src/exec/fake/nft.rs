@@ -154,7 +154,7 @@ impl Nft for FakeNft {
         let table = state.tables.get(&table_key(FAMILY, TABLE));
         let words: Vec<&str> = what.split_whitespace().collect();
         match words[..] {
-            ["table", FAMILY, TABLE] => Ok(table.map(|t| dump(FAMILY, TABLE, t, false)).unwrap_or_default()),
+            ["table", FAMILY, TABLE] => Ok(table.map(|t| dump(FAMILY, TABLE, t)).unwrap_or_default()),
             ["chain", FAMILY, TABLE, name] => Ok(table
                 .and_then(|t| t.chains.get(name))
                 .map(|c| {
@@ -408,9 +408,8 @@ fn refers_to_chain(table: &Table, name: &str, except: Option<&str>) -> bool {
     from_rules || from_elements
 }
 
-/// The table in `nft list table` layout (`terse`: `nft -t`, without elements): sets and
-/// maps, then chains, each by name.
-fn dump(family: &str, name: &str, table: &Table, terse: bool) -> String {
+/// The table in `nft list table` layout: sets and maps, then chains, each by name.
+fn dump(family: &str, name: &str, table: &Table) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "table {family} {name} {{");
     if let Some(comment) = &table.comment {
@@ -421,7 +420,7 @@ fn dump(family: &str, name: &str, table: &Table, terse: bool) -> String {
         for part in set.declaration.split(';').map(str::trim).filter(|p| !p.is_empty()) {
             let _ = writeln!(out, "\t\t{part}");
         }
-        if !set.elements.is_empty() && !terse {
+        if !set.elements.is_empty() {
             let items: Vec<String> =
                 set.elements.iter().map(|(k, v)| element_text(k, v.as_deref())).collect();
             let _ = writeln!(out, "\t\telements = {{ {} }}", items.join(", "));
