@@ -4,8 +4,10 @@
 //! affinity, addresses two Services claim), the full sync and the incremental change to
 //! another set of Services are accepted by `nft`, `iptables-restore` (both flavours) and
 //! `ipset`, and the incremental change leaves exactly what a full sync of the new state
-//! does. Bounded: a few dozen cases per backend. Run as root.
+//! does; for nftables also when the change is written as element updates over netlink
+//! rather than nft text. Bounded: a few dozen cases per backend. Run as root.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use kpx_dataplane::backend::iptables::IptablesBackend;
@@ -16,7 +18,9 @@ use kpx_dataplane::exec::conntrack::ConntrackProcess;
 use kpx_dataplane::exec::fake::{FakeIpvs, FakeLinks, FakeSysctl};
 use kpx_dataplane::exec::ipset::IpsetProcess;
 use kpx_dataplane::exec::iptables::{Flavour, IptablesProcess};
-use kpx_dataplane::exec::nft::NftProcess;
+use kpx_dataplane::exec::nft::{Nft, NftProcess, Outline};
+use kpx_dataplane::exec::nft_elements::ElementUpdate;
+use kpx_dataplane::exec::ExecError;
 use kpx_dataplane::state::{ChangeSet, NodeState, Versioned};
 use kpx_e2e::netns::Netns;
 use kpx_proto::node_context::{NodeContext, ProxySettings};
@@ -45,9 +49,23 @@ fn state(views: &[ServiceView]) -> NodeState {
 }
 
 fn step() -> impl Strategy<Value = Step> {
+    step_of(valid_view)
+}
+
+/// Views whose changes are element updates only: no session affinity (chains of their
+/// own), no source ranges (an interval set's elements).
+fn elements_only_view() -> impl Strategy<Value = ServiceView> {
+    valid_view().prop_map(|mut v| {
+        v.session_affinity_timeout = None;
+        v.load_balancer_source_ranges.clear();
+        v
+    })
+}
+
+fn step_of<S: Strategy<Value = ServiceView>>(view: fn() -> S) -> impl Strategy<Value = Step> {
     (
-        prop::collection::vec(valid_view(), 1..5),
-        prop::collection::vec(prop::option::of(valid_view()), 1..5),
+        prop::collection::vec(view(), 1..5),
+        prop::collection::vec(prop::option::of(view()), 1..5),
         node_config(),
         any::<bool>(),
     )
@@ -93,12 +111,22 @@ fn changes(step: &Step) -> ChangeSet {
 /// Runs the property for a backend inside a fresh namespace; `dump` reads what the kernel
 /// holds, normalized so that two equal rule sets compare equal.
 fn check(label: &'static str, cases: u32, make: fn() -> Box<dyn Backend>, dump: fn(&Netns) -> String) {
+    check_steps(label, cases, step(), make, dump);
+}
+
+fn check_steps(
+    label: &'static str,
+    cases: u32,
+    steps: impl Strategy<Value = Step> + Send + 'static,
+    make: fn() -> Box<dyn Backend>,
+    dump: fn(&Netns) -> String,
+) {
     let ns = Arc::new(Netns::new("render"));
     let inside = Arc::clone(&ns);
     ns.run_in(move || {
         let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
         let backend = std::cell::RefCell::new(make());
-        let result = runner.run(&step(), |step| {
+        let result = runner.run(&steps, |step| {
             let mut backend = backend.borrow_mut();
             backend
                 .full_sync(&step.before, &step.context)
@@ -180,6 +208,46 @@ fn ipvs_dump(ns: &Netns) -> String {
 #[test]
 fn nftables_accepts_every_rendering_and_a_change_equals_a_full_sync() {
     check("nftables", 40, || Box::new(NftablesBackend::new(Box::new(NftProcess))), nft_dump);
+}
+
+/// nft as the kernel's: scripts through the `nft` process, element updates over netlink,
+/// counting those.
+struct CountingNft(NftProcess);
+
+static ELEMENT_UPDATES: AtomicUsize = AtomicUsize::new(0);
+
+impl Nft for CountingNft {
+    fn run(&mut self, script: &str) -> Result<(), ExecError> {
+        self.0.run(script)
+    }
+    fn update_elements(&mut self, update: &ElementUpdate) -> Result<(), ExecError> {
+        ELEMENT_UPDATES.fetch_add(1, Ordering::SeqCst);
+        self.0.update_elements(update)
+    }
+    fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {
+        self.0.rules_in_chain(chain)
+    }
+    fn list(&mut self, what: &str) -> Result<String, ExecError> {
+        self.0.list(what)
+    }
+    fn outline(&mut self) -> Result<Option<Outline>, ExecError> {
+        self.0.outline()
+    }
+}
+
+/// The element updates written over netlink leave what nft's full sync writes as text
+/// (`nft` reads the kernel's bytes back by each set's declared type).
+#[test]
+fn nftables_element_updates_over_netlink_equal_a_full_sync() {
+    check_steps(
+        "nftables over netlink",
+        40,
+        step_of(elements_only_view),
+        || Box::new(NftablesBackend::new(Box::new(CountingNft(NftProcess)))),
+        nft_dump,
+    );
+    let updates = ELEMENT_UPDATES.load(Ordering::SeqCst);
+    assert!(updates >= 20, "most changes are element updates over netlink: {updates} of 40");
 }
 
 #[test]

@@ -1,14 +1,15 @@
 //! The only code that touches the kernel: it spawns the tools (`nft`, `iptables-restore`
 //! and `-save`, `ipset`, `ip`, `conntrack`), opens libnftables, the IPVS generic
-//! netlink socket and an nf_tables netlink socket (reads nft would make cost the whole
-//! table: [`nft_netlink`]), and writes `/proc/sys`. Everything above it speaks to the kernel through
+//! netlink socket and an nf_tables netlink socket (element updates, and reads nft would
+//! make cost the whole table: [`nft_netlink`]), and writes `/proc/sys`. Everything above it speaks to the kernel through
 //! the traits here, so that [`fake`] — an in-memory model of each facility that applies
 //! a transaction whole or refuses it whole, as the kernel does, and dumps canonical text —
 //! can stand in for the kernel in tests that run without root.
 //!
 //! Each trait carries what kpx asks of one facility, not the facility's whole interface:
-//! - [`nft::Nft`]: run an nft script as one transaction, list kpx's table, count one
-//!   chain's rules and outline the table (those two over netlink);
+//! - [`nft::Nft`]: run an nft script as one transaction, update set and map elements as
+//!   one transaction, list kpx's table, count one chain's rules and outline the table
+//!   (those three over netlink);
 //! - [`iptables::Iptables`]: `iptables-restore --noflush` and `iptables-save` per family;
 //! - [`ipset::Ipset`]: `ipset restore`, `save`, the names of the sets;
 //! - [`links::Links`]: a dummy interface and the addresses on it;
@@ -26,6 +27,7 @@ mod libnftables;
 pub mod links;
 mod netlink;
 pub mod nft;
+pub mod nft_elements;
 mod nft_netlink;
 mod process;
 pub mod sysctl;

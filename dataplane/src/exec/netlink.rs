@@ -7,6 +7,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 pub const NLM_F_ACK: u16 = 0x4;
 pub const NLM_F_DUMP: u16 = 0x300;
+pub const NLM_F_CREATE: u16 = 0x400;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
@@ -77,6 +78,11 @@ impl Message {
         self.put(kind, &bytes)
     }
 
+    /// Its length so far, in bytes.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
     pub fn begin(&mut self, kind: u16) -> &mut Self {
         self.nests.push(self.buf.len());
         self.buf.extend_from_slice(&[0, 0]);
@@ -121,54 +127,163 @@ impl Socket {
     /// Sends one request and collects the bodies (after the family header) of its
     /// replies; `dump` requests end with DONE, others with the kernel's ACK.
     pub fn request(&mut self, m: Message, dump: bool) -> Result<Vec<Vec<u8>>, NetlinkError> {
-        self.seq = self.seq.wrapping_add(1);
-        let seq = self.seq;
-        let bytes = m.finish(if dump { NLM_F_DUMP } else { NLM_F_ACK }, seq);
-        let fd = self.fd.as_raw_fd();
-        // SAFETY: sending an initialized buffer on our socket (to the kernel: no address).
-        let sent = unsafe { libc::send(fd, bytes.as_ptr().cast(), bytes.len(), 0) };
-        if sent < 0 {
-            return Err(NetlinkError::Socket(io::Error::last_os_error()));
-        }
+        let seq = self.next_seq();
+        self.send(&m.finish(if dump { NLM_F_DUMP } else { NLM_F_ACK }, seq))?;
         let mut bodies = Vec::new();
         let mut buf = vec![0u8; 64 << 10];
         loop {
-            // SAFETY: receiving into a buffer we own, at most its length.
-            let got = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if got < 0 {
-                let error = io::Error::last_os_error();
-                if error.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(NetlinkError::Socket(error));
-            }
-            let mut data = &buf[..got as usize];
-            while data.len() >= 16 {
-                let len = u32::from_ne_bytes([data[0], data[1], data[2], data[3]]) as usize;
-                let kind = u16::from_ne_bytes([data[4], data[5]]);
-                let reply_seq = u32::from_ne_bytes([data[8], data[9], data[10], data[11]]);
-                if len < 16 || len > data.len() {
-                    return Err(NetlinkError::Malformed);
-                }
-                let payload = &data[16..len];
-                data = &data[len.next_multiple_of(4).min(data.len())..];
+            let got = self.receive(&mut buf)?;
+            for reply in replies(&buf[..got]) {
+                let (kind, reply_seq, payload) = reply?;
                 if reply_seq != seq {
                     continue;
                 }
                 match kind {
                     NLMSG_DONE => return Ok(bodies),
-                    NLMSG_ERROR => {
-                        let code = payload.get(..4).map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
-                        return match code {
-                            Some(0) => Ok(bodies),
-                            Some(code) => Err(NetlinkError::Kernel(io::Error::from_raw_os_error(-code))),
-                            None => Err(NetlinkError::Malformed),
-                        };
-                    }
+                    NLMSG_ERROR => return error_code(payload).map(|()| bodies),
                     _ => bodies.push(payload.get(4..).unwrap_or_default().to_vec()),
                 }
             }
         }
+    }
+
+    /// Sends `messages` (each with its flags) as one nfnetlink batch — `begin`, the
+    /// messages, `end` — in one send, and waits for the kernel's answer: all of them
+    /// applied in one transaction, or none and the first error.
+    pub fn batch(
+        &mut self,
+        begin: Message,
+        messages: Vec<(Message, u16)>,
+        end: Message,
+    ) -> Result<(), NetlinkError> {
+        let count = u32::try_from(messages.len()).map_err(|_| NetlinkError::Malformed)?;
+        if count == 0 {
+            return Ok(());
+        }
+        // Sequence numbers: the beginning's, then 1..=count past it, then the end's.
+        let begin_seq = self.next_seq();
+        let mut bytes = begin.finish(0, begin_seq);
+        for (index, (m, flags)) in (1..).zip(messages) {
+            // Only the last is acknowledged: errors of the others come before its ACK.
+            let ack = if index == count { NLM_F_ACK } else { 0 };
+            bytes.extend_from_slice(&m.finish(flags | ack, self.next_seq()));
+        }
+        bytes.extend_from_slice(&end.finish(0, self.next_seq()));
+        self.size_send_buffer(bytes.len())?;
+        self.send(&bytes)?;
+        let mut failure = None;
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let got = self.receive(&mut buf)?;
+            for reply in replies(&buf[..got]) {
+                let (kind, seq, payload) = reply?;
+                if kind != NLMSG_ERROR {
+                    continue;
+                }
+                match seq.wrapping_sub(begin_seq) {
+                    // The beginning or the end refused: the batch was not read.
+                    0 => error_code(payload)?,
+                    n if n == count + 1 => error_code(payload)?,
+                    n if n > count => continue,
+                    n => {
+                        if let Err(e) = error_code(payload) {
+                            failure.get_or_insert(e);
+                        }
+                        if n == count {
+                            return failure.map_or(Ok(()), Err);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        self.seq
+    }
+
+    fn send(&self, bytes: &[u8]) -> Result<(), NetlinkError> {
+        // SAFETY: sending an initialized buffer on our socket (to the kernel: no address).
+        let sent = unsafe { libc::send(self.fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) };
+        if sent < 0 {
+            return Err(NetlinkError::Socket(io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    /// Receives one datagram of replies into `buf`; its length.
+    fn receive(&self, buf: &mut [u8]) -> Result<usize, NetlinkError> {
+        loop {
+            // SAFETY: receiving into a buffer we own, at most its length.
+            let got = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if got >= 0 {
+                return Ok(got as usize);
+            }
+            let error = io::Error::last_os_error();
+            if error.kind() != io::ErrorKind::Interrupted {
+                return Err(NetlinkError::Socket(error));
+            }
+        }
+    }
+
+    /// Makes the socket's send buffer take one datagram of `len` bytes (a batch must be one:
+    /// the kernel reads a batch from a single datagram), and its errors not echo the
+    /// request (a batch's messages are large, its errors need only their code).
+    fn size_send_buffer(&self, len: usize) -> Result<(), NetlinkError> {
+        let fd = self.fd.as_raw_fd();
+        let on: libc::c_int = 1;
+        // SAFETY: setsockopt with a pointer to an int of the size given.
+        unsafe {
+            libc::setsockopt(fd, libc::SOL_NETLINK, NETLINK_CAP_ACK, (&on as *const libc::c_int).cast(), 4);
+        }
+        if len <= DEFAULT_SEND_BUFFER {
+            return Ok(());
+        }
+        let size = libc::c_int::try_from(len + 4096).unwrap_or(libc::c_int::MAX);
+        for option in [libc::SO_SNDBUFFORCE, libc::SO_SNDBUF] {
+            // SAFETY: as above.
+            let done = unsafe {
+                libc::setsockopt(fd, libc::SOL_SOCKET, option, (&size as *const libc::c_int).cast(), 4)
+            };
+            if done == 0 {
+                return Ok(());
+            }
+        }
+        Err(NetlinkError::Socket(io::Error::last_os_error()))
+    }
+}
+
+/// `NETLINK_CAP_ACK`: errors carry the request's header only.
+const NETLINK_CAP_ACK: libc::c_int = 10;
+/// What a send buffer takes without being sized (the kernel's default, less its overhead).
+const DEFAULT_SEND_BUFFER: usize = 128 << 10;
+
+/// The messages of one datagram: type, sequence number, payload.
+fn replies(mut data: &[u8]) -> impl Iterator<Item = Result<(u16, u32, &[u8]), NetlinkError>> {
+    std::iter::from_fn(move || {
+        if data.len() < 16 {
+            return None;
+        }
+        let len = u32::from_ne_bytes([data[0], data[1], data[2], data[3]]) as usize;
+        let kind = u16::from_ne_bytes([data[4], data[5]]);
+        let seq = u32::from_ne_bytes([data[8], data[9], data[10], data[11]]);
+        if len < 16 || len > data.len() {
+            data = &[];
+            return Some(Err(NetlinkError::Malformed));
+        }
+        let payload = &data[16..len];
+        data = &data[len.next_multiple_of(4).min(data.len())..];
+        Some(Ok((kind, seq, payload)))
+    })
+}
+
+/// An NLMSG_ERROR's verdict: 0 is the kernel's ACK.
+fn error_code(payload: &[u8]) -> Result<(), NetlinkError> {
+    match payload.get(..4).map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]])) {
+        Some(0) => Ok(()),
+        Some(code) => Err(NetlinkError::Kernel(io::Error::from_raw_os_error(-code))),
+        None => Err(NetlinkError::Malformed),
     }
 }
 

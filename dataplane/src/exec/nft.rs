@@ -1,11 +1,13 @@
 //! nftables: scripts in `nft -f` syntax, each run as one netlink transaction (it applies
 //! whole or not at all), through libnftables in-process when it can be opened, else the
-//! `nft` process.
+//! `nft` process; element updates and the cheap listings written over netlink directly
+//! ([`super::nft_netlink`]).
 
 use std::collections::BTreeSet;
 
 use super::libnftables::NftLibrary;
 pub use super::libnftables::OpenError;
+use super::nft_elements::ElementUpdate;
 use super::{nft_netlink, process, ExecError};
 
 /// kpx's table: family and name.
@@ -16,6 +18,9 @@ pub const TABLE: &str = "kpx";
 pub trait Nft: Send {
     /// Runs a script of nft commands as one transaction.
     fn run(&mut self, script: &str) -> Result<(), ExecError>;
+    /// Deletes, then adds, set and map elements as one transaction (netlink: no text, no
+    /// cache of the ruleset).
+    fn update_elements(&mut self, update: &ElementUpdate) -> Result<(), ExecError>;
     /// `nft list table inet kpx` ("" when it does not exist).
     fn list_table(&mut self) -> Result<String, ExecError> {
         self.list(&format!("table {FAMILY} {TABLE}"))
@@ -75,6 +80,10 @@ impl Nft for NftProcess {
         list_with(&["list"], what)
     }
 
+    fn update_elements(&mut self, update: &ElementUpdate) -> Result<(), ExecError> {
+        nft_netlink::update_elements(update)
+    }
+
     fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {
         nft_netlink::rules_in_chain(chain)
     }
@@ -119,6 +128,10 @@ impl Nft for NftLibrary {
             return Ok(String::new());
         }
         Err(ExecError::refused(LIBRARY, error.trim()))
+    }
+
+    fn update_elements(&mut self, update: &ElementUpdate) -> Result<(), ExecError> {
+        nft_netlink::update_elements(update)
     }
 
     fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {

@@ -98,11 +98,18 @@ pub fn objects(
 }
 
 /// Commands that take the table from the objects `old` to `new` (both sorted by name),
-/// written around the element updates: `before` runs ahead of element adds (creates),
-/// `after_deletes` once the elements that referred to removed chains are gone.
+/// written around the element updates: `remove` once the elements that referred to
+/// removed chains are gone, `create` ahead of element adds.
+#[derive(Debug, Default)]
 pub struct ObjectCommands {
     pub create: String,
     pub remove: String,
+}
+
+impl ObjectCommands {
+    pub fn is_empty(&self) -> bool {
+        self.create.is_empty() && self.remove.is_empty()
+    }
 }
 
 pub fn object_commands<'a>(

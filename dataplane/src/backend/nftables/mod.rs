@@ -55,7 +55,11 @@ impl Backend for NftablesBackend {
         if plan.is_empty() {
             return Ok(());
         }
-        match self.nft.run(&plan.script) {
+        let written = match plan.element_update() {
+            Some(update) => self.nft.update_elements(&update),
+            None => self.nft.run(&plan.script()),
+        };
+        match written {
             Ok(()) => {
                 programmed.commit(plan);
                 Ok(())
@@ -170,6 +174,24 @@ mod tests {
         assert_eq!(nft.rules(pick).len(), 1, "the pick chains are written again");
         assert!(backend.intact().expect("listed"));
         assert_eq!(nft.table_deletions(), 0);
+    }
+
+    #[test]
+    fn a_change_of_elements_only_is_an_element_update_and_affinity_a_script() {
+        let nft = FakeNft::new();
+        let mut backend = NftablesBackend::new(Box::new(nft.clone()));
+        let context = node_context();
+        backend.full_sync(&state(&[("a", "10.96.0.1", &["10.0.0.1"])]), &context).expect("created");
+        let one = crate::backend::fixtures::changed(&["a"]);
+        let moved = state(&[("a", "10.96.0.1", &["10.0.0.2"])]);
+        backend.apply(&moved, &context, &one).expect("applied");
+        assert_eq!(nft.element_updates(), 1);
+        assert_eq!(nft.elements("endpoints-v4"), ["10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080"]);
+        let transactions = nft.transactions();
+        backend.apply(&with_affinity(moved, "a", 60), &context, &one).expect("applied");
+        assert_eq!(nft.element_updates(), 1, "chains of its own: nft text");
+        assert_eq!(nft.transactions(), transactions + 1);
+        assert!(nft.chains().iter().any(|c| c.starts_with(affinity::PREFIX)));
     }
 
     #[test]

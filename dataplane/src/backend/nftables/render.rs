@@ -25,6 +25,8 @@
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
+use crate::exec::nft_elements::{Data, ElementUpdate, Field, Layout, SetElements};
+
 pub use crate::exec::nft::{FAMILY, TABLE};
 
 /// The packet mark bit that asks nat-postrouting to masquerade.
@@ -106,6 +108,34 @@ impl Collection {
             | Collection::ClusterIps(f)
             | Collection::ServiceCidrs(f) => f,
         }
+    }
+
+    /// How its elements are laid out, as [`super::skeleton`] declares it; `None` for the
+    /// interval sets (their elements are ranges, written by nft only).
+    pub fn layout(self) -> Option<Layout> {
+        let f = self.family();
+        let entry = || vec![Field::Address(f), Field::Protocol, Field::Port];
+        let endpoint = || Data::Fields(vec![Field::Address(f), Field::Port]);
+        Some(match self {
+            Collection::ServiceIps(_) | Collection::ExternalLocal(_) => {
+                Layout { key: entry(), data: Data::Verdict }
+            }
+            Collection::Endpoints(_) | Collection::LocalEndpoints(_) => {
+                Layout { key: [entry(), vec![Field::Index]].concat(), data: endpoint() }
+            }
+            Collection::ExternalLocalEntries(_)
+            | Collection::NoEndpoints(_)
+            | Collection::Masquerade(_)
+            | Collection::ClusterEntries(_)
+            | Collection::LbFiltered(_) => Layout { key: entry(), data: Data::None },
+            Collection::Hairpin(_) => {
+                Layout { key: vec![Field::Address(f), Field::Address(f)], data: Data::None }
+            }
+            Collection::ClusterIps(_) => Layout { key: vec![Field::Address(f)], data: Data::None },
+            Collection::LocalCidrs(_) | Collection::LbAllowed(_) | Collection::ServiceCidrs(_) => {
+                return None
+            }
+        })
     }
 
     pub fn name(self) -> String {
@@ -194,6 +224,26 @@ pub fn element_commands<'a>(out: &mut String, verb: &str, elements: impl IntoIte
             );
         }
     }
+}
+
+/// The deletion of `deletes`, then the addition of `adds`, as one element update; `None`
+/// when one of them is of an interval set (nft text only).
+pub fn element_update<'a>(
+    deletes: impl IntoIterator<Item = &'a Element>,
+    adds: impl IntoIterator<Item = &'a Element>,
+) -> Option<ElementUpdate<'a>> {
+    fn grouped<'a>(elements: impl IntoIterator<Item = &'a Element>) -> Option<Vec<SetElements<'a>>> {
+        let mut by_collection: std::collections::BTreeMap<Collection, Vec<(&'a str, Option<&'a str>)>> =
+            Default::default();
+        for e in elements {
+            by_collection.entry(e.collection).or_default().push((&e.key, e.value.as_deref()));
+        }
+        by_collection
+            .into_iter()
+            .map(|(c, elements)| Some(SetElements { set: c.name(), layout: c.layout()?, elements }))
+            .collect()
+    }
+    Some(ElementUpdate { delete: grouped(deletes)?, add: grouped(adds)? })
 }
 
 /// Removes kpx's table, whether or not it exists.

@@ -9,13 +9,14 @@ use std::sync::Arc;
 use kpx_proto::family::Family;
 use kpx_proto::types::ServiceView;
 
-use super::affinity::{self, NftObject};
+use super::affinity::{self, NftObject, ObjectCommands};
 use super::outline::Outline;
 use super::render::{self, Element, Shared};
 use super::service::{self, ServiceRules};
 use super::skeleton::{self, PickChains};
 use crate::backend::owners::Owners;
 use crate::backend::NodeContext;
+use crate::exec::nft_elements::ElementUpdate;
 use crate::state::{ChangeSet, NodeState};
 
 #[derive(Debug, Default)]
@@ -66,7 +67,9 @@ pub struct Contents {
 /// A transaction and the bookkeeping to record once the kernel accepted it.
 #[derive(Debug, Default)]
 pub struct Plan {
-    pub script: String,
+    deletes: BTreeSet<Element>,
+    objects: ObjectCommands,
+    adds: BTreeSet<Element>,
     services: Vec<(String, Option<ProgrammedService>)>,
     shared: Vec<(Shared, u32)>,
     /// The fixed part must change (more pick chains, another node context): only a full
@@ -76,7 +79,28 @@ pub struct Plan {
 
 impl Plan {
     pub fn is_empty(&self) -> bool {
-        self.script.is_empty() && !self.needs_full_sync
+        self.deletes.is_empty() && self.adds.is_empty() && self.objects.is_empty() && !self.needs_full_sync
+    }
+
+    /// The transaction as nft text. Elements that point at chains go before the chains;
+    /// new chains exist before elements point at them. A key both deleted and added is a
+    /// value change.
+    pub fn script(&self) -> String {
+        let mut script = String::new();
+        render::element_commands(&mut script, "delete", &self.deletes);
+        script.push_str(&self.objects.remove);
+        script.push_str(&self.objects.create);
+        render::element_commands(&mut script, "add", &self.adds);
+        script
+    }
+
+    /// The transaction as an element update, when it changes elements only: no chain or
+    /// set of a Service's own (session affinity), no element of an interval set.
+    pub fn element_update(&self) -> Option<ElementUpdate<'_>> {
+        if !self.objects.is_empty() {
+            return None;
+        }
+        render::element_update(&self.deletes, &self.adds)
     }
 }
 
@@ -111,7 +135,7 @@ impl Programmed {
         let all = ChangeSet { services: desired.services.keys().cloned().collect(), node: false };
         let plan = empty.plan(desired, context, &all);
         let mut script = skeleton::skeleton(context, pick_chains, picks);
-        script.push_str(&plan.script);
+        script.push_str(&plan.script());
         let mut programmed = empty;
         programmed.commit(plan);
         (programmed, Contents { script, kept_pick_chains: kept })
@@ -124,8 +148,7 @@ impl Programmed {
             plan.needs_full_sync = true;
             return plan;
         }
-        let mut deletes: BTreeSet<Element> = BTreeSet::new();
-        let mut adds: BTreeSet<Element> = BTreeSet::new();
+        let (mut deletes, mut adds) = (BTreeSet::new(), BTreeSet::new());
         let mut old_objects: Vec<NftObject> = Vec::new();
         let mut new_objects: Vec<NftObject> = Vec::new();
         let mut shared_delta: HashMap<Shared, i32> = HashMap::new();
@@ -179,13 +202,9 @@ impl Programmed {
                 plan.shared.push((shared, after));
             }
         }
-        // Elements that point at chains go before the chains; new chains exist before
-        // elements point at them. A key both deleted and added is a value change.
-        let objects = affinity::object_commands(&old_objects, &new_objects);
-        render::element_commands(&mut plan.script, "delete", &deletes);
-        plan.script.push_str(&objects.remove);
-        plan.script.push_str(&objects.create);
-        render::element_commands(&mut plan.script, "add", &adds);
+        plan.objects = affinity::object_commands(&old_objects, &new_objects);
+        plan.deletes = deletes;
+        plan.adds = adds;
         plan
     }
 
@@ -226,7 +245,7 @@ mod tests {
             state(&[("a", "10.96.0.1", &["10.0.0.1", "10.0.0.3"]), ("b", "10.96.0.2", &["10.0.0.9"])]);
         let plan = programmed.plan(&after, &no_context(), &changed(&["a"]));
         assert_eq!(
-            plan.script,
+            plan.script(),
             "delete element inet kpx endpoints-v4 { 10.96.0.1 . tcp . 80 . 1 }\n\
              delete element inet kpx hairpin-v4 { 10.0.0.2 . 10.0.0.2 }\n\
              add element inet kpx endpoints-v4 { 10.96.0.1 . tcp . 80 . 1 : 10.0.0.3 . 8080 }\n\
@@ -244,15 +263,15 @@ mod tests {
         assert!(script.contains("add chain inet kpx pick-v6-32\n"));
         let both = state(&[("a", "10.96.0.1", &["10.0.0.1"]), ("b", "10.96.0.2", &["10.0.0.1"])]);
         let plan = programmed.plan(&both, &no_context(), &changed(&["b"]));
-        assert!(!plan.script.contains("hairpin"), "already there: {}", plan.script);
-        assert!(!plan.script.contains("add chain"), "pick-v4-1 exists: {}", plan.script);
+        assert!(!plan.script().contains("hairpin"), "already there: {}", plan.script());
+        assert!(!plan.script().contains("add chain"), "pick-v4-1 exists: {}", plan.script());
         programmed.commit(plan);
         let only_b = state(&[("b", "10.96.0.2", &["10.0.0.1"])]);
         let plan = programmed.plan(&only_b, &no_context(), &changed(&["a"]));
-        assert!(!plan.script.contains("hairpin"), "still used by b: {}", plan.script);
+        assert!(!plan.script().contains("hairpin"), "still used by b: {}", plan.script());
         programmed.commit(plan);
         let plan = programmed.plan(&NodeState::default(), &no_context(), &changed(&["b"]));
-        assert!(plan.script.contains("delete element inet kpx hairpin-v4 { 10.0.0.1 . 10.0.0.1 }"));
+        assert!(plan.script().contains("delete element inet kpx hairpin-v4 { 10.0.0.1 . 10.0.0.1 }"));
     }
 
     #[test]
@@ -264,10 +283,10 @@ mod tests {
         let only_b = state(&[("b", "10.96.0.1", &["10.0.0.2"])]);
         let plan = programmed.plan(&only_b, &no_context(), &changed(&["a", "b"]));
         assert!(
-            plan.script
+            plan.script()
                 .contains("add element inet kpx endpoints-v4 { 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080 }"),
             "{}",
-            plan.script
+            plan.script()
         );
         programmed.commit(plan);
     }

@@ -10,6 +10,7 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::exec::nft::{Nft, Outline, FAMILY, TABLE};
+use crate::exec::nft_elements::{self, ElementUpdate};
 use crate::exec::ExecError;
 
 const TOOL: &str = "nft (fake)";
@@ -24,6 +25,8 @@ pub struct FakeNft {
 struct NftState {
     tables: BTreeMap<String, Table>,
     transactions: usize,
+    /// How many transactions were element updates (netlink's, not scripts).
+    element_updates: usize,
     /// How many times a transaction deleted kpx's table (its base chains' hooks with it).
     table_deletions: usize,
     fail_next: std::collections::VecDeque<String>,
@@ -79,6 +82,11 @@ impl FakeNft {
     }
 
     /// Whether kpx's table exists.
+    /// How many transactions were element updates (counted among [`Self::transactions`]).
+    pub fn element_updates(&self) -> usize {
+        self.state().element_updates
+    }
+
     pub fn has_table(&self) -> bool {
         self.state().tables.contains_key(&table_key(FAMILY, TABLE))
     }
@@ -146,6 +154,27 @@ impl Nft for FakeNft {
         state.tables = tables;
         state.transactions += 1;
         state.table_deletions += usize::from(deleted_table);
+        Ok(())
+    }
+
+    /// Encodes every element as the kernel's writer does (refusing what it would), then
+    /// applies the update as the `delete element`/`add element` commands it amounts to.
+    fn update_elements(&mut self, update: &ElementUpdate) -> Result<(), ExecError> {
+        nft_elements::check(update).map_err(|e| ExecError::refused(TOOL, e.to_string()))?;
+        let mut script = String::new();
+        for (verb, sets) in [("delete", &update.delete), ("add", &update.add)] {
+            for s in sets.iter().filter(|s| !s.elements.is_empty()) {
+                let items: Vec<String> = s
+                    .elements
+                    .iter()
+                    .map(|(k, d)| if verb == "delete" { (*k).to_owned() } else { element_text(k, *d) })
+                    .collect();
+                let _ =
+                    writeln!(script, "{verb} element {FAMILY} {TABLE} {} {{ {} }}", s.set, items.join(", "));
+            }
+        }
+        self.run(&script)?;
+        self.state().element_updates += 1;
         Ok(())
     }
 
