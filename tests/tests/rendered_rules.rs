@@ -207,7 +207,7 @@ fn ipvs_dump(ns: &Netns) -> String {
 
 #[test]
 fn nftables_accepts_every_rendering_and_a_change_equals_a_full_sync() {
-    check("nftables", 40, || Box::new(NftablesBackend::new(Box::new(NftProcess))), nft_dump);
+    check("nftables", 40, || Box::new(NftablesBackend::new(Box::new(NftProcess::new()))), nft_dump);
 }
 
 /// nft as the kernel's: scripts through the `nft` process, element updates over netlink,
@@ -243,7 +243,7 @@ fn nftables_element_updates_over_netlink_equal_a_full_sync() {
         "nftables over netlink",
         40,
         step_of(elements_only_view),
-        || Box::new(NftablesBackend::new(Box::new(CountingNft(NftProcess)))),
+        || Box::new(NftablesBackend::new(Box::new(CountingNft(NftProcess::new())))),
         nft_dump,
     );
     let updates = ELEMENT_UPDATES.load(Ordering::SeqCst);

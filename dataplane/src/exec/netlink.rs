@@ -111,6 +111,8 @@ impl Message {
 pub struct Socket {
     fd: OwnedFd,
     seq: u32,
+    /// What the send buffer was sized to take (0: the kernel's default).
+    send_buffer: usize,
 }
 
 impl Socket {
@@ -121,7 +123,15 @@ impl Socket {
             return Err(NetlinkError::Socket(io::Error::last_os_error()));
         }
         // SAFETY: `raw` is a fresh descriptor nobody else owns.
-        Ok(Socket { fd: unsafe { OwnedFd::from_raw_fd(raw) }, seq: 0 })
+        let socket = Socket { fd: unsafe { OwnedFd::from_raw_fd(raw) }, seq: 0, send_buffer: 0 };
+        // Errors carry the request's header only (a batch's messages are large, its errors
+        // need only their code); a kernel without it echoes them whole, which is harmless.
+        let on: libc::c_int = 1;
+        // SAFETY: setsockopt with a pointer to an int of the size given.
+        unsafe {
+            libc::setsockopt(raw, libc::SOL_NETLINK, NETLINK_CAP_ACK, (&on as *const libc::c_int).cast(), 4);
+        }
+        Ok(socket)
     }
 
     /// Sends one request and collects the bodies (after the family header) of its
@@ -228,25 +238,21 @@ impl Socket {
     }
 
     /// Makes the socket's send buffer take one datagram of `len` bytes (a batch must be one:
-    /// the kernel reads a batch from a single datagram), and its errors not echo the
-    /// request (a batch's messages are large, its errors need only their code).
-    fn size_send_buffer(&self, len: usize) -> Result<(), NetlinkError> {
-        let fd = self.fd.as_raw_fd();
-        let on: libc::c_int = 1;
-        // SAFETY: setsockopt with a pointer to an int of the size given.
-        unsafe {
-            libc::setsockopt(fd, libc::SOL_NETLINK, NETLINK_CAP_ACK, (&on as *const libc::c_int).cast(), 4);
-        }
-        if len <= DEFAULT_SEND_BUFFER {
+    /// the kernel reads a batch from a single datagram).
+    fn size_send_buffer(&mut self, len: usize) -> Result<(), NetlinkError> {
+        if len <= DEFAULT_SEND_BUFFER.max(self.send_buffer) {
             return Ok(());
         }
-        let size = libc::c_int::try_from(len + 4096).unwrap_or(libc::c_int::MAX);
+        let fd = self.fd.as_raw_fd();
+        let wanted = len + 4096;
+        let size = libc::c_int::try_from(wanted).unwrap_or(libc::c_int::MAX);
         for option in [libc::SO_SNDBUFFORCE, libc::SO_SNDBUF] {
             // SAFETY: as above.
             let done = unsafe {
                 libc::setsockopt(fd, libc::SOL_SOCKET, option, (&size as *const libc::c_int).cast(), 4)
             };
             if done == 0 {
+                self.send_buffer = wanted;
                 return Ok(());
             }
         }

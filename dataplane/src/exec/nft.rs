@@ -8,7 +8,8 @@ use std::collections::BTreeSet;
 use super::libnftables::NftLibrary;
 pub use super::libnftables::OpenError;
 use super::nft_elements::ElementUpdate;
-use super::{nft_netlink, process, ExecError};
+use super::nft_netlink::NftNetlink;
+use super::{process, ExecError};
 
 /// kpx's table: family and name.
 pub const FAMILY: &str = "inet";
@@ -49,25 +50,41 @@ pub struct Outline {
 
 /// libnftables in-process when it can be opened, else the `nft` process.
 pub fn system() -> Box<dyn Nft> {
-    match NftLibrary::open() {
+    match library() {
         Ok(library) => {
             tracing::info!("nftables through libnftables, in-process");
-            Box::new(library)
+            library
         }
         Err(e) => {
             tracing::warn!(reason = %e, "libnftables unavailable: running the nft command per transaction");
-            Box::new(NftProcess)
+            Box::new(NftProcess::new())
         }
     }
 }
 
 /// libnftables in-process, if it can be opened (for benchmarks that compare the two).
 pub fn library() -> Result<Box<dyn Nft>, OpenError> {
-    NftLibrary::open().map(|l| Box::new(l) as Box<dyn Nft>)
+    NftLibrary::open()
+        .map(|library| Box::new(NftInProcess { library, netlink: NftNetlink::new() }) as Box<dyn Nft>)
 }
 
-/// Runs the `nft` command, one process per transaction.
-pub struct NftProcess;
+/// Runs the `nft` command, one process per transaction (netlink for the rest).
+#[derive(Default)]
+pub struct NftProcess {
+    netlink: NftNetlink,
+}
+
+impl NftProcess {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// Scripts through libnftables, in-process (netlink for the rest).
+struct NftInProcess {
+    library: NftLibrary,
+    netlink: NftNetlink,
+}
 
 const TOOL: &str = "nft";
 
@@ -81,15 +98,15 @@ impl Nft for NftProcess {
     }
 
     fn update_elements(&mut self, update: &ElementUpdate) -> Result<(), ExecError> {
-        nft_netlink::update_elements(update)
+        self.netlink.update_elements(update)
     }
 
     fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {
-        nft_netlink::rules_in_chain(chain)
+        self.netlink.rules_in_chain(chain)
     }
 
     fn outline(&mut self) -> Result<Option<Outline>, ExecError> {
-        nft_netlink::outline()
+        self.netlink.outline()
     }
 }
 
@@ -110,9 +127,9 @@ fn list_with(args: &[&str], what: &str) -> Result<String, ExecError> {
 
 const LIBRARY: &str = "libnftables";
 
-impl Nft for NftLibrary {
+impl Nft for NftInProcess {
     fn run(&mut self, script: &str) -> Result<(), ExecError> {
-        let (ok, _, error) = self.command(script)?;
+        let (ok, _, error) = self.library.command(script)?;
         if ok {
             return Ok(());
         }
@@ -120,7 +137,7 @@ impl Nft for NftLibrary {
     }
 
     fn list(&mut self, what: &str) -> Result<String, ExecError> {
-        let (ok, output, error) = self.command(&format!("list {what}"))?;
+        let (ok, output, error) = self.library.command(&format!("list {what}"))?;
         if ok {
             return Ok(output);
         }
@@ -131,14 +148,14 @@ impl Nft for NftLibrary {
     }
 
     fn update_elements(&mut self, update: &ElementUpdate) -> Result<(), ExecError> {
-        nft_netlink::update_elements(update)
+        self.netlink.update_elements(update)
     }
 
     fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {
-        nft_netlink::rules_in_chain(chain)
+        self.netlink.rules_in_chain(chain)
     }
 
     fn outline(&mut self) -> Result<Option<Outline>, ExecError> {
-        nft_netlink::outline()
+        self.netlink.outline()
     }
 }

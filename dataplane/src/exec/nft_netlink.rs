@@ -92,26 +92,101 @@ fn request(command: u8) -> Message {
     Message::new(NFNL_SUBSYS_NFTABLES << 8 | u16::from(command), [NFPROTO_INET, NFNETLINK_V0, 0, 0])
 }
 
-fn open(what: &str) -> Result<Socket, ExecError> {
-    Socket::open(NETLINK_NETFILTER).map_err(|e| failed(what, e))
+/// kpx's nf_tables netlink client: one socket, opened when first needed and kept (closing
+/// a netfilter socket right after a commit waits for the kernel to free the transaction,
+/// an RCU grace period: about 10 ms per change), opened again after it failed.
+#[derive(Default)]
+pub struct NftNetlink {
+    socket: Option<Socket>,
 }
 
-fn dump(socket: &mut Socket, what: &str, m: Message) -> Result<Vec<Vec<u8>>, ExecError> {
-    socket.request(m, true).map_err(|e| failed(what, e))
-}
+impl NftNetlink {
+    pub fn new() -> Self {
+        Self::default()
+    }
 
-/// Deletes, then adds, the elements of `update` in one transaction.
-pub fn update_elements(update: &ElementUpdate) -> Result<(), ExecError> {
-    const WHAT: &str = "update elements";
-    let mut messages = Vec::new();
-    for s in &update.delete {
-        element_messages(&mut messages, msg::DEL_SET_ELEM, 0, s)?;
+    /// Runs `f` on the socket; a socket that failed is closed, to be opened again next time.
+    fn with_socket<T>(
+        &mut self,
+        what: &str,
+        f: impl FnOnce(&mut Socket) -> Result<T, NetlinkError>,
+    ) -> Result<T, ExecError> {
+        let socket = match &mut self.socket {
+            Some(socket) => socket,
+            empty => empty.insert(Socket::open(NETLINK_NETFILTER).map_err(|e| failed(what, e))?),
+        };
+        let result = f(socket);
+        if matches!(result, Err(NetlinkError::Socket(_) | NetlinkError::Malformed)) {
+            self.socket = None;
+        }
+        result.map_err(|e| failed(what, e))
     }
-    for s in &update.add {
-        element_messages(&mut messages, msg::NEW_SET_ELEM, NLM_F_CREATE, s)?;
+
+    fn dump(&mut self, what: &str, m: Message) -> Result<Vec<Vec<u8>>, ExecError> {
+        self.with_socket(what, |s| s.request(m, true))
     }
-    let delimiter = |kind| Message::new(kind, [0, NFNETLINK_V0, 0, NFNL_SUBSYS_NFTABLES as u8]);
-    open(WHAT)?.batch(delimiter(batch::BEGIN), messages, delimiter(batch::END)).map_err(|e| failed(WHAT, e))
+
+    /// Deletes, then adds, the elements of `update` in one transaction.
+    pub fn update_elements(&mut self, update: &ElementUpdate) -> Result<(), ExecError> {
+        let mut messages = Vec::new();
+        for s in &update.delete {
+            element_messages(&mut messages, msg::DEL_SET_ELEM, 0, s)?;
+        }
+        for s in &update.add {
+            element_messages(&mut messages, msg::NEW_SET_ELEM, NLM_F_CREATE, s)?;
+        }
+        let delimiter = |kind| Message::new(kind, [0, NFNETLINK_V0, 0, NFNL_SUBSYS_NFTABLES as u8]);
+        self.with_socket("update elements", |s| {
+            s.batch(delimiter(batch::BEGIN), messages, delimiter(batch::END))
+        })
+    }
+
+    /// How many rules chain `name` of kpx's table holds (0 when it or the table is gone).
+    pub fn rules_in_chain(&mut self, name: &str) -> Result<usize, ExecError> {
+        const WHAT: &str = "list the rules of a chain";
+        let mut m = request(msg::GET_RULE);
+        m.string(rule::TABLE, TABLE).string(rule::CHAIN, name);
+        let replies = self.dump(WHAT, m)?;
+        Ok(of_kpx(&replies, rule::TABLE, rule::CHAIN).filter(|(chain, _)| chain == name).count())
+    }
+
+    /// The outline of kpx's table; `None` when there is no such table.
+    pub fn outline(&mut self) -> Result<Option<Outline>, ExecError> {
+        const WHAT: &str = "list kpx's table";
+        let mut m = request(msg::GET_TABLE);
+        m.string(table::NAME, TABLE);
+        let tables = match self.with_socket(WHAT, |s| match s.request(m, false) {
+            Err(NetlinkError::Kernel(e)) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            other => other.map(Some),
+        })? {
+            Some(replies) => replies,
+            None => return Ok(None),
+        };
+        let mut outline = Outline {
+            comment: tables.iter().find_map(|body| comment(find(&attributes(body), table::USERDATA)?)),
+            ..Outline::default()
+        };
+        let chains = self.dump("list chains", request(msg::GET_CHAIN))?;
+        outline.chains = of_kpx(&chains, chain::TABLE, chain::NAME).map(|(name, _)| name).collect();
+        let mut rules = request(msg::GET_RULE);
+        rules.string(rule::TABLE, TABLE);
+        let rules = self.dump("list rules", rules)?;
+        let with_rules: BTreeSet<String> =
+            of_kpx(&rules, rule::TABLE, rule::CHAIN).map(|(chain, _)| chain).collect();
+        outline.empty_chains = outline.chains.difference(&with_rules).cloned().collect();
+        let sets = self.dump("list sets", request(msg::GET_SET))?;
+        for (name, a) in of_kpx(&sets, set::TABLE, set::NAME) {
+            let flags = find(&a, set::FLAGS)
+                .and_then(|v| v.get(..4))
+                .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+            match flags & (set::MAP | set::ANONYMOUS) {
+                0 => outline.sets.insert(name),
+                set::MAP => outline.maps.insert(name),
+                _ => false,
+            };
+        }
+        Ok(Some(outline))
+    }
 }
 
 /// The messages that delete (`command` DELSETELEM) or add the elements of one set, as
@@ -172,52 +247,6 @@ fn element_messages(
         out.push((m, flags));
     }
     Ok(())
-}
-
-/// How many rules chain `name` of kpx's table holds (0 when it or the table is gone).
-pub fn rules_in_chain(name: &str) -> Result<usize, ExecError> {
-    const WHAT: &str = "list the rules of a chain";
-    let mut m = request(msg::GET_RULE);
-    m.string(rule::TABLE, TABLE).string(rule::CHAIN, name);
-    let replies = dump(&mut open(WHAT)?, WHAT, m)?;
-    Ok(of_kpx(&replies, rule::TABLE, rule::CHAIN).filter(|(chain, _)| chain == name).count())
-}
-
-/// The outline of kpx's table; `None` when there is no such table.
-pub fn outline() -> Result<Option<Outline>, ExecError> {
-    const WHAT: &str = "list kpx's table";
-    let mut socket = open(WHAT)?;
-    let mut m = request(msg::GET_TABLE);
-    m.string(table::NAME, TABLE);
-    let tables = match socket.request(m, false) {
-        Ok(replies) => replies,
-        Err(NetlinkError::Kernel(e)) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
-        Err(e) => return Err(failed(WHAT, e)),
-    };
-    let mut outline = Outline {
-        comment: tables.iter().find_map(|body| comment(find(&attributes(body), table::USERDATA)?)),
-        ..Outline::default()
-    };
-    let chains = dump(&mut socket, "list chains", request(msg::GET_CHAIN))?;
-    outline.chains = of_kpx(&chains, chain::TABLE, chain::NAME).map(|(name, _)| name).collect();
-    let mut rules = request(msg::GET_RULE);
-    rules.string(rule::TABLE, TABLE);
-    let rules = dump(&mut socket, "list rules", rules)?;
-    let with_rules: BTreeSet<String> =
-        of_kpx(&rules, rule::TABLE, rule::CHAIN).map(|(chain, _)| chain).collect();
-    outline.empty_chains = outline.chains.difference(&with_rules).cloned().collect();
-    let sets = dump(&mut socket, "list sets", request(msg::GET_SET))?;
-    for (name, a) in of_kpx(&sets, set::TABLE, set::NAME) {
-        let flags = find(&a, set::FLAGS)
-            .and_then(|v| v.get(..4))
-            .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
-        match flags & (set::MAP | set::ANONYMOUS) {
-            0 => outline.sets.insert(name),
-            set::MAP => outline.maps.insert(name),
-            _ => false,
-        };
-    }
-    Ok(Some(outline))
 }
 
 /// The objects of kpx's table among a dump's `replies`, each with its name and attributes

@@ -131,7 +131,7 @@ fn main() {
                 Ok(library) => measure("nftables (lib)", &mut NftablesBackend::new(library), services),
                 Err(e) => println!("nftables (lib): {e}"),
             }
-            measure("nftables (nft -f)", &mut NftablesBackend::new(Box::new(NftProcess)), services);
+            measure("nftables (nft -f)", &mut NftablesBackend::new(Box::new(NftProcess::new())), services);
             for (label, flavour) in [("iptables-legacy", Flavour::Legacy), ("iptables-nft", Flavour::Nft)] {
                 measure(label, &mut IptablesBackend::new(Box::new(IptablesProcess { flavour })), services);
             }
