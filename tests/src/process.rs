@@ -123,8 +123,22 @@ impl KpxProcess {
         PathBuf::from(format!("/proc/{}/root", self.child.id())).join(relative)
     }
 
-    /// The process id (`ip netns exec` execs the program, so it is the program's).
+    /// The program's process id: the child's (`ip netns exec` execs the program), or,
+    /// under a wrapper that runs it as a child of its own (a profiler), the first
+    /// descendant whose name is the program's (the child's until the wrapper started it).
     pub fn pid(&self) -> Option<u32> {
+        let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        // The kernel keeps 15 bytes of a program's name.
+        let name: String = self.name.chars().take(15).collect();
+        let mut queue = vec![self.child.id()];
+        while let Some(pid) = queue.pop() {
+            if comm(pid).trim_end() == name {
+                return Some(pid);
+            }
+            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+            queue.extend(children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+        }
+        // Not started yet, or named by the test rather than by its program.
         Some(self.child.id())
     }
 
@@ -198,8 +212,8 @@ impl KpxProcess {
     }
 
     fn signal(&self, sig: i32) {
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            // SAFETY: sending a signal to our own child by PID.
+        if let Some(Ok(pid)) = self.pid().map(i32::try_from) {
+            // SAFETY: sending a signal to our own child (or its wrapper's) by PID.
             unsafe { libc::kill(pid, sig) };
         }
     }

@@ -254,7 +254,11 @@ fn an_empty_store_beside_kpxs_rules_is_suspicious_not_truth() {
     let mut agent = fresh.agent();
     assert!(!agent.recovering() && !fresh.nft.has_table() && fresh.nft.transactions() == 0);
     agent.apply(SERVICES, vec![raw(&web(&["10.244.0.1"]))], vec![]).expect("ACK");
-    assert_eq!(fresh.nft.transactions(), 1, "one full sync");
+    assert_eq!(
+        (fresh.nft.transactions(), fresh.nft.element_updates()),
+        (2, 1),
+        "one full sync: its rules, then its elements"
+    );
 }
 
 #[test]

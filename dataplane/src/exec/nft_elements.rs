@@ -51,16 +51,50 @@ pub struct SetElements<'a> {
     pub elements: Vec<(&'a str, Option<&'a str>)>,
 }
 
-/// One transaction of element deletions, then additions.
+/// A set or map an update empties.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Emptied {
+    pub set: String,
+    pub map: bool,
+}
+
+/// One transaction: sets and maps emptied, then element deletions, then additions.
 #[derive(Debug, Clone, Default)]
 pub struct ElementUpdate<'a> {
+    /// Sets and maps whose every element goes first (a full sync refilling them).
+    pub flush: Vec<Emptied>,
     pub delete: Vec<SetElements<'a>>,
     pub add: Vec<SetElements<'a>>,
 }
 
 impl ElementUpdate<'_> {
     pub fn is_empty(&self) -> bool {
-        self.delete.iter().chain(&self.add).all(|s| s.elements.is_empty())
+        self.flush.is_empty() && self.delete.iter().chain(&self.add).all(|s| s.elements.is_empty())
+    }
+
+    /// The same transaction as nft text (`flush set`, `delete element`, `add element`).
+    pub fn script(&self) -> String {
+        use std::fmt::Write as _;
+        use super::nft::{FAMILY, TABLE};
+        let mut script = String::new();
+        for e in &self.flush {
+            let kind = if e.map { "map" } else { "set" };
+            let _ = writeln!(script, "flush {kind} {FAMILY} {TABLE} {}", e.set);
+        }
+        for (verb, sets) in [("delete", &self.delete), ("add", &self.add)] {
+            for s in sets.iter().filter(|s| !s.elements.is_empty()) {
+                let items: Vec<String> = s
+                    .elements
+                    .iter()
+                    .map(|(k, d)| match d {
+                        Some(d) if verb == "add" => format!("{k} : {d}"),
+                        _ => (*k).to_owned(),
+                    })
+                    .collect();
+                let _ = writeln!(script, "{verb} element {FAMILY} {TABLE} {} {{ {} }}", s.set, items.join(", "));
+            }
+        }
+        script
     }
 }
 
@@ -228,6 +262,7 @@ mod tests {
         assert!(key(&set, "10.0.0.1 . tcp").expect_err("count").contains("2 fields"));
         assert!(data(&set, Some("x")).is_err(), "a set maps to nothing");
         let update = ElementUpdate {
+            flush: vec![],
             delete: vec![],
             add: vec![SetElements {
                 set: "no-endpoints-v4".into(),

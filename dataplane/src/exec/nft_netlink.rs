@@ -126,9 +126,15 @@ impl NftNetlink {
         self.with_socket(what, |s| s.request(m, true))
     }
 
-    /// Deletes, then adds, the elements of `update` in one transaction.
+    /// Empties, then deletes, then adds, the elements of `update` in one transaction.
     pub fn update_elements(&mut self, update: &ElementUpdate) -> Result<(), ExecError> {
         let mut messages = Vec::new();
+        for e in &update.flush {
+            // DELSETELEM without a list of elements empties the set.
+            let mut m = request(msg::DEL_SET_ELEM);
+            m.string(elements::TABLE, TABLE).string(elements::SET, &e.set);
+            messages.push((m, 0));
+        }
         for s in &update.delete {
             element_messages(&mut messages, msg::DEL_SET_ELEM, 0, s)?;
         }

@@ -90,7 +90,7 @@ fn parse_args() -> Result<Args, String> {
             "--json" => a.json = Some(PathBuf::from(value()?)),
             "--skip" => a.skip.push(value()?),
             "--tls" => a.tls = true,
-            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --stuck-percent --ack-timeout SECONDS --changes --node-scales SxE,… --node-changes --node-idle SECONDS --json --skip fanout|node|datapath --tls)")),
+            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --stuck-percent --ack-timeout SECONDS --changes --node-scales SxE,… --node-changes --node-idle SECONDS --json --skip fanout|node|iptables|datapath --tls)")),
         }
     }
     Ok(a)
@@ -846,7 +846,7 @@ fn main() {
             .iter()
             .map(|&scale| node_programming(&a, scale, ProxyBackend::Nftables, "nftables"))
             .collect();
-        if let Some(&first) = a.node_scales.first() {
+        if let Some(&first) = a.node_scales.first().filter(|_| !a.skip.iter().any(|s| s == "iptables")) {
             runs.push(node_programming(&a, first, ProxyBackend::IptablesLegacy, "iptables-legacy"));
         }
         out.insert("node_programming".into(), serde_json::Value::Array(runs));

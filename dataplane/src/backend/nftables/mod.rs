@@ -20,6 +20,7 @@ use crate::backend::{Backend, BackendError, NodeContext};
 use crate::exec::nft::Nft;
 use crate::state::{ChangeSet, NodeState};
 
+use outline::Elements;
 use ruleset::Programmed;
 
 pub struct NftablesBackend {
@@ -76,18 +77,33 @@ impl Backend for NftablesBackend {
         let existing = self.nft.outline()?;
         let current = existing.as_ref().filter(|e| e.is_current());
         let (programmed, contents) = Programmed::full(desired, context, current);
-        let script = match (&existing, current) {
-            (None, _) => outline::create_script(&contents),
-            (Some(_), Some(current)) => outline::refill_script(current, &contents),
-            (Some(other), None) => {
-                tracing::warn!(
-                    comment = other.comment.as_deref().unwrap_or(""),
-                    "kpx's table is of another layout (an older kpx made it): replacing it whole"
-                );
-                outline::replace_script(&contents)
-            }
+        // The rules as text, the elements over netlink where that keeps every packet's
+        // rules and sets consistent (see `outline::Elements::Apart`), else all as text.
+        let apart = match (&existing, current) {
+            (None, _) => Some(outline::create_script(&contents, Elements::Apart)),
+            (Some(_), Some(current)) => outline::refill_script_apart(current, &contents),
+            (Some(_), None) => None,
         };
-        self.nft.run(&script)?;
+        match (apart, contents.element_update()) {
+            (Some(script), Some(update)) => {
+                self.nft.run(&script)?;
+                self.nft.update_elements(&update)?;
+            }
+            _ => {
+                let script = match (&existing, current) {
+                    (None, _) => outline::create_script(&contents, Elements::InScript),
+                    (Some(_), Some(current)) => outline::refill_script(current, &contents),
+                    (Some(other), None) => {
+                        tracing::warn!(
+                            comment = other.comment.as_deref().unwrap_or(""),
+                            "kpx's table is of another layout (an older kpx made it): replacing it whole"
+                        );
+                        outline::replace_script(&contents)
+                    }
+                };
+                self.nft.run(&script)?;
+            }
+        }
         self.programmed = Some(programmed);
         Ok(())
     }
@@ -138,16 +154,21 @@ mod tests {
             60,
         );
         backend.full_sync(&first, &context).expect("created");
+        assert_eq!(nft.element_updates(), 1, "a new table: the rules as text, then the elements");
         let affinity: Vec<String> =
             nft.chains().into_iter().filter(|c| c.starts_with(affinity::PREFIX)).collect();
         assert_eq!(affinity.len(), 3, "an entry chain and one per endpoint: {affinity:?}");
+        let created = nft.elements("endpoints-v4");
         backend.full_sync(&first, &context).expect("the same again");
+        assert_eq!(nft.element_updates(), 2, "nothing to delete: the elements apart again");
+        assert_eq!(nft.elements("endpoints-v4"), created, "refilled, not added twice");
         let mut second = state(&[("b", "10.96.0.2", &["10.0.0.8"])]);
         second.services.insert(
             "c/ns/c".into(),
             Versioned { version: "1".into(), value: service("c", "10.96.0.3", &["10.0.0.7"]).into() },
         );
         backend.full_sync(&second, &context).expect("refilled");
+        assert_eq!(nft.element_updates(), 2, "chains to delete: one script");
         assert_eq!(nft.table_deletions(), 0, "the table and its base chains stay");
         assert!(nft.chains().iter().all(|c| !c.starts_with(affinity::PREFIX)), "{:?}", nft.chains());
         assert_eq!(
@@ -182,14 +203,15 @@ mod tests {
         let mut backend = NftablesBackend::new(Box::new(nft.clone()));
         let context = node_context();
         backend.full_sync(&state(&[("a", "10.96.0.1", &["10.0.0.1"])]), &context).expect("created");
+        let synced = nft.element_updates();
         let one = crate::backend::fixtures::changed(&["a"]);
         let moved = state(&[("a", "10.96.0.1", &["10.0.0.2"])]);
         backend.apply(&moved, &context, &one).expect("applied");
-        assert_eq!(nft.element_updates(), 1);
+        assert_eq!(nft.element_updates(), synced + 1);
         assert_eq!(nft.elements("endpoints-v4"), ["10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080"]);
         let transactions = nft.transactions();
         backend.apply(&with_affinity(moved, "a", 60), &context, &one).expect("applied");
-        assert_eq!(nft.element_updates(), 1, "chains of its own: nft text");
+        assert_eq!(nft.element_updates(), synced + 1, "chains of its own: nft text");
         assert_eq!(nft.transactions(), transactions + 1);
         assert!(nft.chains().iter().any(|c| c.starts_with(affinity::PREFIX)));
     }

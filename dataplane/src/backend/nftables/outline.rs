@@ -29,7 +29,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use super::affinity;
-use super::render::{FAMILY, TABLE};
+use super::render::{Collection, FAMILY, TABLE};
 use super::ruleset::Contents;
 use super::skeleton;
 
@@ -66,25 +66,60 @@ impl Outline {
     }
 }
 
+/// Where a full sync writes the elements of the updatable sets and maps (every one but
+/// the interval sets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Elements {
+    /// In the script, last: the whole full sync is one transaction.
+    InScript,
+    /// In the element update that follows the script ([`Contents::element_update`]: it
+    /// empties those sets and fills them again, one transaction of its own); the script
+    /// leaves them as they are, so that in between they hold what they held before.
+    Apart,
+}
+
 /// The transaction that creates kpx's table (there is none) holding `contents` (the whole
 /// table as `add` commands into an empty one).
-pub fn create_script(contents: &Contents) -> String {
-    format!("add table {FAMILY} {TABLE} {{ comment \"{COMMENT}\" ; }}\n{}", contents.script)
+pub fn create_script(contents: &Contents, elements: Elements) -> String {
+    let body = match elements {
+        Elements::InScript => contents.whole_script(),
+        Elements::Apart => contents.script.clone(),
+    };
+    format!("add table {FAMILY} {TABLE} {{ comment \"{COMMENT}\" ; }}\n{body}")
 }
 
 /// The transaction that empties kpx's table, which holds `existing` and is of the current
 /// layout, but for the pick chains `contents` keeps (and their endpoint maps' declarations),
 /// and fills it with `contents`.
 pub fn refill_script(existing: &Outline, contents: &Contents) -> String {
-    let mut script = String::with_capacity(contents.script.len() + 4096);
-    empty_in_place(
+    refill(existing, contents, Elements::InScript).0
+}
+
+/// [`refill_script`] with the elements [`Elements::Apart`]; `None` when the table holds a
+/// chain, set or map to delete: a deleted chain may still be the verdict of an element the
+/// script leaves, and a map declared again would be empty until the update (the caller
+/// then writes everything in one script).
+pub fn refill_script_apart(existing: &Outline, contents: &Contents) -> Option<String> {
+    let (script, deletes) = refill(existing, contents, Elements::Apart);
+    (!deletes).then_some(script)
+}
+
+/// The refill, and whether it deletes anything.
+fn refill(existing: &Outline, contents: &Contents, elements: Elements) -> (String, bool) {
+    let body = match elements {
+        Elements::InScript => contents.whole_script(),
+        Elements::Apart => contents.script.clone(),
+    };
+    let mut script = String::with_capacity(body.len() + 4096);
+    let deletes = empty_in_place(
         &mut script,
         existing,
         &Outline::declared_by(&contents.script),
         &contents.kept_pick_chains,
+        elements,
     );
-    script.push_str(&contents.script);
-    script
+    script.push_str(&body);
+    (script, deletes)
 }
 
 /// The transaction that replaces kpx's table whole (whether or not it exists) with one
@@ -92,15 +127,26 @@ pub fn refill_script(existing: &Outline, contents: &Contents) -> String {
 pub fn replace_script(contents: &Contents) -> String {
     let t = format!("{FAMILY} {TABLE}");
     // Adding first makes the delete valid whether or not the table exists.
-    format!("add table {t}\ndelete table {t}\n{}", create_script(contents))
+    format!("add table {t}\ndelete table {t}\n{}", create_script(contents, Elements::InScript))
 }
 
 /// The table's comment, naming its layout: change the number whenever a set, map or base
 /// chain is declared otherwise, so that tables of the old layout are replaced whole.
 pub const COMMENT: &str = "managed by kpx-dataplane, layout 2";
 
-fn empty_in_place(s: &mut String, existing: &Outline, wanted: &Outline, kept: &BTreeSet<String>) {
+/// Writes the commands that empty the table; whether they delete anything.
+fn empty_in_place(
+    s: &mut String,
+    existing: &Outline,
+    wanted: &Outline,
+    kept: &BTreeSet<String>,
+    elements: Elements,
+) -> bool {
     let t = format!("{FAMILY} {TABLE}");
+    let updatable: BTreeSet<String> = match elements {
+        Elements::InScript => BTreeSet::new(),
+        Elements::Apart => Collection::all().filter(|c| c.updatable()).map(Collection::name).collect(),
+    };
     let _ = writeln!(s, "add table {t}");
     // Rules first: nothing then refers to a set or chain but the elements of maps.
     for name in existing.chains.difference(kept) {
@@ -113,21 +159,25 @@ fn empty_in_place(s: &mut String, existing: &Outline, wanted: &Outline, kept: &B
             let redeclared = kept.is_empty() && replaced.contains(name);
             if !want.contains(name) || redeclared {
                 let _ = writeln!(deletes, "delete {kind} {t} {name}");
-            } else if !name.starts_with(affinity::PREFIX) {
+            } else if !name.starts_with(affinity::PREFIX) && !updatable.contains(name) {
                 let _ = writeln!(s, "flush {kind} {t} {name}");
             }
         }
     }
     // Chains once no map element goes to them; sets once no rule looks them up.
+    let mut any = !deletes.is_empty();
     for name in existing.chains.iter().filter(|c| !wanted.chains.contains(*c) && !kept.contains(*c)) {
         let _ = writeln!(s, "delete chain {t} {name}");
+        any = true;
     }
     s.push_str(&deletes);
+    any
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::nftables::render::{Element, Family};
 
     /// A table of this layout, as the kernel lists it.
     fn listed() -> Outline {
@@ -162,6 +212,7 @@ mod tests {
             let contents = Contents {
                 script: script.to_owned(),
                 kept_pick_chains: kept.iter().map(|c| (*c).to_owned()).collect(),
+                ..Contents::default()
             };
             let refill = refill_script(&existing, &contents);
             refill.strip_suffix(script).expect("the contents come last").lines().map(str::to_owned).collect()
@@ -203,11 +254,49 @@ mod tests {
             "pick chains written again: their map is declared again with them"
         );
         let contents = Contents { script: script.to_owned(), ..Contents::default() };
-        let created = create_script(&contents);
+        let created = create_script(&contents, Elements::InScript);
         assert!(
             created.starts_with("add table inet kpx { comment") && !created.contains("delete"),
             "{created}"
         );
         assert!(replace_script(&contents).contains("delete table inet kpx\n"));
+    }
+
+    #[test]
+    fn with_the_elements_apart_the_updatable_sets_are_left_and_nothing_is_deleted() {
+        let script = "add map inet kpx service-ips-v4 { type ipv4_addr . inet_proto . inet_service : verdict ; }\n\
+            add map inet kpx endpoints-v4 { typeof ip daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport ; }\n\
+            add set inet kpx hairpin-v4 { type ipv4_addr . ipv4_addr ; }\n\
+            add set inet kpx local-cidrs-v4 { type ipv4_addr ; flags interval ; }\n\
+            add set inet kpx sa-0123456789ab-ba9876543210 { type ipv4_addr ; flags dynamic,timeout ; timeout 60s ; }\n\
+            add chain inet kpx services\nadd chain inet kpx sa-0123456789ab\nadd chain inet kpx pick-v4-64\n\
+            add chain inet kpx nat-prerouting { type nat hook prerouting priority -100 ; policy accept ; }\n";
+        let contents = Contents {
+            script: script.to_owned(),
+            kept_pick_chains: ["pick-v4-64".to_owned()].into(),
+            ..Contents::default()
+        };
+        let mut existing = listed();
+        assert_eq!(refill_script_apart(&existing, &contents), None, "a set to delete: one script");
+        existing.sets.remove("sa-0123456789ab-000000000000");
+        existing.sets.insert("local-cidrs-v4".into());
+        let refill = refill_script_apart(&existing, &contents).expect("nothing to delete");
+        let before: Vec<&str> = refill.strip_suffix(script).expect("the contents last").lines().collect();
+        assert_eq!(
+            before,
+            [
+                "add table inet kpx",
+                "flush chain inet kpx nat-prerouting",
+                "flush chain inet kpx sa-0123456789ab",
+                "flush chain inet kpx services",
+                "flush set inet kpx local-cidrs-v4",
+            ],
+            "the rules and the interval sets are written again; the element update refills the rest"
+        );
+        let element = Element::map(Collection::ServiceIps(Family::V4), "10.96.0.1 . tcp . 80", "goto pick-v4-1");
+        let contents = Contents { elements: [element].into(), ..contents };
+        assert!(create_script(&contents, Elements::Apart).ends_with(script), "no element in the script");
+        assert!(create_script(&contents, Elements::InScript)
+            .ends_with("add element inet kpx service-ips-v4 { 10.96.0.1 . tcp . 80 : goto pick-v4-1 }\n"));
     }
 }

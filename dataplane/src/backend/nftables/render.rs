@@ -25,7 +25,7 @@
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use crate::exec::nft_elements::{Data, ElementUpdate, Field, Layout, SetElements};
+use crate::exec::nft_elements::{Data, ElementUpdate, Emptied, Field, Layout, SetElements};
 
 pub use crate::exec::nft::{FAMILY, TABLE};
 
@@ -138,6 +138,33 @@ impl Collection {
         })
     }
 
+    /// Every collection of the table, both families.
+    pub fn all() -> impl Iterator<Item = Collection> {
+        Family::ALL.into_iter().flat_map(|f| {
+            [
+                Collection::ServiceIps(f),
+                Collection::Endpoints(f),
+                Collection::ExternalLocal(f),
+                Collection::ExternalLocalEntries(f),
+                Collection::LocalEndpoints(f),
+                Collection::NoEndpoints(f),
+                Collection::Masquerade(f),
+                Collection::ClusterEntries(f),
+                Collection::LocalCidrs(f),
+                Collection::LbFiltered(f),
+                Collection::LbAllowed(f),
+                Collection::Hairpin(f),
+                Collection::ClusterIps(f),
+                Collection::ServiceCidrs(f),
+            ]
+        })
+    }
+
+    /// Whether element updates write its elements (every collection but the interval sets).
+    pub fn updatable(self) -> bool {
+        self.layout().is_some()
+    }
+
     pub fn name(self) -> String {
         let base = match self {
             Collection::ServiceIps(_) => "service-ips",
@@ -243,7 +270,16 @@ pub fn element_update<'a>(
             .map(|(c, elements)| Some(SetElements { set: c.name(), layout: c.layout()?, elements }))
             .collect()
     }
-    Some(ElementUpdate { delete: grouped(deletes)?, add: grouped(adds)? })
+    Some(ElementUpdate { flush: vec![], delete: grouped(deletes)?, add: grouped(adds)? })
+}
+
+/// Every updatable collection emptied, then `adds` added, as one element update (a full
+/// sync's elements); `None` when one of them is of an interval set.
+pub fn refill_update<'a>(adds: impl IntoIterator<Item = &'a Element>) -> Option<ElementUpdate<'a>> {
+    let flush = Collection::all()
+        .filter_map(|c| Some(Emptied { set: c.name(), map: c.layout()?.data != Data::None }))
+        .collect();
+    Some(ElementUpdate { flush, ..element_update([], adds)? })
 }
 
 /// Removes kpx's table, whether or not it exists.

@@ -57,11 +57,29 @@ fn held(mut rules: ServiceRules, held: Vec<(Family, String)>) -> ServiceRules {
     rules
 }
 
-/// What a full sync writes into an emptied table, and the pick chains it keeps as they are.
+/// What a full sync writes into an emptied table: the fixed part and every Service's
+/// chains and interval-set elements as `add` commands (`script`), the elements an element
+/// update can write apart (`elements`), and the pick chains it keeps as they are.
 #[derive(Debug, Default)]
 pub struct Contents {
     pub script: String,
+    pub elements: BTreeSet<Element>,
     pub kept_pick_chains: BTreeSet<String>,
+}
+
+impl Contents {
+    /// Everything as `add` commands, the elements last (their verdicts name chains of
+    /// the script).
+    pub fn whole_script(&self) -> String {
+        let mut script = self.script.clone();
+        render::element_commands(&mut script, "add", &self.elements);
+        script
+    }
+
+    /// The elements as one element update that empties every updatable set first.
+    pub fn element_update(&self) -> Option<ElementUpdate<'_>> {
+        render::refill_update(&self.elements)
+    }
 }
 
 /// A transaction and the bookkeeping to record once the kernel accepted it.
@@ -133,12 +151,15 @@ impl Programmed {
         let picks = if kept.is_empty() { PickChains::Write } else { PickChains::Kept };
         let empty = Programmed { pick_chains, context: context.clone(), ..Default::default() };
         let all = ChangeSet { services: desired.services.keys().cloned().collect(), node: false };
-        let plan = empty.plan(desired, context, &all);
+        let mut plan = empty.plan(desired, context, &all);
+        let (elements, in_script): (BTreeSet<Element>, BTreeSet<Element>) =
+            std::mem::take(&mut plan.adds).into_iter().partition(|e| e.collection.updatable());
         let mut script = skeleton::skeleton(context, pick_chains, picks);
         script.push_str(&plan.script());
+        render::element_commands(&mut script, "add", &in_script);
         let mut programmed = empty;
         programmed.commit(plan);
-        (programmed, Contents { script, kept_pick_chains: kept })
+        (programmed, Contents { script, elements, kept_pick_chains: kept })
     }
 
     /// The transaction for the Services in `changes`, from what is programmed now.
@@ -257,8 +278,9 @@ mod tests {
 
     #[test]
     fn shared_hairpin_elements_are_counted_and_pick_chains_made_with_the_table() {
-        let (mut programmed, Contents { script, .. }) =
+        let (mut programmed, contents) =
             Programmed::full(&state(&[("a", "10.96.0.1", &["10.0.0.1"])]), &no_context(), None);
+        let script = contents.whole_script();
         assert!(script.contains("add chain inet kpx pick-v4-1\n"));
         assert!(script.contains("add chain inet kpx pick-v6-32\n"));
         let both = state(&[("a", "10.96.0.1", &["10.0.0.1"]), ("b", "10.96.0.2", &["10.0.0.1"])]);
@@ -277,7 +299,8 @@ mod tests {
     #[test]
     fn an_address_used_twice_is_programmed_once() {
         let both = state(&[("a", "10.96.0.1", &["10.0.0.1"]), ("b", "10.96.0.1", &["10.0.0.2"])]);
-        let (mut programmed, Contents { script, .. }) = Programmed::full(&both, &no_context(), None);
+        let (mut programmed, contents) = Programmed::full(&both, &no_context(), None);
+        let script = contents.whole_script();
         assert_eq!(script.matches("10.96.0.1 . tcp . 80 :").count(), 1, "{script}");
         // When the owner goes, the other Service takes the address over once it changes.
         let only_b = state(&[("b", "10.96.0.1", &["10.0.0.2"])]);
@@ -299,8 +322,8 @@ mod tests {
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         let plan = programmed.plan(&state(&[("a", "10.96.0.1", &many)]), &no_context(), &changed(&["a"]));
         assert!(plan.needs_full_sync);
-        let (_, Contents { script, .. }) =
-            Programmed::full(&state(&[("a", "10.96.0.1", &many)]), &no_context(), None);
+        let (_, contents) = Programmed::full(&state(&[("a", "10.96.0.1", &many)]), &no_context(), None);
+        let script = contents.whole_script();
         assert!(script.contains("add chain inet kpx pick-v4-64\n") && !script.contains("pick-v4-65"));
     }
 }

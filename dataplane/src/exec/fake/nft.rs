@@ -158,21 +158,10 @@ impl Nft for FakeNft {
     }
 
     /// Encodes every element as the kernel's writer does (refusing what it would), then
-    /// applies the update as the `delete element`/`add element` commands it amounts to.
+    /// applies the update as the `flush`/`delete element`/`add element` commands it amounts to.
     fn update_elements(&mut self, update: &ElementUpdate) -> Result<(), ExecError> {
         nft_elements::check(update).map_err(|e| ExecError::refused(TOOL, e.to_string()))?;
-        let mut script = String::new();
-        for (verb, sets) in [("delete", &update.delete), ("add", &update.add)] {
-            for s in sets.iter().filter(|s| !s.elements.is_empty()) {
-                let items: Vec<String> = s
-                    .elements
-                    .iter()
-                    .map(|(k, d)| if verb == "delete" { (*k).to_owned() } else { element_text(k, *d) })
-                    .collect();
-                let _ =
-                    writeln!(script, "{verb} element {FAMILY} {TABLE} {} {{ {} }}", s.set, items.join(", "));
-            }
-        }
+        let script = update.script();
         self.run(&script)?;
         self.state().element_updates += 1;
         Ok(())
