@@ -135,7 +135,8 @@ impl KpxProcess {
             if comm(pid).trim_end() == name {
                 return Some(pid);
             }
-            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+            let children =
+                std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
             queue.extend(children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
         }
         // Not started yet, or named by the test rather than by its program.

@@ -74,8 +74,8 @@ impl ElementUpdate<'_> {
 
     /// The same transaction as nft text (`flush set`, `delete element`, `add element`).
     pub fn script(&self) -> String {
-        use std::fmt::Write as _;
         use super::nft::{FAMILY, TABLE};
+        use std::fmt::Write as _;
         let mut script = String::new();
         for e in &self.flush {
             let kind = if e.map { "map" } else { "set" };
@@ -91,7 +91,8 @@ impl ElementUpdate<'_> {
                         _ => (*k).to_owned(),
                     })
                     .collect();
-                let _ = writeln!(script, "{verb} element {FAMILY} {TABLE} {} {{ {} }}", s.set, items.join(", "));
+                let _ =
+                    writeln!(script, "{verb} element {FAMILY} {TABLE} {} {{ {} }}", s.set, items.join(", "));
             }
         }
         script

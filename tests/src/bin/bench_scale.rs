@@ -777,6 +777,21 @@ fn node_programming(a: &Args, scale: Scale, backend: ProxyBackend, label: &str) 
     let full_sync = Duration::from_millis(programmed["elapsed_ms"].as_u64().unwrap_or(0));
     let restart_pid = kpx_e2e::wait_for("the agent's pid", Duration::from_secs(5), || dp.pid());
     let restart_peak = peak_rss_kib(restart_pid);
+    // How the backend spent it, as it logs (nftables: rendering, the rules, the elements).
+    let phases: Vec<String> = dp
+        .events()
+        .iter()
+        .rfind(|e| e["message"].as_str().is_some_and(|m| m.starts_with("full sync:")))
+        .and_then(|e| e.as_object().cloned())
+        .map(|e| {
+            e.iter()
+                .filter(|(k, _)| k.ends_with("_ms") || k.as_str() == "message")
+                .map(|(k, v)| {
+                    format!("{k} {}", v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     dp.stop();
     println!(
         "initial sync: {:.2} s from the agent's start to the last Service programmed (the agent applying: {:.2} s); agent peak RSS {} MiB after it",
@@ -792,6 +807,9 @@ fn node_programming(a: &Args, scale: Scale, backend: ProxyBackend, label: &str) 
         ms(percentile(&latencies, 0.5)),
         ms(percentile(&latencies, 0.99)),
     );
+    if !phases.is_empty() {
+        println!("full sync, as the agent logged it: {}", phases.join(", "));
+    }
     println!(
         "full sync (restarted over its store): {:.2} s, peak RSS {} MiB; agent RSS: peak {} MiB, steady {} MiB ({} s idle after the changes)",
         full_sync.as_secs_f64(),

@@ -74,9 +74,11 @@ impl Backend for NftablesBackend {
 
     fn full_sync(&mut self, desired: &NodeState, context: &NodeContext) -> Result<(), BackendError> {
         self.programmed = None;
+        let started = std::time::Instant::now();
         let existing = self.nft.outline()?;
         let current = existing.as_ref().filter(|e| e.is_current());
         let (programmed, contents) = Programmed::full(desired, context, current);
+        let rendered = started.elapsed();
         // The rules as text, the elements over netlink where that keeps every packet's
         // rules and sets consistent (see `outline::Elements::Apart`), else all as text.
         let apart = match (&existing, current) {
@@ -87,7 +89,15 @@ impl Backend for NftablesBackend {
         match (apart, contents.element_update()) {
             (Some(script), Some(update)) => {
                 self.nft.run(&script)?;
+                let rules = started.elapsed();
                 self.nft.update_elements(&update)?;
+                tracing::info!(
+                    elements = contents.elements.len(),
+                    render_ms = rendered.as_millis() as u64,
+                    rules_ms = (rules - rendered).as_millis() as u64,
+                    elements_ms = (started.elapsed() - rules).as_millis() as u64,
+                    "full sync: the rules as text, the elements over netlink"
+                );
             }
             _ => {
                 let script = match (&existing, current) {
@@ -102,6 +112,12 @@ impl Backend for NftablesBackend {
                     }
                 };
                 self.nft.run(&script)?;
+                tracing::info!(
+                    elements = contents.elements.len(),
+                    render_ms = rendered.as_millis() as u64,
+                    script_ms = (started.elapsed() - rendered).as_millis() as u64,
+                    "full sync: one script"
+                );
             }
         }
         self.programmed = Some(programmed);

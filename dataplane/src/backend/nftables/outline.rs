@@ -1,6 +1,10 @@
-//! How a full sync reaches kpx's table: emptied and filled again in place, in one
-//! transaction, keeping every kernel object a packet may be using as the transaction
-//! commits.
+//! How a full sync reaches kpx's table: emptied and filled again in place, keeping every
+//! kernel object a packet may be using as the transaction commits. Its rules and the
+//! interval sets are one nft script; the elements of the other sets and maps are either
+//! in that script too or, when the script deletes nothing ([`Elements::Apart`]), one
+//! netlink element update right after it that empties and refills those sets: between
+//! the two, they hold their old elements, which the old rules were written for (a full
+//! sync rewrites the same rules unless the node context changed), never nothing.
 //!
 //! A packet runs the rules of the generation it entered nf_tables in, but each set lookup
 //! sees the generation of the moment it happens. A packet entering just before the commit
@@ -293,7 +297,8 @@ mod tests {
             ],
             "the rules and the interval sets are written again; the element update refills the rest"
         );
-        let element = Element::map(Collection::ServiceIps(Family::V4), "10.96.0.1 . tcp . 80", "goto pick-v4-1");
+        let element =
+            Element::map(Collection::ServiceIps(Family::V4), "10.96.0.1 . tcp . 80", "goto pick-v4-1");
         let contents = Contents { elements: [element].into(), ..contents };
         assert!(create_script(&contents, Elements::Apart).ends_with(script), "no element in the script");
         assert!(create_script(&contents, Elements::InScript)

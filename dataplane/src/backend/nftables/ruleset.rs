@@ -90,6 +90,8 @@ pub struct Plan {
     adds: BTreeSet<Element>,
     services: Vec<(String, Option<ProgrammedService>)>,
     shared: Vec<(Shared, u32)>,
+    /// The most endpoints a Service's entry of the plan picks from.
+    max_endpoints: usize,
     /// The fixed part must change (more pick chains, another node context): only a full
     /// sync can do that.
     pub needs_full_sync: bool,
@@ -132,13 +134,12 @@ impl Programmed {
         context: &NodeContext,
         existing: Option<&Outline>,
     ) -> (Programmed, Contents) {
-        let max_endpoints = desired
-            .services
-            .values()
-            .map(|s| service::service_rules(&s.value, context).max_endpoints)
-            .max()
-            .unwrap_or(0);
-        let pick_chains = skeleton::pick_chains_for(max_endpoints);
+        // Planned with pick chains enough for any Service, then made as many as needed.
+        let unbounded =
+            Programmed { pick_chains: usize::MAX, context: context.clone(), ..Default::default() };
+        let all = ChangeSet { services: desired.services.keys().cloned().collect(), node: false };
+        let mut plan = unbounded.plan(desired, context, &all);
+        let pick_chains = skeleton::pick_chains_for(plan.max_endpoints);
         let wanted = skeleton::pick_chain_names(context, pick_chains);
         let kept = match existing {
             Some(existing)
@@ -149,15 +150,12 @@ impl Programmed {
             _ => BTreeSet::new(),
         };
         let picks = if kept.is_empty() { PickChains::Write } else { PickChains::Kept };
-        let empty = Programmed { pick_chains, context: context.clone(), ..Default::default() };
-        let all = ChangeSet { services: desired.services.keys().cloned().collect(), node: false };
-        let mut plan = empty.plan(desired, context, &all);
         let (elements, in_script): (BTreeSet<Element>, BTreeSet<Element>) =
             std::mem::take(&mut plan.adds).into_iter().partition(|e| e.collection.updatable());
         let mut script = skeleton::skeleton(context, pick_chains, picks);
         script.push_str(&plan.script());
         render::element_commands(&mut script, "add", &in_script);
-        let mut programmed = empty;
+        let mut programmed = Programmed { pick_chains, ..unbounded };
         programmed.commit(plan);
         (programmed, Contents { script, elements, kept_pick_chains: kept })
     }
@@ -196,6 +194,7 @@ impl Programmed {
                 *shared_delta.entry(*e).or_default() += 1;
             }
             plan.needs_full_sync |= new.max_endpoints > self.pick_chains;
+            plan.max_endpoints = plan.max_endpoints.max(new.max_endpoints);
             // Both are this plan's own: their elements move, none is copied.
             let mut old_elements: BTreeSet<Element> = old.elements.into_iter().map(|(_, e)| e).collect();
             let new_elements: BTreeSet<Element> = new.elements.into_iter().map(|(_, e)| e).collect();
