@@ -4,6 +4,7 @@
 //! chains cover is a full sync.
 
 use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use kpx_proto::family::Family;
@@ -26,11 +27,48 @@ pub struct Programmed {
     /// Which Service owns each entry.
     owners: Owners,
     /// How many Services use each shared element.
-    shared: HashMap<Shared, u32>,
+    shared: SharedCounts,
     /// Pick chains exist for 1..=this many endpoints.
     pick_chains: usize,
     /// The node context everything was rendered in.
     context: NodeContext,
+}
+
+/// How many Services use each shared element, kept compact (at 250k endpoints there are
+/// as many hairpin pairs): per kind and family, the address as an integer.
+#[derive(Debug, Default)]
+struct SharedCounts {
+    v4: [HashMap<u32, u32>; 2],
+    v6: [HashMap<u128, u32>; 2],
+}
+
+impl SharedCounts {
+    fn slot(shared: Shared) -> (usize, IpAddr) {
+        match shared {
+            Shared::Hairpin(a) => (0, a),
+            Shared::ClusterIp(a) => (1, a),
+        }
+    }
+
+    fn get(&self, shared: Shared) -> u32 {
+        let (kind, address) = Self::slot(shared);
+        let count = match address {
+            IpAddr::V4(a) => self.v4[kind].get(&u32::from(a)),
+            IpAddr::V6(a) => self.v6[kind].get(&u128::from(a)),
+        };
+        count.copied().unwrap_or(0)
+    }
+
+    /// Records `count` users (none: forgotten).
+    fn set(&mut self, shared: Shared, count: u32) {
+        let (kind, address) = Self::slot(shared);
+        match (address, count) {
+            (IpAddr::V4(a), 0) => drop(self.v4[kind].remove(&u32::from(a))),
+            (IpAddr::V4(a), n) => drop(self.v4[kind].insert(u32::from(a), n)),
+            (IpAddr::V6(a), 0) => drop(self.v6[kind].remove(&u128::from(a))),
+            (IpAddr::V6(a), n) => drop(self.v6[kind].insert(u128::from(a), n)),
+        }
+    }
 }
 
 /// What is programmed for one Service: the view it was rendered from (shared with the
@@ -211,7 +249,7 @@ impl Programmed {
             plan.services.push((name.clone(), programmed));
         }
         for (shared, delta) in shared_delta {
-            let before = self.shared.get(&shared).copied().unwrap_or(0);
+            let before = self.shared.get(shared);
             let after = before.saturating_add_signed(delta);
             if before == 0 && after > 0 {
                 adds.insert(shared.element());
@@ -242,11 +280,7 @@ impl Programmed {
             }
         }
         for (element, count) in plan.shared {
-            if count == 0 {
-                self.shared.remove(&element);
-            } else {
-                self.shared.insert(element, count);
-            }
+            self.shared.set(element, count);
         }
     }
 }
