@@ -198,9 +198,9 @@ mod tests {
             .map(|a| Endpoint {
                 address: a.parse().expect("ip"),
                 port: 53,
-                node_name: String::new(),
+                node_name: "".into(),
                 terminating: false,
-                cluster: String::new(),
+                cluster: "".into(),
             })
             .collect();
         let mut port = ServicePort::new("dns", Protocol::Udp, 53, eps);

@@ -391,7 +391,7 @@ mod tests {
                         port: 5353,
                         node_name: "n".into(),
                         terminating: false,
-                        cluster: String::new(),
+                        cluster: "".into(),
                     }],
                 )],
             )),

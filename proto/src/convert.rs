@@ -9,6 +9,7 @@ use ipnet::IpNet;
 use prost::Message;
 
 use crate::family::Family;
+use crate::names;
 use crate::pb;
 use crate::types::{Endpoint, NodeConfig, Protocol, ServicePort, ServiceView};
 
@@ -88,23 +89,25 @@ impl Families {
 }
 
 fn endpoints(field: &str, list: Vec<pb::Endpoint>, families: Families) -> Result<Vec<Endpoint>> {
-    list.into_iter()
-        .enumerate()
-        .map(|(j, e)| {
-            let at = format!("{field}[{j}]");
-            let address = ip(&format!("{at}.address"), &e.address)?;
-            families.check_one(&format!("{at}.address"), &address)?;
-            name(&format!("{at}.node_name"), &e.node_name, true)?;
-            name(&format!("{at}.cluster"), &e.cluster, true)?;
-            Ok(Endpoint {
-                address,
-                port: port(&format!("{at}.port"), e.port)?,
-                node_name: e.node_name,
-                terminating: e.terminating,
-                cluster: e.cluster,
-            })
-        })
-        .collect()
+    let mut out = Vec::with_capacity(list.len());
+    for (j, e) in list.into_iter().enumerate() {
+        // The field's path is written only for an error (a quarter-million endpoints).
+        let at = |leaf: &'static str| {
+            move |error: InvalidResource| InvalidResource { field: format!("{field}[{j}].{leaf}"), ..error }
+        };
+        let address = ip("", &e.address).map_err(at("address"))?;
+        families.check_one("", &address).map_err(at("address"))?;
+        name("", &e.node_name, true).map_err(at("node_name"))?;
+        name("", &e.cluster, true).map_err(at("cluster"))?;
+        out.push(Endpoint {
+            address,
+            port: port("", e.port).map_err(at("port"))?,
+            node_name: names::intern(&e.node_name),
+            terminating: e.terminating,
+            cluster: names::intern(&e.cluster),
+        });
+    }
+    Ok(out)
 }
 
 /// Kubernetes' names of the IP families (`spec.ipFamilies`).
@@ -271,9 +274,9 @@ impl ServiceView {
                 .map(|e| pb::Endpoint {
                     address: e.address.to_string(),
                     port: u32::from(e.port),
-                    node_name: e.node_name.clone(),
+                    node_name: e.node_name.to_string(),
                     terminating: e.terminating,
-                    cluster: e.cluster.clone(),
+                    cluster: e.cluster.to_string(),
                 })
                 .collect()
         };

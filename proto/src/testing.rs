@@ -35,7 +35,7 @@ pub fn endpoint_on(address: &str, node: &str) -> Endpoint {
         port: 8080,
         node_name: node.into(),
         terminating: false,
-        cluster: String::new(),
+        cluster: "".into(),
     }
 }
 
@@ -49,9 +49,9 @@ fn endpoint(v4: bool) -> impl Strategy<Value = Endpoint> {
         .prop_map(|(address, port, node_name, terminating)| Endpoint {
             address,
             port,
-            node_name,
+            node_name: node_name.into(),
             terminating,
-            cluster: String::new(),
+            cluster: "".into(),
         })
 }
 

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -143,10 +144,11 @@ impl ServicePort {
 pub struct Endpoint {
     pub address: IpAddr,
     pub port: u16,
-    pub node_name: String,
+    /// Interned ([`crate::names::intern`]): a node's endpoints share its name.
+    pub node_name: Arc<str>,
     pub terminating: bool,
-    /// The cluster it comes from when not the Service's own ("" otherwise).
-    pub cluster: String,
+    /// The cluster it comes from when not the Service's own ("" otherwise); interned.
+    pub cluster: Arc<str>,
 }
 
 /// What a node needs to know about itself.

@@ -307,7 +307,7 @@ fn view(endpoint: &str, port: u32, protocol: i32) -> kpx_proto::pb::ServiceView 
                 port: 8080,
                 node_name: "node-a".into(),
                 terminating: false,
-                cluster: String::new(),
+                cluster: "".into(),
             }],
             ..Default::default()
         }],

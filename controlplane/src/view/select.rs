@@ -8,6 +8,7 @@
 use std::collections::HashSet;
 use std::net::IpAddr;
 
+use kpx_proto::names;
 use kpx_proto::types::Endpoint;
 
 use super::Locality;
@@ -40,9 +41,9 @@ impl Candidate<'_> {
         Endpoint {
             address: self.address,
             port: self.port,
-            node_name: self.source.node_name.clone().unwrap_or_default(),
+            node_name: names::intern(self.source.node_name.as_deref().unwrap_or_default()),
             terminating: !self.ready(),
-            cluster: self.cluster.unwrap_or_default().to_owned(),
+            cluster: names::intern(self.cluster.unwrap_or_default()),
         }
     }
 }

@@ -38,7 +38,7 @@ fn service(i: usize, generation: usize) -> Versioned<ServiceView> {
                 port: 8080,
                 node_name: "n".into(),
                 terminating: false,
-                cluster: String::new(),
+                cluster: "".into(),
             }
         })
         .collect();

@@ -177,9 +177,9 @@ mod tests {
             .map(|a| Endpoint {
                 address: a.parse().expect("ip"),
                 port: 80,
-                node_name: String::new(),
+                node_name: "".into(),
                 terminating: false,
-                cluster: String::new(),
+                cluster: "".into(),
             })
             .collect()
     }
