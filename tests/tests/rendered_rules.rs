@@ -114,9 +114,10 @@ fn check(label: &'static str, cases: u32, make: fn() -> Box<dyn Backend>, dump: 
     check_steps(label, cases, step(), make, None, dump);
 }
 
-/// The property over `steps`: `make`'s backend syncs `before` and applies the change to
-/// `after`; then a full sync of `after` — by a fresh `reference` backend when there is one
-/// (it finds the table as the other left it), else by the same — must leave the same.
+/// The property over `steps`: `make`'s backend syncs `before` (refilling the table the last
+/// case left) and applies the change to `after`; then a full sync of `after` — by a fresh
+/// `reference` backend into a new table when there is one, else by the same backend — must
+/// leave the same.
 fn check_steps(
     label: &'static str,
     cases: u32,
@@ -140,6 +141,10 @@ fn check_steps(
                 .map_err(|e| TestCaseError::fail(format!("{label} apply: {e}")))?;
             let incremental = dump(&inside);
             let mut fresh = reference.map(|make| make());
+            if let Some(fresh) = fresh.as_deref_mut() {
+                // Into a table of its own making: nothing it leaves behind can hide in both.
+                fresh.cleanup().map_err(|e| TestCaseError::fail(format!("{label} cleanup: {e}")))?;
+            }
             fresh
                 .as_deref_mut()
                 .unwrap_or(&mut **backend)

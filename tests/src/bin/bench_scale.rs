@@ -90,7 +90,7 @@ fn parse_args() -> Result<Args, String> {
             "--json" => a.json = Some(PathBuf::from(value()?)),
             "--skip" => a.skip.push(value()?),
             "--tls" => a.tls = true,
-            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --stuck-percent --ack-timeout SECONDS --changes --node-scales SxE,… --node-changes --node-idle SECONDS --json --skip fanout|node|iptables|datapath --tls)")),
+            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --stuck-percent --ack-timeout SECONDS --changes --node-scales SxE,… --node-changes --node-idle SECONDS --json --skip fanout|node|iptables --tls)")),
         }
     }
     Ok(a)
@@ -777,18 +777,16 @@ fn node_programming(a: &Args, scale: Scale, backend: ProxyBackend, label: &str) 
     let full_sync = Duration::from_millis(programmed["elapsed_ms"].as_u64().unwrap_or(0));
     let restart_pid = kpx_e2e::wait_for("the agent's pid", Duration::from_secs(5), || dp.pid());
     let restart_peak = peak_rss_kib(restart_pid);
-    // How the backend spent it, as it logs (nftables: rendering, the rules, the elements).
+    // How the backend spent it, as it logs (nftables: rendering, the script, the elements).
     let phases: Vec<String> = dp
         .events()
         .iter()
-        .rfind(|e| e["message"].as_str().is_some_and(|m| m.starts_with("full sync:")))
+        .rfind(|e| e["message"] == "full sync written")
         .and_then(|e| e.as_object().cloned())
         .map(|e| {
             e.iter()
-                .filter(|(k, _)| k.ends_with("_ms") || k.as_str() == "message")
-                .map(|(k, v)| {
-                    format!("{k} {}", v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string()))
-                })
+                .filter(|(k, _)| k.ends_with("_ms") || k.as_str() == "elements_apart")
+                .map(|(k, v)| format!("{k} {v}"))
                 .collect()
         })
         .unwrap_or_default();

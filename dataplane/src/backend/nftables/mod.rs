@@ -79,47 +79,39 @@ impl Backend for NftablesBackend {
         let current = existing.as_ref().filter(|e| e.is_current());
         let (programmed, contents) = Programmed::full(desired, context, current);
         let rendered = started.elapsed();
-        // The rules as text, the elements over netlink where that keeps every packet's
-        // rules and sets consistent (see `outline::Elements::Apart`), else all as text.
+        // The rules as text, then the elements over netlink where that keeps every packet's
+        // rules and sets consistent (see `outline::Elements::Apart`); else all as text.
         let apart = match (&existing, current) {
             (None, _) => Some(outline::create_script(&contents, Elements::Apart)),
             (Some(_), Some(current)) => outline::refill_script_apart(current, &contents),
             (Some(_), None) => None,
         };
-        match (apart, contents.element_update()) {
-            (Some(script), Some(update)) => {
-                self.nft.run(&script)?;
-                let rules = started.elapsed();
-                self.nft.update_elements(&update)?;
-                tracing::info!(
-                    elements = contents.elements.len(),
-                    render_ms = rendered.as_millis() as u64,
-                    rules_ms = (rules - rendered).as_millis() as u64,
-                    elements_ms = (started.elapsed() - rules).as_millis() as u64,
-                    "full sync: the rules as text, the elements over netlink"
+        let update = apart.as_ref().and(contents.element_update());
+        let script = match (apart, &existing, current) {
+            (Some(script), ..) if update.is_some() => script,
+            (_, None, _) => outline::create_script(&contents, Elements::InScript),
+            (_, Some(_), Some(current)) => outline::refill_script(current, &contents),
+            (_, Some(other), None) => {
+                tracing::warn!(
+                    comment = other.comment.as_deref().unwrap_or(""),
+                    "kpx's table is of another layout (an older kpx made it): replacing it whole"
                 );
+                outline::replace_script(&contents)
             }
-            _ => {
-                let script = match (&existing, current) {
-                    (None, _) => outline::create_script(&contents, Elements::InScript),
-                    (Some(_), Some(current)) => outline::refill_script(current, &contents),
-                    (Some(other), None) => {
-                        tracing::warn!(
-                            comment = other.comment.as_deref().unwrap_or(""),
-                            "kpx's table is of another layout (an older kpx made it): replacing it whole"
-                        );
-                        outline::replace_script(&contents)
-                    }
-                };
-                self.nft.run(&script)?;
-                tracing::info!(
-                    elements = contents.elements.len(),
-                    render_ms = rendered.as_millis() as u64,
-                    script_ms = (started.elapsed() - rendered).as_millis() as u64,
-                    "full sync: one script"
-                );
-            }
+        };
+        self.nft.run(&script)?;
+        let scripted = started.elapsed();
+        if let Some(update) = &update {
+            self.nft.update_elements(update)?;
         }
+        tracing::info!(
+            elements = contents.elements.len(),
+            elements_apart = update.is_some(),
+            render_ms = rendered.as_millis() as u64,
+            script_ms = (scripted - rendered).as_millis() as u64,
+            elements_ms = (started.elapsed() - scripted).as_millis() as u64,
+            "full sync written"
+        );
         self.programmed = Some(programmed);
         Ok(())
     }

@@ -85,11 +85,9 @@ pub enum Elements {
 /// The transaction that creates kpx's table (there is none) holding `contents` (the whole
 /// table as `add` commands into an empty one).
 pub fn create_script(contents: &Contents, elements: Elements) -> String {
-    let body = match elements {
-        Elements::InScript => contents.whole_script(),
-        Elements::Apart => contents.script.clone(),
-    };
-    format!("add table {FAMILY} {TABLE} {{ comment \"{COMMENT}\" ; }}\n{body}")
+    let mut script = format!("add table {FAMILY} {TABLE} {{ comment \"{COMMENT}\" ; }}\n");
+    contents.write(&mut script, elements);
+    script
 }
 
 /// The transaction that empties kpx's table, which holds `existing` and is of the current
@@ -110,11 +108,7 @@ pub fn refill_script_apart(existing: &Outline, contents: &Contents) -> Option<St
 
 /// The refill, and whether it deletes anything.
 fn refill(existing: &Outline, contents: &Contents, elements: Elements) -> (String, bool) {
-    let body = match elements {
-        Elements::InScript => contents.whole_script(),
-        Elements::Apart => contents.script.clone(),
-    };
-    let mut script = String::with_capacity(body.len() + 4096);
+    let mut script = String::with_capacity(contents.script.len() + 4096);
     let deletes = empty_in_place(
         &mut script,
         existing,
@@ -122,7 +116,7 @@ fn refill(existing: &Outline, contents: &Contents, elements: Elements) -> (Strin
         &contents.kept_pick_chains,
         elements,
     );
-    script.push_str(&body);
+    contents.write(&mut script, elements);
     (script, deletes)
 }
 

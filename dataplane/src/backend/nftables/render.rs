@@ -113,6 +113,9 @@ impl Collection {
     /// How its elements are laid out, as [`super::skeleton`] declares it; `None` for the
     /// interval sets (their elements are ranges, written by nft only).
     pub fn layout(self) -> Option<Layout> {
+        if !self.updatable() {
+            return None;
+        }
         let f = self.family();
         let entry = || vec![Field::Address(f), Field::Protocol, Field::Port];
         let endpoint = || Data::Fields(vec![Field::Address(f), Field::Port]);
@@ -160,9 +163,10 @@ impl Collection {
         })
     }
 
-    /// Whether element updates write its elements (every collection but the interval sets).
+    /// Whether element updates write its elements (every collection but the interval sets,
+    /// whose elements are ranges, written by nft only). Asked per element: allocates nothing.
     pub fn updatable(self) -> bool {
-        self.layout().is_some()
+        !matches!(self, Collection::LocalCidrs(_) | Collection::LbAllowed(_) | Collection::ServiceCidrs(_))
     }
 
     pub fn name(self) -> String {

@@ -11,7 +11,7 @@ use kpx_proto::family::Family;
 use kpx_proto::types::ServiceView;
 
 use super::affinity::{self, NftObject, ObjectCommands};
-use super::outline::Outline;
+use super::outline::{Elements, Outline};
 use super::render::{self, Element, Shared};
 use super::service::{self, ServiceRules};
 use super::skeleton::{self, PickChains};
@@ -106,11 +106,20 @@ pub struct Contents {
 }
 
 impl Contents {
-    /// Everything as `add` commands, the elements last (their verdicts name chains of
-    /// the script).
+    /// Appends the script to `out`, and the elements too when they go in it (last: their
+    /// verdicts name chains of the script).
+    pub fn write(&self, out: &mut String, elements: Elements) {
+        out.push_str(&self.script);
+        if elements == Elements::InScript {
+            render::element_commands(out, "add", &self.elements);
+        }
+    }
+
+    /// Everything as `add` commands.
+    #[cfg(test)]
     pub fn whole_script(&self) -> String {
-        let mut script = self.script.clone();
-        render::element_commands(&mut script, "add", &self.elements);
+        let mut script = String::new();
+        self.write(&mut script, Elements::InScript);
         script
     }
 
@@ -188,8 +197,12 @@ impl Programmed {
             _ => BTreeSet::new(),
         };
         let picks = if kept.is_empty() { PickChains::Write } else { PickChains::Kept };
-        let (elements, in_script): (BTreeSet<Element>, BTreeSet<Element>) =
-            std::mem::take(&mut plan.adds).into_iter().partition(|e| e.collection.updatable());
+        // The few interval-set elements go in the script; the rest stay in their set,
+        // already sorted (no second sort of a quarter-million elements).
+        let in_script: Vec<Element> =
+            plan.adds.iter().filter(|e| !e.collection.updatable()).cloned().collect();
+        plan.adds.retain(|e| e.collection.updatable());
+        let elements = std::mem::take(&mut plan.adds);
         let mut script = skeleton::skeleton(context, pick_chains, picks);
         script.push_str(&plan.script());
         render::element_commands(&mut script, "add", &in_script);
