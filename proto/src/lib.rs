@@ -15,6 +15,7 @@ pub mod cli;
 pub mod convert;
 pub mod family;
 pub mod grpc;
+pub mod memory;
 pub mod names;
 pub mod node_context;
 pub mod policy;

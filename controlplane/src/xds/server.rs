@@ -18,11 +18,51 @@ use std::time::{Duration, Instant, SystemTime};
 use super::nodes::NodeRegistry;
 use super::snapshot::{ResourceType, Snapshot};
 use super::stream::{ProtocolError, RequestKind, Response, StreamState};
+use super::syncs::{Syncing, Syncs};
 use crate::metrics::ControlPlaneMetrics;
 use crate::trust::Caller;
 
 /// What a stream task hands to the response body: boxed, so the channel's slots stay small.
-pub type Outbound = Result<Box<Response>, Box<Status>>;
+pub type Outbound = Result<Box<Sending>, Box<Status>>;
+
+/// A response on its way to the node and, for a walk chunk, its permit.
+#[derive(Debug)]
+pub struct Sending {
+    pub response: Response,
+    /// Held until the response body has handed the chunk's last piece to HTTP/2.
+    pub permit: Option<WalkPermit>,
+}
+
+/// One side's hold on a walk chunk's permit. The permit is made with two holds, one for
+/// the stream task and one for the response: it goes back to the other streams as soon as
+/// either lets go (is dropped) — the body once the chunk is written, the stream task at
+/// the chunk's answer or the end of its lease. So what bounds the initial syncs in
+/// flight is chunks being written, and a node slow to ACK holds no permit meanwhile.
+#[derive(Debug)]
+pub struct WalkPermit(Arc<std::sync::Mutex<Option<OwnedSemaphorePermit>>>);
+
+impl WalkPermit {
+    /// The two holds on `permit`.
+    fn pair(permit: OwnedSemaphorePermit) -> (WalkPermit, WalkPermit) {
+        let shared = Arc::new(std::sync::Mutex::new(Some(permit)));
+        (WalkPermit(Arc::clone(&shared)), WalkPermit(shared))
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<OwnedSemaphorePermit>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the permit is still taken.
+    fn held(&self) -> bool {
+        self.slot().is_some()
+    }
+}
+
+impl Drop for WalkPermit {
+    fn drop(&mut self) {
+        self.slot().take();
+    }
+}
 
 /// The newest snapshot; `None` until every source has read its initial state.
 pub type SnapshotReceiver = watch::Receiver<Option<Arc<Snapshot>>>;
@@ -35,18 +75,19 @@ pub struct AdsServer {
     walks: Arc<Semaphore>,
     /// How long a response may go unanswered before its stream is closed (`None`: ever).
     ack_timeout: Option<Duration>,
+    syncs: Syncs,
 }
 
 /// The default of `--ack-timeout`.
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// How long a walk chunk holds its permit while unanswered: then the permit goes back to
-/// the streams that answer (the stream keeps its chunk until the ACK or `--ack-timeout`),
+/// How long a walk chunk holds its permit while HTTP/2 has not taken all of it: then the
+/// permit goes back to the other streams (the chunk waits for its ACK or `--ack-timeout`),
 /// so nodes that stopped reading cannot hold every permit and stall everyone's sync.
 pub const WALK_LEASE: Duration = Duration::from_secs(5);
 
-/// How many first-sync chunks may be in flight at once, across all streams (each up to
-/// `MAX_RESOURCES_PER_RESPONSE` resources).
+/// How many first-sync chunks may be being written at once, across all streams (each up
+/// to `MAX_RESOURCES_PER_RESPONSE` resources).
 pub const WALKS_IN_FLIGHT: usize = 128;
 
 impl AdsServer {
@@ -67,6 +108,7 @@ impl AdsServer {
             metrics,
             walks: Arc::new(Semaphore::new(walks)),
             ack_timeout: Some(ACK_TIMEOUT),
+            syncs: Syncs::default(),
         }
     }
 
@@ -82,6 +124,7 @@ impl AdsServer {
 struct Limits {
     walks: Arc<Semaphore>,
     ack_timeout: Option<Duration>,
+    syncs: Syncs,
 }
 
 /// Where a stream reports what it does.
@@ -89,6 +132,8 @@ struct Reporter {
     id: u64,
     nodes: NodeRegistry,
     metrics: Arc<ControlPlaneMetrics>,
+    /// The node's `kpx_xds_stream_queue_depth` series, once the node is known.
+    queue_depth: std::sync::OnceLock<prometheus_client::metrics::gauge::Gauge>,
 }
 
 impl Reporter {
@@ -126,11 +171,13 @@ impl Reporter {
         ty: ResourceType,
         f: impl FnOnce(&mut super::nodes::TypeProgress),
     ) {
-        let node = state.node().unwrap_or_default().to_owned();
+        let node = state.node().unwrap_or_default();
         let (acked, in_flight) = state.type_status(ty).unwrap_or_default();
         let mut depth = 0;
         self.nodes.update(self.id, |entry| {
-            entry.node.clone_from(&node);
+            if entry.node != node {
+                entry.node = node.to_owned();
+            }
             if entry.proxy_name != state.proxy_name() {
                 entry.proxy_name = state.proxy_name().to_owned();
             }
@@ -142,7 +189,11 @@ impl Reporter {
             depth = entry.types.values().map(|t| t.pending as i64).sum();
         });
         if !node.is_empty() {
-            self.metrics.queue_depth.get_or_create(&ControlPlaneMetrics::node(&node)).set(depth);
+            // The node's series, looked up once per stream (the gauge is shared).
+            let gauge = self.queue_depth.get_or_init(|| {
+                self.metrics.queue_depth.get_or_create(&ControlPlaneMetrics::node(node)).clone()
+            });
+            gauge.set(depth);
         }
     }
 
@@ -166,11 +217,16 @@ impl AdsServer {
         // At most one response per type is in flight, so this never fills.
         let (tx, rx) = mpsc::channel(4);
         let snapshots = self.snapshots.clone();
-        let limits = Limits { walks: Arc::clone(&self.walks), ack_timeout: self.ack_timeout };
+        let limits = Limits {
+            walks: Arc::clone(&self.walks),
+            ack_timeout: self.ack_timeout,
+            syncs: self.syncs.clone(),
+        };
         let reporter = Reporter {
             id: self.nodes.open(peer),
             nodes: self.nodes.clone(),
             metrics: Arc::clone(&self.metrics),
+            queue_depth: std::sync::OnceLock::new(),
         };
         let (query_tx, queries) = mpsc::channel(4);
         self.nodes.update(reporter.id, |e| e.query = Some(query_tx));
@@ -204,28 +260,32 @@ async fn serve_stream(
     mut queries: mpsc::Receiver<tokio::sync::oneshot::Sender<super::nodes::Versions>>,
     limits: &Limits,
 ) -> Result<(), Status> {
-    let Limits { walks, ack_timeout } = limits;
+    let Limits { walks, ack_timeout, syncs } = limits;
+    // Held while some type is in its first sync, unless a chunk of it outlived its lease
+    // unanswered (a node that stopped reading does not hold the memory back).
+    let mut syncing: Option<Syncing> = None;
+    let mut stalled = false;
     let ack_timeout = *ack_timeout;
     let mut inbound = std::pin::pin!(inbound);
     // Per type, since when a response has gone unanswered.
     let mut unanswered: BTreeMap<ResourceType, tokio::time::Instant> = BTreeMap::new();
     let mut opened: Vec<_> = Vec::new();
-    // Walk chunks in flight hold a permit each, so initial syncs of many nodes at once take
-    // bounded memory; a permit is given back at the chunk's ACK.
-    let mut permits: BTreeMap<ResourceType, OwnedSemaphorePermit> = BTreeMap::new();
+    // A walk chunk takes a permit until it is written (see `WalkPermit`), so initial syncs
+    // of many nodes at once take bounded memory; the stream's hold on it, by type.
+    let mut leases: BTreeMap<ResourceType, WalkPermit> = BTreeMap::new();
     let mut spare: Option<OwnedSemaphorePermit> = None;
-    // Types whose chunk outlived its lease: no permit for them until it is answered.
-    let mut lease_over: std::collections::BTreeSet<ResourceType> = Default::default();
     loop {
         let mut waiting = false;
         let snapshot = snapshots.borrow_and_update().clone();
         if let Some(snapshot) = snapshot {
             for ty in state.subscribed() {
-                if state.walking(ty) && !permits.contains_key(&ty) && !lease_over.contains(&ty) {
+                if state.awaiting_answer(ty) {
+                    continue;
+                }
+                let mut permit = None;
+                if state.walking(ty) {
                     match spare.take().map_or_else(|| Arc::clone(walks).try_acquire_owned().ok(), Some) {
-                        Some(permit) => {
-                            permits.insert(ty, permit);
-                        }
+                        Some(p) => permit = Some(p),
                         None => {
                             waiting = true;
                             continue;
@@ -233,9 +293,6 @@ async fn serve_stream(
                     }
                 }
                 let response = state.next_response(ty, &snapshot);
-                if response.is_none() {
-                    permits.remove(&ty);
-                }
                 let node = state.node().unwrap_or_default();
                 if !opened.contains(&ty) {
                     opened.push(ty);
@@ -258,24 +315,42 @@ async fn serve_stream(
                     );
                     reporter.sent(state, ty, &response);
                     unanswered.entry(ty).or_insert_with(tokio::time::Instant::now);
-                    if tx.send(Ok(Box::new(response))).await.is_err() {
+                    let permit = permit.map(|p| {
+                        let (ours, theirs) = WalkPermit::pair(p);
+                        leases.insert(ty, ours);
+                        theirs
+                    });
+                    if tx.send(Ok(Box::new(Sending { response, permit }))).await.is_err() {
                         return Ok(());
                     }
                 }
             }
         }
+        let walking = !stalled && state.subscribed().into_iter().any(|ty| state.walking(ty));
+        match (walking, &syncing) {
+            (true, None) => syncing = Some(syncs.enter()),
+            (false, Some(_)) => syncing = None,
+            _ => {}
+        }
         let deadline = ack_timeout.zip(unanswered.values().min()).map(|(timeout, since)| *since + timeout);
-        let lease_ends =
-            permits.keys().filter_map(|ty| unanswered.get(ty)).min().map(|since| *since + WALK_LEASE);
+        let lease_ends = leases
+            .iter()
+            .filter(|(_, lease)| lease.held())
+            .filter_map(|(ty, _)| unanswered.get(ty))
+            .min()
+            .map(|since| *since + WALK_LEASE);
+        // A first sync whose chunk goes unanswered that long no longer counts as running.
+        let stalls_at = syncing.as_ref().and(unanswered.values().min()).map(|since| *since + WALK_LEASE);
+        let wake = lease_ends.into_iter().chain(stalls_at).min();
         tokio::select! {
-            _ = tokio::time::sleep_until(lease_ends.unwrap_or_else(tokio::time::Instant::now)), if lease_ends.is_some() => {
+            _ = tokio::time::sleep_until(wake.unwrap_or_else(tokio::time::Instant::now)), if wake.is_some() => {
                 let now = tokio::time::Instant::now();
                 let over: Vec<ResourceType> =
                     unanswered.iter().filter(|(_, since)| **since + WALK_LEASE <= now).map(|(ty, _)| *ty).collect();
+                stalled |= !over.is_empty();
                 for ty in over {
-                    if permits.remove(&ty).is_some() {
-                        tracing::debug!(node = state.node().unwrap_or_default(), type_url = ty.type_url(), "walk chunk unanswered past its lease: permit given back");
-                        lease_over.insert(ty);
+                    if leases.remove(&ty).is_some_and(|lease| lease.held()) {
+                        tracing::debug!(node = state.node().unwrap_or_default(), type_url = ty.type_url(), "walk chunk not written within its lease: permit given back");
                     }
                 }
             }
@@ -304,16 +379,16 @@ async fn serve_stream(
                     RequestKind::Ack { ty, nonce } => {
                         tracing::debug!(node, type_url = ty.type_url(), nonce, "ACK");
                         unanswered.remove(&ty);
-                        lease_over.remove(&ty);
+                        stalled = false;
                         reporter.answered(state, ty, None);
-                        permits.remove(&ty);
+                        leases.remove(&ty);
                     }
                     RequestKind::Nack { ty, nonce, reason } => {
                         tracing::warn!(node, type_url = ty.type_url(), nonce, reason, "NACK: node kept its last good state");
                         unanswered.remove(&ty);
-                        lease_over.remove(&ty);
+                        stalled = false;
                         reporter.answered(state, ty, Some(&reason));
-                        permits.remove(&ty);
+                        leases.remove(&ty);
                     }
                     RequestKind::UnknownType(url) => tracing::warn!(node, type_url = url, "ignoring unknown resource type"),
                     RequestKind::Stale { .. } | RequestKind::Update { .. } => {}
@@ -398,10 +473,17 @@ mod tests {
         }
     }
 
-    async fn response(out: &mut mpsc::Receiver<Outbound>) -> Box<Response> {
+    /// The next response as the body gets it, permit and all (held until dropped, as the
+    /// body holds it until the response is written).
+    async fn sending(out: &mut mpsc::Receiver<Outbound>) -> Box<Sending> {
         let next =
             tokio::time::timeout(Duration::from_secs(5), out.recv()).await.expect("a response in time");
         next.expect("stream open").expect("a response, not an error")
+    }
+
+    /// The next response, written at once (its walk permit let go).
+    async fn response(out: &mut mpsc::Receiver<Outbound>) -> Response {
+        sending(out).await.response
     }
 
     /// Nothing arrives for a moment.
@@ -493,9 +575,9 @@ mod tests {
         f.server = f.server.with_ack_timeout(Some(Duration::from_millis(300)));
         let many = MAX_RESOURCES_PER_RESPONSE + 100;
         f.snapshots.send_replace(Some(build(&services(many, None), &Snapshot::default())));
-        // n1 takes the one walk permit with its first chunk and never answers.
+        // n1 takes the one walk permit with its first chunk, which is never written nor answered.
         let (_tx1, mut out1) = f.subscribe("n1").await;
-        response(&mut out1).await;
+        let _unwritten = sending(&mut out1).await;
         let (tx2, mut out2) = f.subscribe("n2").await;
         let ended = tokio::time::timeout(Duration::from_secs(5), out1.recv()).await.expect("closed in time");
         let status = ended.expect("an item").expect_err("an error status");
@@ -514,18 +596,18 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_walk_chunk_left_unanswered_gives_its_permit_back_after_its_lease() {
+    async fn a_walk_chunk_left_unwritten_gives_its_permit_back_after_its_lease() {
         let mut f = fixture(1);
         f.server = f.server.with_ack_timeout(None);
         let many = MAX_RESOURCES_PER_RESPONSE + 100;
         f.snapshots.send_replace(Some(build(&services(many, None), &Snapshot::default())));
         let (_tx1, mut out1) = f.subscribe("n1").await;
-        response(&mut out1).await;
+        let _unwritten = sending(&mut out1).await;
         let since = tokio::time::Instant::now();
         let (tx2, mut out2) = f.subscribe("n2").await;
         let next =
             tokio::time::timeout(WALK_LEASE * 2, out2.recv()).await.expect("n2 served after the lease");
-        let chunk = next.expect("open").expect("a response");
+        let chunk = next.expect("open").expect("a response").response;
         assert!(since.elapsed() >= WALK_LEASE, "n2 waited for n1's lease: {:?}", since.elapsed());
         ack(&tx2, &chunk).await;
         let rest = response(&mut out2).await;
@@ -534,21 +616,26 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn walk_chunks_in_flight_are_bounded_across_streams() {
+    async fn walk_chunks_being_written_are_bounded_across_streams_and_unanswered_ones_hold_none() {
         let f = fixture(1);
         let many = MAX_RESOURCES_PER_RESPONSE + 100;
         f.snapshots.send_replace(Some(build(&services(many, None), &Snapshot::default())));
         let (tx1, mut out1) = f.subscribe("n1").await;
-        let chunk = response(&mut out1).await;
-        assert_eq!(chunk.resources.len(), MAX_RESOURCES_PER_RESPONSE);
+        let writing1 = sending(&mut out1).await;
+        assert_eq!(writing1.response.resources.len(), MAX_RESOURCES_PER_RESPONSE);
         let (tx2, mut out2) = f.subscribe("n2").await;
-        assert!(quiet(&mut out2).await, "the one permit is n1's until its chunk is ACKed");
-        ack(&tx1, &chunk).await;
-        let chunk2 = response(&mut out2).await;
-        assert_eq!(chunk2.resources.len(), MAX_RESOURCES_PER_RESPONSE);
-        assert!(quiet(&mut out1).await, "now n1 waits for n2's ACK");
+        assert!(quiet(&mut out2).await, "the one permit is n1's while its chunk is written");
+        let chunk1 = writing1.response;
+        // Written (the body let go of it), not yet answered: the permit is free for n2.
+        let writing2 = sending(&mut out2).await;
+        assert_eq!(writing2.response.resources.len(), MAX_RESOURCES_PER_RESPONSE);
+        ack(&tx1, &chunk1).await;
+        assert!(quiet(&mut out1).await, "n1's next chunk waits while n2's is written");
+        let chunk2 = writing2.response;
+        let rest1 = response(&mut out1).await;
+        assert_eq!(rest1.resources.len(), 100);
         ack(&tx2, &chunk2).await;
-        let rest = response(&mut out1).await;
-        assert_eq!(rest.resources.len(), 100);
+        let rest2 = response(&mut out2).await;
+        assert_eq!(rest2.resources.len(), 100);
     }
 }

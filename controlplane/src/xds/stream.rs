@@ -98,11 +98,37 @@ pub enum RequestKind {
     },
 }
 
+/// What a response carried for one name: a resource (shared with the snapshot, so a
+/// response in flight costs a pointer per resource), or its removal.
+#[derive(Debug)]
+enum Sent {
+    Resource(Arc<Resource>),
+    Removed(String),
+}
+
+impl Sent {
+    fn name(&self) -> &str {
+        match self {
+            Sent::Resource(r) => &r.name,
+            Sent::Removed(name) => name,
+        }
+    }
+
+    /// The version sent (`None`: sent as removed).
+    fn version(&self) -> Option<&str> {
+        match self {
+            Sent::Resource(r) => Some(&r.version),
+            Sent::Removed(_) => None,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct InFlight {
     nonce: String,
-    /// name → version sent (None: sent as removed).
-    sent: Vec<(String, Option<String>)>,
+    sent: Vec<Sent>,
+    /// The base the stream was on when it sent the response (a wildcard subscription's).
+    base: Option<Arc<Snapshot>>,
     /// For a response that walks: how far it takes the walk once answered.
     walk: Option<WalkStep>,
 }
@@ -238,26 +264,31 @@ impl TypeState {
     /// Records the answer to the response in flight: the node now has what was sent
     /// (`accepted`) or what it had before.
     fn settle(&mut self, ty: ResourceType, node: Audience<'_>, in_flight: InFlight, accepted: bool) {
-        let now: Vec<(String, Option<String>)> = if accepted {
-            in_flight.sent
+        // Refused: the node keeps what it had of each name, read before the walk moves on.
+        let had: Vec<Option<String>> = if accepted {
+            Vec::new()
         } else {
-            in_flight
-                .sent
-                .into_iter()
-                .map(|(name, _)| {
-                    let had = self.has(ty, node, &name).map(str::to_owned);
-                    (name, had)
-                })
-                .collect()
+            in_flight.sent.iter().map(|s| self.has(ty, node, s.name()).map(str::to_owned)).collect()
         };
         if let Some(step) = in_flight.walk {
             self.sync.advance(step);
         }
-        for (name, version) in now {
-            if self.sync.implied(ty, node, &name) == version.as_deref() {
-                self.overrides.remove(&name);
+        // Sent from the base the node is still on: what it took is what the base says for
+        // every name the base covers, so nothing differs from it (no lookup per name).
+        let from_base = accepted
+            && matches!((&in_flight.base, self.sync.base()), (Some(sent), Some(now)) if Arc::ptr_eq(sent, now));
+        for (i, sent) in in_flight.sent.iter().enumerate() {
+            if from_base && self.sync.covers(sent.name()) {
+                if !self.overrides.is_empty() {
+                    self.overrides.remove(sent.name());
+                }
+                continue;
+            }
+            let version = if accepted { sent.version() } else { had.get(i).and_then(Option::as_deref) };
+            if self.sync.implied(ty, node, sent.name()) == version {
+                self.overrides.remove(sent.name());
             } else {
-                self.overrides.insert(name, version);
+                self.overrides.insert(sent.name().to_owned(), version.map(str::to_owned));
             }
         }
     }
@@ -320,7 +351,6 @@ impl TypeState {
 #[derive(Default)]
 struct Pending {
     resources: Vec<Arc<Resource>>,
-    sent: Vec<(String, Option<String>)>,
     removed: Vec<String>,
     walk: Option<WalkStep>,
 }
@@ -362,7 +392,6 @@ impl Pending {
             return false;
         }
         self.resources.push(Arc::clone(r));
-        self.sent.push((r.name.clone(), Some(r.version.clone())));
         true
     }
 }
@@ -479,16 +508,16 @@ impl StreamState {
         let nonce = in_flight.nonce.clone();
         match req.error_detail {
             None => {
-                for (name, _) in &in_flight.sent {
-                    state.rejected.remove(name);
+                for sent in &in_flight.sent {
+                    state.rejected.remove(sent.name());
                 }
                 state.settle(ty, who, in_flight, true);
                 Ok(RequestKind::Ack { ty, nonce })
             }
             Some(status) => {
-                for (name, version) in &in_flight.sent {
-                    if let Some(v) = version {
-                        state.rejected.insert(name.clone(), v.clone());
+                for sent in &in_flight.sent {
+                    if let Some(v) = sent.version() {
+                        state.rejected.insert(sent.name().to_owned(), v.to_owned());
                     }
                 }
                 state.settle(ty, who, in_flight, false);
@@ -519,6 +548,12 @@ impl StreamState {
             }
         }
         out
+    }
+
+    /// Whether a response of `ty` awaits the node's answer (nothing more of `ty` is sent
+    /// until it comes).
+    pub fn awaiting_answer(&self, ty: ResourceType) -> bool {
+        self.types.get(&ty).is_some_and(|t| t.in_flight.is_some())
     }
 
     /// Whether `ty` is being walked (a first sync).
@@ -555,10 +590,16 @@ impl StreamState {
         }
         pending.removed.sort();
         pending.removed.dedup();
-        pending.sent.extend(pending.removed.iter().map(|n| (n.clone(), None)));
+        let sent = pending
+            .resources
+            .iter()
+            .map(|r| Sent::Resource(Arc::clone(r)))
+            .chain(pending.removed.iter().map(|n| Sent::Removed(n.clone())))
+            .collect();
         self.nonces += 1;
         let nonce = self.nonces.to_string();
-        state.in_flight = Some(InFlight { nonce: nonce.clone(), sent: pending.sent, walk: pending.walk });
+        let base = state.sync.base().cloned();
+        state.in_flight = Some(InFlight { nonce: nonce.clone(), sent, base, walk: pending.walk });
         Some(Response {
             type_url: ty.type_url(),
             resources: pending.resources,
@@ -594,6 +635,7 @@ impl StreamState {
         }
         let Sync::Walk { acked, .. } = &state.sync else { return };
         let mut step = WalkStep { to: None, walked: 0, end: true };
+        let mut last = None;
         for r in snapshot.for_node_after(ty, node, acked.as_deref()) {
             let has = state.overrides.get(&r.name).and_then(Option::as_deref) == Some(r.version.as_str());
             let refused = state.rejected.get(&r.name) == Some(&r.version);
@@ -601,9 +643,10 @@ impl StreamState {
                 step.end = false;
                 break;
             }
-            step.to = Some(r.name.clone());
+            last = Some(r);
             step.walked += 1;
         }
+        step.to = last.map(|r| r.name.clone());
         if step.end {
             // What the node has beyond the walk and should not.
             for (name, version) in &state.overrides {

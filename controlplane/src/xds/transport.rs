@@ -15,7 +15,9 @@ use tonic::codec::{BufferSettings, Streaming};
 use tonic::server::NamedService;
 use tonic::{Code, Status};
 
-use super::server::{AdsServer, Outbound};
+use super::server::{AdsServer, Outbound, WalkPermit};
+use super::snapshot::Resource;
+use super::wire::Pieces;
 use crate::trust::{self, Trust};
 
 const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
@@ -97,7 +99,7 @@ impl AdsService {
         );
         let inbound = Streaming::new_request(decoder, request.into_body(), None, Some(MAX_REQUEST_BYTES));
         let responses = self.server.open(peer, caller, inbound);
-        let body = ResponseBody { responses, pieces: Vec::new().into_iter(), done: false };
+        let body = ResponseBody { responses, writing: None, done: false };
         let mut response = http::Response::new(tonic::body::Body::new(body));
         response
             .headers_mut()
@@ -110,8 +112,9 @@ impl AdsService {
 /// gRPC status as trailers.
 struct ResponseBody {
     responses: mpsc::Receiver<Outbound>,
-    /// What is left of the response being sent (freed as a whole once sent).
-    pieces: std::vec::IntoIter<Bytes>,
+    /// What is left of the response being written, and its walk permit (let go with the
+    /// last piece).
+    writing: Option<(Pieces<Resource>, Option<WalkPermit>)>,
     done: bool,
 }
 
@@ -134,16 +137,23 @@ impl http_body::Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
         loop {
-            if let Some(piece) = self.pieces.next() {
-                return Poll::Ready(Some(Ok(Frame::data(piece))));
+            if let Some((pieces, _)) = &mut self.writing {
+                let piece = pieces.next();
+                if pieces.is_done() {
+                    self.writing = None;
+                }
+                if let Some(piece) = piece {
+                    return Poll::Ready(Some(Ok(Frame::data(piece))));
+                }
             }
             if self.done {
                 return Poll::Ready(None);
             }
             match self.responses.poll_recv(cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(Some(Ok(response))) => {
-                    self.pieces = response.frames().into_iter();
+                Poll::Ready(Some(Ok(sending))) => {
+                    let sending = *sending;
+                    self.writing = Some((sending.response.into_pieces(), sending.permit));
                 }
                 Poll::Ready(Some(Err(status))) => {
                     self.done = true;
@@ -158,6 +168,6 @@ impl http_body::Body for ResponseBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done && self.pieces.len() == 0
+        self.done && self.writing.is_none()
     }
 }

@@ -4,9 +4,11 @@
 //! `DeltaDiscoveryResponse` (field 2, an Envoy `Resource` wrapping an `Any`): its
 //! [`ResourceEntry`]. A response is a small head (the gRPC message prefix, `type_url`,
 //! `nonce`, `removed_resources`) followed by the entries, gathered into pieces of about
-//! [`PIECE_BYTES`] (a large entry goes as it is). Nothing is encoded per stream, and no
-//! stream keeps a buffer sized by the largest response it ever sent: each piece is freed
-//! once HTTP/2 has written it. (One piece per entry would queue hundreds of frames per
+//! [`PIECE_BYTES`] (a large entry goes as it is), each made only when HTTP/2 asks for
+//! the next ([`Pieces`]). Nothing is encoded per stream, a response waiting to be written
+//! holds pointers to the shared entries rather than a copy, and no stream keeps a buffer
+//! sized by the largest response it ever sent: each piece is freed once HTTP/2 has
+//! written it. (One piece per entry would queue hundreds of frames per
 //! stream in h2, whose frame slab never shrinks.)
 
 use std::sync::Arc;
@@ -100,8 +102,8 @@ pub struct Outgoing<R> {
 
 impl<R: HasEntry> Outgoing<R> {
     /// The gRPC message (length prefix included) as pieces to send in order: a head, then
-    /// each resource's shared entry.
-    pub fn frames(&self) -> Vec<Bytes> {
+    /// each resource's shared entry, copied into a piece only when that piece is asked for.
+    pub fn into_pieces(self) -> Pieces<R> {
         let mut head_len = bytes_field_len(response_field::TYPE_URL, self.type_url.len())
             + bytes_field_len(response_field::NONCE, self.nonce.len());
         head_len += self
@@ -120,32 +122,69 @@ impl<R: HasEntry> Outgoing<R> {
         for name in &self.removed {
             put_bytes_field(&mut head, response_field::REMOVED_RESOURCES, name.as_bytes());
         }
-        let mut frames = Vec::with_capacity(2 + entries_len / PIECE_BYTES);
-        let mut piece = head;
-        for r in &self.resources {
-            let entry = r.entry().bytes();
-            if entry.len() >= PIECE_BYTES {
-                frames.push(std::mem::take(&mut piece).freeze());
-                frames.push(entry.clone());
-                continue;
-            }
-            if piece.len() + entry.len() > PIECE_BYTES {
-                frames.push(std::mem::take(&mut piece).freeze());
-            }
-            if piece.capacity() == 0 {
-                piece.reserve(PIECE_BYTES.min(entries_len));
-            }
-            piece.put_slice(entry);
-        }
-        if !piece.is_empty() {
-            frames.push(piece.freeze());
-        }
-        frames.retain(|f| !f.is_empty());
-        frames
+        Pieces { head: Some(head), resources: self.resources.into_iter().peekable(), left: entries_len }
+    }
+
+    /// Every piece at once.
+    #[cfg(test)]
+    pub fn frames(&self) -> Vec<Bytes> {
+        let copy = Outgoing {
+            type_url: self.type_url,
+            resources: self.resources.clone(),
+            removed: self.removed.clone(),
+            nonce: self.nonce.clone(),
+        };
+        copy.into_pieces().collect()
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.resources.iter().map(|r| r.name())
+    }
+}
+
+/// A response's pieces of about [`PIECE_BYTES`], made one at a time: a response waiting
+/// for HTTP/2 holds pointers to its shared entries, not a copy of them.
+pub struct Pieces<R> {
+    head: Option<BytesMut>,
+    resources: std::iter::Peekable<std::vec::IntoIter<Arc<R>>>,
+    /// Bytes of the entries not yet in a piece.
+    left: usize,
+}
+
+impl<R> Pieces<R> {
+    /// Whether every piece has been taken.
+    pub fn is_done(&mut self) -> bool {
+        self.head.is_none() && self.resources.peek().is_none()
+    }
+}
+
+impl<R: HasEntry> Iterator for Pieces<R> {
+    type Item = Bytes;
+
+    fn next(&mut self) -> Option<Bytes> {
+        let mut piece = self.head.take().unwrap_or_default();
+        while let Some(r) = self.resources.peek() {
+            let entry = r.entry().bytes().clone();
+            if entry.len() >= PIECE_BYTES {
+                // A large entry goes as it is, in a piece of its own.
+                if !piece.is_empty() {
+                    break;
+                }
+                self.resources.next();
+                self.left -= entry.len();
+                return Some(entry);
+            }
+            if piece.len() + entry.len() > PIECE_BYTES {
+                break;
+            }
+            if piece.capacity() == 0 {
+                piece.reserve(PIECE_BYTES.min(self.left));
+            }
+            piece.put_slice(&entry);
+            self.left -= entry.len();
+            self.resources.next();
+        }
+        (!piece.is_empty()).then(|| piece.freeze())
     }
 }
 
