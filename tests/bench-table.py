@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Turns the JSON of tests/bench-scale.sh (--json PATH) into the README's table.
 
-usage: tests/bench-table.py SCALE.json [--readme README.md]
+usage: tests/bench-table.py SCALE.json [MORE.json …] [--readme README.md]
 
-Without --readme it prints the table; with it, it replaces what stands between
+Several JSON files (runs of the benchmark with different --skip) are read as one, the
+later filling in what the earlier lack. Without --readme it prints the table; with it,
+it replaces what stands between
 <!-- bench-scale:begin --> and <!-- bench-scale:end --> in that file, so the README's
 figures are the benchmark's, never copied by hand.
 """
@@ -50,33 +52,53 @@ def table(data):
                      f"{b.get('agent_full_sync_peak_rss_mib', float('nan')):.0f} MiB"))
         rows.append((f"{what}: TCP connect to the first vs the last Service",
                      f"{b['connect_first_us']} vs {b['connect_last_us']} µs"))
+    api = data.get("api")
+    if api:
+        rows.append((f"one endpoint change through the Kubernetes API, {api['services']:,} Services × "
+                     f"{api['endpoints_per_service']}: EndpointSlice replaced in an API server (the tests' "
+                     f"list/watch server) → node agent's kernel committed, {api['changes']} changes",
+                     f"p50 {api['api_to_kernel_p50_ms']} ms, p99 {api['api_to_kernel_p99_ms']} ms"))
     out = ["| what | measured |", "|---|---|"]
     out.extend(f"| {what} | {value} |" for what, value in rows)
     m = data.get("machine", {})
     if m:
         out.append("")
-        out.append(f"Measured with `{data.get('command', 'sudo tests/bench-scale.sh')}` on {m.get('cores')} cores, "
+        commands = " and ".join(f"`{c}`" for c in data.get("commands", [data.get("command", "sudo tests/bench-scale.sh")]))
+        out.append(f"Measured with {commands} on {m.get('cores')} cores, "
                    f"{m.get('memory_gib'):.0f} GiB, Linux {m.get('kernel')}, {m.get('nft')}.")
     return "\n".join(out) + "\n"
 
 
 def main():
     args = sys.argv[1:]
+    readme = None
+    if len(args) >= 2 and args[-2] == "--readme":
+        readme = args[-1]
+        args = args[:-2]
     if not args:
         print(__doc__, file=sys.stderr)
         return 2
-    with open(args[0]) as f:
-        text = table(json.load(f))
-    if len(args) == 3 and args[1] == "--readme":
+    data = {}
+    for path in args:
+        with open(path) as f:
+            run = json.load(f)
+        taken = [key for key in run if key not in data and key not in ("command", "machine")]
+        for key in taken:
+            data[key] = run[key]
+        if taken:
+            data.setdefault("commands", []).append(run.get("command", "sudo tests/bench-scale.sh"))
+            data.setdefault("machine", run.get("machine", {}))
+    text = table(data)
+    if readme:
         begin, end = "<!-- bench-scale:begin -->\n", "<!-- bench-scale:end -->"
-        with open(args[2]) as f:
-            readme = f.read()
-        head, _, rest = readme.partition(begin)
+        with open(readme) as f:
+            current = f.read()
+        head, _, rest = current.partition(begin)
         _, _, tail = rest.partition(end)
         if not rest:
-            print(f"{args[2]} has no {begin.strip()} marker", file=sys.stderr)
+            print(f"{readme} has no {begin.strip()} marker", file=sys.stderr)
             return 1
-        with open(args[2], "w") as f:
+        with open(readme, "w") as f:
             f.write(head + begin + text + end + tail)
         return 0
     sys.stdout.write(text)

@@ -35,9 +35,13 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
         .expect("run bench_scale");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
-    for section in
-        ["== fan-out", "== node programming and data path: nftables", "iptables-legacy", "TCP connect"]
-    {
+    for section in [
+        "== fan-out",
+        "== node programming and data path: nftables",
+        "iptables-legacy",
+        "TCP connect",
+        "== one endpoint change through the Kubernetes API",
+    ] {
         assert!(text.contains(section), "no {section:?} in:\n{text}");
     }
     let figures: serde_json::Value =
@@ -71,7 +75,15 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
         .expect("run bench-table.py");
     let markdown = String::from_utf8_lossy(&table.stdout);
     assert!(table.status.success(), "{markdown}{}", String::from_utf8_lossy(&table.stderr));
-    for row in ["60 Services × 3", "30 Services × 5", "one endpoint change → all 12 nodes"] {
+    // Each change through the API reached the kernel (a change never applied would time out).
+    assert_eq!(figures["api"]["changes"], 3, "{figures}");
+    assert!(figures["api"]["api_to_kernel_p50_ms"].as_f64() > Some(0.0), "{figures}");
+    for row in [
+        "60 Services × 3",
+        "30 Services × 5",
+        "one endpoint change → all 12 nodes",
+        "through the Kubernetes API",
+    ] {
         assert!(markdown.contains(row), "no {row:?} in:\n{markdown}");
     }
     assert_eq!(figures["fanout"]["nodes"], 12);

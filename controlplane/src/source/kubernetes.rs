@@ -8,8 +8,8 @@
 //! reading, and the same errors naming the field, as the file source), so only
 //! what the control plane uses is kept. Nothing is sent until all three
 //! initial lists are complete: then the whole [`ClusterState`] once
-//! ([`SourceEvent::Replace`]), and after that the objects that changed, per batch of
-//! events ([`SourceEvent::Apply`]). A relist (a watch that expired with 410 Gone, an API
+//! ([`SourceEvent::Replace`]), and after that the objects that changed
+//! ([`SourceEvent::Apply`]): a lone change at once, a burst at most once per 50 ms. A relist (a watch that expired with 410 Gone, an API
 //! server that restarted) is gathered aside and, when complete, swapped in as what
 //! differs from the objects known before: an identical relist sends nothing, and nodes
 //! see no churn.
@@ -251,8 +251,33 @@ fn read<K: serde::Serialize + Resource<DynamicType = ()>>(cluster: &str, object:
     }
 }
 
-/// How long events are gathered before what changed is sent.
+/// At most one event per this long while changes keep coming: a lone change goes out at
+/// once, the changes of a burst that follow it within `BATCH` go out together at its end.
 const BATCH: Duration = Duration::from_millis(50);
+
+/// Takes the next batch of `changes` into `take`: the next change and what has already
+/// arrived behind it; and, when the last batch went out less than `BATCH` ago (`last`),
+/// what arrives until then too. False once the stream has ended.
+async fn next_batch<S: futures::Stream + Unpin>(
+    changes: &mut S,
+    last: Option<tokio::time::Instant>,
+    mut take: impl FnMut(S::Item),
+) -> bool {
+    use futures::FutureExt;
+    let Some(first) = changes.next().await else { return false };
+    take(first);
+    while let Some(next) = changes.next().now_or_never() {
+        match next {
+            Some(next) => take(next),
+            None => return true,
+        }
+    }
+    let Some(deadline) = last.map(|at| at + BATCH) else { return true };
+    while let Ok(Some(next)) = tokio::time::timeout_at(deadline, changes.next()).await {
+        take(next);
+    }
+    true
+}
 
 /// Watches the cluster until the process ends (or nobody listens), sending on `tx`.
 pub async fn run(
@@ -288,14 +313,13 @@ pub async fn run(
     let mut objects = Objects::default();
     let mut waiting_logged = false;
     let mut sent_first = false;
+    // When the last event went out (a burst becomes one event per BATCH).
+    let mut last_sent = None;
     loop {
-        let Some(first) = changes.next().await else { return };
         let mut pending = Pending::default();
-        handle(&cluster, &mut objects, &mut pending, first);
-        // Gather what else arrives right away, so a burst becomes one event.
-        let deadline = tokio::time::Instant::now() + BATCH;
-        while let Ok(Some(next)) = tokio::time::timeout_at(deadline, changes.next()).await {
-            handle(&cluster, &mut objects, &mut pending, next);
+        let take = |change| handle(&cluster, &mut objects, &mut pending, change);
+        if !next_batch(&mut changes, last_sent, take).await {
+            return;
         }
         if !objects.synced() {
             if !waiting_logged {
@@ -329,6 +353,7 @@ pub async fn run(
         if !tx.send(event).await {
             return;
         }
+        last_sent = Some(tokio::time::Instant::now());
         sent_first = true;
     }
 }
@@ -490,6 +515,45 @@ impl crate::trust::TokenReviewer for TokenReviews {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The batches `arrivals` (each: milliseconds from the start, an item) make, and
+    /// when each was taken, with `last` the previous batch's time (ms from the start).
+    async fn batches(arrivals: &[(u64, u32)], last: Option<u64>) -> Vec<(u64, Vec<u32>)> {
+        let start = tokio::time::Instant::now();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        for &(at, item) in arrivals {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep_until(start + Duration::from_millis(at)).await;
+                let _ = tx.send(item);
+            });
+        }
+        drop(tx);
+        let mut stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+        let mut last = last.map(|ms| start + Duration::from_millis(ms));
+        let mut out = Vec::new();
+        loop {
+            let mut batch = Vec::new();
+            if !next_batch(&mut stream, last, |item| batch.push(item)).await {
+                return out;
+            }
+            let now = tokio::time::Instant::now();
+            out.push(((now - start).as_millis() as u64, batch));
+            last = Some(now);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_change_goes_at_once_and_a_burst_once_per_batch() {
+        // Quiet since the last batch (long ago): the change goes when it arrives.
+        assert_eq!(batches(&[(500, 1)], Some(0)).await, [(500, vec![1])]);
+        // A burst: its first change at once, the rest gathered until 50 ms after it.
+        let burst = [(500, 1), (510, 2), (520, 3), (540, 4), (560, 5), (700, 6)];
+        assert_eq!(
+            batches(&burst, None).await,
+            [(500, vec![1]), (550, vec![2, 3, 4]), (600, vec![5]), (700, vec![6])]
+        );
+    }
 
     fn key(name: &str) -> ObjectKey {
         ObjectKey { namespace: "ns".into(), name: name.into() }

@@ -89,7 +89,7 @@ fn parse_args() -> Result<Args, String> {
             "--json" => a.json = Some(PathBuf::from(value()?)),
             "--skip" => a.skip.push(value()?),
             "--tls" => a.tls = true,
-            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --stuck-percent --ack-timeout SECONDS --changes --node-scales SxE,… --node-changes --node-idle SECONDS --json --skip fanout|node|iptables --tls)")),
+            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --stuck-percent --ack-timeout SECONDS --changes --node-scales SxE,… --node-changes --node-idle SECONDS --json --skip fanout|node|iptables|api --tls)")),
         }
     }
     Ok(a)
@@ -131,6 +131,14 @@ impl BenchService {
             "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: bench}}\nspec: {{clusterIP: {}, ports: [{{name: http, protocol: TCP, port: 80}}]}}\n---\n",
             self.vip
         );
+        text.push_str(&self.slice_yaml());
+        text
+    }
+
+    /// Its EndpointSlice alone.
+    fn slice_yaml(&self) -> String {
+        let name = &self.name;
+        let mut text = String::new();
         text.push_str(&format!(
             "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-1, namespace: bench, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{name: http, protocol: TCP, port: 8080}}]\nendpoints:\n"
         ));
@@ -744,6 +752,82 @@ fn write_data_path_services(dir: &Path) {
     kpx_e2e::topology::write_atomically(&dir.join("data-path.yaml"), &text);
 }
 
+/// Seconds since the Unix epoch of a log timestamp (`2026-12-04T14:21:01.302810Z`).
+fn unix_seconds(timestamp: &str) -> Option<f64> {
+    let (date, time) = timestamp.strip_suffix('Z')?.split_once('T')?;
+    let mut d = date.split('-').map(|v| v.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let mut t = time.split(':');
+    let (h, min, sec) =
+        (t.next()?.parse::<f64>().ok()?, t.next()?.parse::<f64>().ok()?, t.next()?.parse::<f64>().ok()?);
+    // Days from 1970-01-01 of a proleptic Gregorian date.
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days as f64 * 86_400.0 + h * 3600.0 + min * 60.0 + sec)
+}
+
+/// One endpoint change as a user makes it, through the Kubernetes API: Service 0's
+/// EndpointSlice replaced in an API server (the tests' fake, serving kube-rs the real
+/// list/watch protocol over HTTP) → the watch event → the control plane → the node agent
+/// → the kernel committed. Each change waits for the last to be applied and for a quiet
+/// moment, as a lone change.
+fn api_latency(a: &Args, scale: Scale) -> serde_json::Value {
+    use kpx_e2e::fake_apiserver::FakeApiServer;
+    println!(
+        "\n== one endpoint change through the Kubernetes API (an in-process API server's list/watch): {} Services × {} endpoints",
+        scale.services, scale.endpoints
+    );
+    let t = Topology::new(1);
+    let api = FakeApiServer::start(&t.node, sock("127.0.0.1", 16443));
+    api.apply_yaml(&kpx_e2e::topology::node_yaml(kpx_e2e::topology::NODE_NAME, "zone-a"));
+    let all: String =
+        (0..scale.services).map(|i| BenchService::numbered(i, scale.endpoints, 0).yaml()).collect();
+    api.apply_yaml(&all);
+    drop(all);
+    let kubeconfig = t.dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    let _cp = t.start_control_plane_from(&[format!("kubeconfig:{}", kubeconfig.display())], &[]);
+    let dp = t.start_dataplane_with(ProxyBackend::Nftables, &[]);
+    kpx_e2e::wait_for("the node's initial sync", Duration::from_secs(1800), || {
+        let applied: u64 = service_deltas(&dp.log).iter().map(|e| e["resources"].as_u64().unwrap_or(0)).sum();
+        (applied >= scale.services as u64).then_some(())
+    });
+    let mut latencies = Vec::new();
+    for change in 1..=a.node_changes {
+        let before = service_deltas(&dp.log).len();
+        std::thread::sleep(Duration::from_millis(100));
+        let written = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or_default();
+        api.apply_yaml(&BenchService::numbered(0, scale.endpoints, change).slice_yaml());
+        let event = kpx_e2e::wait_for("the change applied", Duration::from_secs(120), || {
+            service_deltas(&dp.log).into_iter().nth(before)
+        });
+        // The event is logged once stored too: the kernel had it `elapsed - kernel` before.
+        let logged = event["timestamp"].as_str().and_then(unix_seconds).unwrap_or(f64::NAN);
+        let after_kernel_us =
+            event["elapsed_us"].as_f64().unwrap_or(0.0) - event["kernel_us"].as_f64().unwrap_or(0.0);
+        latencies.push(Duration::from_secs_f64((logged - written - after_kernel_us / 1e6).max(0.0)));
+    }
+    latencies.sort();
+    println!(
+        "EndpointSlice replaced in the API → kernel committed, over {} changes: p50 {} ms, p99 {} ms",
+        latencies.len(),
+        ms(percentile(&latencies, 0.5)),
+        ms(percentile(&latencies, 0.99)),
+    );
+    json!({
+        "services": scale.services, "endpoints_per_service": scale.endpoints, "changes": latencies.len(),
+        "api_to_kernel_p50_ms": ms(percentile(&latencies, 0.5)),
+        "api_to_kernel_p99_ms": ms(percentile(&latencies, 0.99)),
+    })
+}
+
 /// The agent's "delta applied" events of Services (the log holds every run of it).
 fn service_deltas(log: &Path) -> Vec<serde_json::Value> {
     events(log)
@@ -924,6 +1008,9 @@ fn main() {
             runs.push(node_programming(&a, first, ProxyBackend::IptablesLegacy, "iptables-legacy"));
         }
         out.insert("node_programming".into(), serde_json::Value::Array(runs));
+    }
+    if let Some(&first) = a.node_scales.first().filter(|_| !a.skip.iter().any(|s| s == "api")) {
+        out.insert("api".into(), api_latency(&a, first));
     }
     out.insert(
         "command".into(),
