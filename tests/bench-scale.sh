@@ -7,6 +7,11 @@
 set -eu
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "run as root (it creates network namespaces)" >&2; exit 2; }
+# The node agents need the kernel tools (a fresh machine has none: their agents would exit
+# and the benchmark wait for them); tests/setup.sh installs them and does nothing when all is there.
+for tool in nft iptables-legacy conntrack ip; do
+  command -v "$tool" >/dev/null || { echo "tests/bench-scale.sh: $tool is missing: run tests/setup.sh first" >&2; exit 2; }
+done
 cargo build --release -q --bins
 echo "command: sudo tests/bench-scale.sh $*"
 exec ./target/release/bench_scale "$@"
