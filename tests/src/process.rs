@@ -23,6 +23,24 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
+/// The process named `program` among `root` and its descendants (the program itself
+/// when a wrapper such as a profiler runs it as a child of its own).
+pub fn program_pid(root: u32, program: &str) -> Option<u32> {
+    let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    // The kernel keeps 15 bytes of a program's name.
+    let name: String = program.chars().take(15).collect();
+    let mut queue = vec![root];
+    while let Some(pid) = queue.pop() {
+        if comm(pid).trim_end() == name {
+            return Some(pid);
+        }
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        queue.extend(children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+    }
+    None
+}
+
 pub struct KpxProcess {
     child: Child,
     pub log: PathBuf,
@@ -127,20 +145,8 @@ impl KpxProcess {
     /// under a wrapper that runs it as a child of its own (a profiler), the first
     /// descendant whose name is the program's (the child's until the wrapper started it).
     pub fn pid(&self) -> Option<u32> {
-        let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        // The kernel keeps 15 bytes of a program's name.
-        let name: String = self.name.chars().take(15).collect();
-        let mut queue = vec![self.child.id()];
-        while let Some(pid) = queue.pop() {
-            if comm(pid).trim_end() == name {
-                return Some(pid);
-            }
-            let children =
-                std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-            queue.extend(children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
-        }
-        // Not started yet, or named by the test rather than by its program.
-        Some(self.child.id())
+        // Not started yet, or named by the test rather than by its program: the child.
+        Some(program_pid(self.child.id(), &self.name).unwrap_or(self.child.id()))
     }
 
     /// Log lines as JSON objects (lines that are not JSON are skipped).
@@ -172,7 +178,7 @@ impl KpxProcess {
     }
 
     /// Whether the process has ended (a zombie counts: it is reaped only by stop or drop).
-    fn exited(&self) -> bool {
+    pub fn exited(&self) -> bool {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()));
         stat.map_or(true, |s| s.split_whitespace().nth(2) == Some("Z"))
     }

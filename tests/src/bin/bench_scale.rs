@@ -506,7 +506,6 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
         .stderr(log)
         .spawn()
         .expect("start kpx-controlplane");
-    let pid = cp.id();
     let loaded = Instant::now();
     kpx_e2e::wait_for("the control plane's first snapshot", Duration::from_secs(600), || {
         if let Ok(Some(status)) = cp.try_wait() {
@@ -515,6 +514,8 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
         }
         std::fs::read_to_string(&log_path).ok()?.contains("snapshot published").then_some(())
     });
+    // The control plane itself, also under a wrapper (whose figures would be its own).
+    let pid = kpx_e2e::process::program_pid(cp.id(), "kpx-controlplane").unwrap_or(cp.id());
     println!(
         "control plane: read and built {} Services in {:.2} s; RSS {} MiB",
         a.services,
@@ -689,9 +690,10 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
         }),
     );
     runtime.shutdown_background();
-    // SIGTERM, so a profiler wrapper (KPX_BENCH_CP_WRAPPER) passes it on and writes its data.
-    if let Ok(pid) = libc::pid_t::try_from(cp.id()) {
-        // SAFETY: kill(2) on the child this function started.
+    // SIGTERM to the control plane itself, so that under a profiler (KPX_BENCH_CP_WRAPPER)
+    // it ends and the profiler writes its data.
+    if let Ok(pid) = libc::pid_t::try_from(pid) {
+        // SAFETY: kill(2) on the process this function started (or its wrapper's child).
         unsafe { libc::kill(pid, libc::SIGTERM) };
     }
     let _ = cp.wait();
@@ -835,6 +837,7 @@ fn api_latency(a: &Args, scale: Scale) -> serde_json::Value {
     let _cp = t.start_control_plane_from(&[format!("kubeconfig:{}", kubeconfig.display())], &[]);
     let dp = t.start_dataplane_with(ProxyBackend::Nftables, &[]);
     kpx_e2e::wait_for("the node's initial sync", Duration::from_secs(1800), || {
+        exited_before(&dp, "its initial sync");
         let applied: u64 = service_deltas(&dp.log).iter().map(|e| e["resources"].as_u64().unwrap_or(0)).sum();
         (applied >= scale.services as u64).then_some(())
     });
@@ -848,6 +851,7 @@ fn api_latency(a: &Args, scale: Scale) -> serde_json::Value {
             .unwrap_or_default();
         api.apply_yaml(&BenchService::numbered(0, scale.endpoints, change).slice_yaml());
         let event = kpx_e2e::wait_for("the change applied", Duration::from_secs(120), || {
+            exited_before(&dp, "the change applied");
             service_deltas(&dp.log).into_iter().nth(before)
         });
         // The event is logged once stored too: the kernel had it `elapsed - kernel` before.
@@ -868,6 +872,13 @@ fn api_latency(a: &Args, scale: Scale) -> serde_json::Value {
         "api_to_kernel_p50_ms": ms(percentile(&latencies, 0.5)),
         "api_to_kernel_p99_ms": ms(percentile(&latencies, 0.99)),
     })
+}
+
+/// Ends the benchmark if the agent has exited (instead of waiting out a deadline for it).
+fn exited_before(agent: &KpxProcess, what: &str) {
+    if agent.exited() {
+        panic!("{} exited before {what}; log:\n{}", agent.name, agent.log_text());
+    }
 }
 
 /// The agent's "delta applied" events of Services (the log holds every run of it).
@@ -907,6 +918,7 @@ fn node_programming(a: &Args, scale: Scale, backend: ProxyBackend, label: &str) 
     let mut dp: KpxProcess = t.start_dataplane_under(backend, &wrapper);
     let log = dp.log.clone();
     let initial = kpx_e2e::wait_for("the node's initial sync", Duration::from_secs(1800), || {
+        exited_before(&dp, "its initial sync");
         let deltas = service_deltas(&log);
         let applied: u64 = deltas.iter().map(|e| e["resources"].as_u64().unwrap_or(0)).sum();
         (applied >= total as u64).then_some(deltas)
@@ -922,6 +934,7 @@ fn node_programming(a: &Args, scale: Scale, backend: ProxyBackend, label: &str) 
         let before = service_deltas(&log).len();
         write_manifests_one(&manifests, scale.endpoints, change);
         let event = kpx_e2e::wait_for("the change applied", Duration::from_secs(120), || {
+            exited_before(&dp, "the change applied");
             service_deltas(&log).into_iter().nth(before)
         });
         let us = |field: &str| Duration::from_micros(event[field].as_u64().unwrap_or(0));
