@@ -326,7 +326,7 @@ async fn serve_stream(
                 }
             }
         }
-        let walking = !stalled && state.subscribed().into_iter().any(|ty| state.walking(ty));
+        let walking = !stalled && state.in_first_sync();
         match (walking, &syncing) {
             (true, None) => syncing = Some(syncs.enter()),
             (false, Some(_)) => syncing = None,
@@ -578,14 +578,17 @@ mod tests {
         // n1 takes the one walk permit with its first chunk, which is never written nor answered.
         let (_tx1, mut out1) = f.subscribe("n1").await;
         let _unwritten = sending(&mut out1).await;
+        let since = std::time::Instant::now();
         let (tx2, mut out2) = f.subscribe("n2").await;
         let ended = tokio::time::timeout(Duration::from_secs(5), out1.recv()).await.expect("closed in time");
         let status = ended.expect("an item").expect_err("an error status");
         assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
         assert!(status.message().contains("does not read its stream"), "{}", status.message());
         assert!(f.metrics.render().contains("kpx_xds_unresponsive_streams_closed_total 1"));
-        // n2, which answers, gets the permit and its whole walk, and is not closed.
+        // n2, which answers, gets the permit (freed by the closure, not by the lease) and its
+        // whole walk, and is not closed.
         let chunk = response(&mut out2).await;
+        assert!(since.elapsed() < WALK_LEASE, "n2 waited {:?}", since.elapsed());
         ack(&tx2, &chunk).await;
         let rest = response(&mut out2).await;
         assert_eq!(chunk.resources.len() + rest.resources.len(), many);
@@ -615,27 +618,67 @@ mod tests {
         assert!(quiet(&mut out1).await, "n1 is not closed (no --ack-timeout) and gets nothing more");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn walk_chunks_being_written_are_bounded_across_streams_and_unanswered_ones_hold_none() {
         let f = fixture(1);
         let many = MAX_RESOURCES_PER_RESPONSE + 100;
         f.snapshots.send_replace(Some(build(&services(many, None), &Snapshot::default())));
         let (tx1, mut out1) = f.subscribe("n1").await;
-        let writing1 = sending(&mut out1).await;
+        let writing1 = *sending(&mut out1).await;
         assert_eq!(writing1.response.resources.len(), MAX_RESOURCES_PER_RESPONSE);
         let (tx2, mut out2) = f.subscribe("n2").await;
         assert!(quiet(&mut out2).await, "the one permit is n1's while its chunk is written");
-        let chunk1 = writing1.response;
-        // Written (the body let go of it), not yet answered: the permit is free for n2.
-        let writing2 = sending(&mut out2).await;
+        // Written (the body lets go of the permit), not yet answered: the permit is n2's at
+        // once, not after n1's lease.
+        let since = tokio::time::Instant::now();
+        let Sending { response: chunk1, permit } = writing1;
+        drop(permit);
+        let writing2 = *sending(&mut out2).await;
+        assert!(since.elapsed() < WALK_LEASE, "n2 waited {:?}", since.elapsed());
         assert_eq!(writing2.response.resources.len(), MAX_RESOURCES_PER_RESPONSE);
         ack(&tx1, &chunk1).await;
         assert!(quiet(&mut out1).await, "n1's next chunk waits while n2's is written");
-        let chunk2 = writing2.response;
+        let since = tokio::time::Instant::now();
+        let Sending { response: chunk2, permit } = writing2;
+        drop(permit);
         let rest1 = response(&mut out1).await;
+        assert!(since.elapsed() < WALK_LEASE, "n1 waited {:?}", since.elapsed());
         assert_eq!(rest1.resources.len(), 100);
         ack(&tx2, &chunk2).await;
         let rest2 = response(&mut out2).await;
         assert_eq!(rest2.resources.len(), 100);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_counts_as_in_its_first_sync_until_its_walk_ends_or_stalls() {
+        let f = fixture(WALKS_IN_FLIGHT);
+        let many = MAX_RESOURCES_PER_RESPONSE + 100;
+        f.snapshots.send_replace(Some(build(&services(many, None), &Snapshot::default())));
+        let running = || f.server.syncs.running();
+        let settled = || tokio::time::sleep(Duration::from_millis(10));
+        // n1 walks to the end.
+        let (tx1, mut out1) = f.subscribe("n1").await;
+        let chunk = response(&mut out1).await;
+        settled().await;
+        assert_eq!(running(), 1, "n1 walks");
+        ack(&tx1, &chunk).await;
+        let rest = response(&mut out1).await;
+        ack(&tx1, &rest).await;
+        settled().await;
+        assert_eq!(running(), 0, "n1's walk ended");
+        // n2 takes its first chunk and never answers: after the lease it no longer counts.
+        let (tx2, mut out2) = f.subscribe("n2").await;
+        let chunk = response(&mut out2).await;
+        settled().await;
+        assert_eq!(running(), 1, "n2 walks");
+        tokio::time::sleep(WALK_LEASE).await;
+        assert_eq!(running(), 0, "n2's walk stalled unanswered");
+        // Its answer counts it again until its walk ends.
+        ack(&tx2, &chunk).await;
+        let rest = response(&mut out2).await;
+        assert_eq!(running(), 1, "n2 walks again");
+        ack(&tx2, &rest).await;
+        settled().await;
+        assert_eq!(running(), 0);
     }
 }

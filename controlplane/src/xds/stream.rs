@@ -98,39 +98,28 @@ pub enum RequestKind {
     },
 }
 
-/// What a response carried for one name: a resource (shared with the snapshot, so a
-/// response in flight costs a pointer per resource), or its removal.
-#[derive(Debug)]
-enum Sent {
-    Resource(Arc<Resource>),
-    Removed(String),
-}
-
-impl Sent {
-    fn name(&self) -> &str {
-        match self {
-            Sent::Resource(r) => &r.name,
-            Sent::Removed(name) => name,
-        }
-    }
-
-    /// The version sent (`None`: sent as removed).
-    fn version(&self) -> Option<&str> {
-        match self {
-            Sent::Resource(r) => Some(&r.version),
-            Sent::Removed(_) => None,
-        }
-    }
-}
-
 #[derive(Debug)]
 struct InFlight {
     nonce: String,
-    sent: Vec<Sent>,
+    /// The resources it carried: the response's own list, shared (nothing copied per name).
+    resources: Arc<[Arc<Resource>]>,
+    removed: Vec<String>,
     /// The base the stream was on when it sent the response (a wildcard subscription's).
     base: Option<Arc<Snapshot>>,
     /// For a response that walks: how far it takes the walk once answered.
     walk: Option<WalkStep>,
+}
+
+impl InFlight {
+    /// Each name it carried and the version sent (`None`: sent as removed).
+    fn sent(&self) -> impl Iterator<Item = (&str, Option<&str>)> {
+        let resources = self.resources.iter().map(|r| (r.name.as_str(), Some(r.version.as_str())));
+        resources.chain(self.removed.iter().map(|name| (name.as_str(), None)))
+    }
+
+    fn len(&self) -> usize {
+        self.resources.len() + self.removed.len()
+    }
 }
 
 /// How far one response takes a walk.
@@ -263,32 +252,32 @@ impl TypeState {
 
     /// Records the answer to the response in flight: the node now has what was sent
     /// (`accepted`) or what it had before.
-    fn settle(&mut self, ty: ResourceType, node: Audience<'_>, in_flight: InFlight, accepted: bool) {
+    fn settle(&mut self, ty: ResourceType, node: Audience<'_>, mut in_flight: InFlight, accepted: bool) {
         // Refused: the node keeps what it had of each name, read before the walk moves on.
         let had: Vec<Option<String>> = if accepted {
             Vec::new()
         } else {
-            in_flight.sent.iter().map(|s| self.has(ty, node, s.name()).map(str::to_owned)).collect()
+            in_flight.sent().map(|(name, _)| self.has(ty, node, name).map(str::to_owned)).collect()
         };
-        if let Some(step) = in_flight.walk {
+        if let Some(step) = in_flight.walk.take() {
             self.sync.advance(step);
         }
         // Sent from the base the node is still on: what it took is what the base says for
         // every name the base covers, so nothing differs from it (no lookup per name).
         let from_base = accepted
             && matches!((&in_flight.base, self.sync.base()), (Some(sent), Some(now)) if Arc::ptr_eq(sent, now));
-        for (i, sent) in in_flight.sent.iter().enumerate() {
-            if from_base && self.sync.covers(sent.name()) {
+        for (i, (name, sent)) in in_flight.sent().enumerate() {
+            if from_base && self.sync.covers(name) {
                 if !self.overrides.is_empty() {
-                    self.overrides.remove(sent.name());
+                    self.overrides.remove(name);
                 }
                 continue;
             }
-            let version = if accepted { sent.version() } else { had.get(i).and_then(Option::as_deref) };
-            if self.sync.implied(ty, node, sent.name()) == version {
-                self.overrides.remove(sent.name());
+            let version = if accepted { sent } else { had.get(i).and_then(Option::as_deref) };
+            if self.sync.implied(ty, node, name) == version {
+                self.overrides.remove(name);
             } else {
-                self.overrides.insert(sent.name().to_owned(), version.map(str::to_owned));
+                self.overrides.insert(name.to_owned(), version.map(str::to_owned));
             }
         }
     }
@@ -508,16 +497,16 @@ impl StreamState {
         let nonce = in_flight.nonce.clone();
         match req.error_detail {
             None => {
-                for sent in &in_flight.sent {
-                    state.rejected.remove(sent.name());
+                for (name, _) in in_flight.sent() {
+                    state.rejected.remove(name);
                 }
                 state.settle(ty, who, in_flight, true);
                 Ok(RequestKind::Ack { ty, nonce })
             }
             Some(status) => {
-                for sent in &in_flight.sent {
-                    if let Some(v) = sent.version() {
-                        state.rejected.insert(sent.name().to_owned(), v.to_owned());
+                for (name, version) in in_flight.sent() {
+                    if let Some(v) = version {
+                        state.rejected.insert(name.to_owned(), v.to_owned());
                     }
                 }
                 state.settle(ty, who, in_flight, false);
@@ -529,7 +518,7 @@ impl StreamState {
     /// What the node holds of `ty`: resources ACKed, resources in the response awaiting its ACK.
     pub fn type_status(&self, ty: ResourceType) -> Option<(usize, Option<usize>)> {
         let state = self.types.get(&ty)?;
-        Some((state.count(ty, self.audience()), state.in_flight.as_ref().map(|f| f.sent.len())))
+        Some((state.count(ty, self.audience()), state.in_flight.as_ref().map(InFlight::len)))
     }
 
     /// Per type and name: the version the node ACKed (if any) and the one it NACKed (if any).
@@ -561,6 +550,11 @@ impl StreamState {
         self.types.get(&ty).is_some_and(|t| t.wildcard && matches!(t.sync, Sync::Start | Sync::Walk { .. }))
     }
 
+    /// Whether some type is being walked (the stream is in a first sync).
+    pub fn in_first_sync(&self) -> bool {
+        self.types.keys().any(|ty| self.walking(*ty))
+    }
+
     /// The types this stream has subscribed to.
     pub fn subscribed(&self) -> Vec<ResourceType> {
         self.types.keys().copied().collect()
@@ -590,22 +584,17 @@ impl StreamState {
         }
         pending.removed.sort();
         pending.removed.dedup();
-        let sent = pending
-            .resources
-            .iter()
-            .map(|r| Sent::Resource(Arc::clone(r)))
-            .chain(pending.removed.iter().map(|n| Sent::Removed(n.clone())))
-            .collect();
+        let resources: Arc<[Arc<Resource>]> = pending.resources.into();
         self.nonces += 1;
         let nonce = self.nonces.to_string();
-        let base = state.sync.base().cloned();
-        state.in_flight = Some(InFlight { nonce: nonce.clone(), sent, base, walk: pending.walk });
-        Some(Response {
-            type_url: ty.type_url(),
-            resources: pending.resources,
-            removed: pending.removed,
-            nonce,
-        })
+        state.in_flight = Some(InFlight {
+            nonce: nonce.clone(),
+            resources: Arc::clone(&resources),
+            removed: pending.removed.clone(),
+            base: state.sync.base().cloned(),
+            walk: pending.walk,
+        });
+        Some(Response { type_url: ty.type_url(), resources, removed: pending.removed, nonce })
     }
 
     /// Fills `pending` for a wildcard subscription: first what differs behind the walk

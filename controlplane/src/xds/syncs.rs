@@ -50,11 +50,13 @@ impl Syncs {
     }
 
     /// How many first syncs run.
+    #[cfg(test)]
     pub fn running(&self) -> usize {
         self.0.running.load(Ordering::SeqCst)
     }
 
     /// How many times the memory was given back.
+    #[cfg(test)]
     pub fn releases(&self) -> usize {
         self.0.releases.load(Ordering::SeqCst)
     }

@@ -91,11 +91,12 @@ pub trait HasEntry {
     fn entry(&self) -> &ResourceEntry;
 }
 
-/// One `DeltaDiscoveryResponse`, as the resources it carries.
+/// One `DeltaDiscoveryResponse`, as the resources it carries (a list the stream that sent
+/// it keeps too, until the node answers).
 #[derive(Debug)]
 pub struct Outgoing<R> {
     pub type_url: &'static str,
-    pub resources: Vec<Arc<R>>,
+    pub resources: Arc<[Arc<R>]>,
     pub removed: Vec<String>,
     pub nonce: String,
 }
@@ -122,7 +123,7 @@ impl<R: HasEntry> Outgoing<R> {
         for name in &self.removed {
             put_bytes_field(&mut head, response_field::REMOVED_RESOURCES, name.as_bytes());
         }
-        Pieces { head: Some(head), resources: self.resources.into_iter().peekable(), left: entries_len }
+        Pieces { head: Some(head), resources: self.resources, next: 0, left: entries_len }
     }
 
     /// Every piece at once.
@@ -130,7 +131,7 @@ impl<R: HasEntry> Outgoing<R> {
     pub fn frames(&self) -> Vec<Bytes> {
         let copy = Outgoing {
             type_url: self.type_url,
-            resources: self.resources.clone(),
+            resources: Arc::clone(&self.resources),
             removed: self.removed.clone(),
             nonce: self.nonce.clone(),
         };
@@ -146,15 +147,17 @@ impl<R: HasEntry> Outgoing<R> {
 /// for HTTP/2 holds pointers to its shared entries, not a copy of them.
 pub struct Pieces<R> {
     head: Option<BytesMut>,
-    resources: std::iter::Peekable<std::vec::IntoIter<Arc<R>>>,
+    resources: Arc<[Arc<R>]>,
+    /// The first resource not yet in a piece.
+    next: usize,
     /// Bytes of the entries not yet in a piece.
     left: usize,
 }
 
 impl<R> Pieces<R> {
     /// Whether every piece has been taken.
-    pub fn is_done(&mut self) -> bool {
-        self.head.is_none() && self.resources.peek().is_none()
+    pub fn is_done(&self) -> bool {
+        self.head.is_none() && self.next == self.resources.len()
     }
 }
 
@@ -163,16 +166,16 @@ impl<R: HasEntry> Iterator for Pieces<R> {
 
     fn next(&mut self) -> Option<Bytes> {
         let mut piece = self.head.take().unwrap_or_default();
-        while let Some(r) = self.resources.peek() {
-            let entry = r.entry().bytes().clone();
+        while let Some(r) = self.resources.get(self.next) {
+            let entry = r.entry().bytes();
             if entry.len() >= PIECE_BYTES {
                 // A large entry goes as it is, in a piece of its own.
                 if !piece.is_empty() {
                     break;
                 }
-                self.resources.next();
+                self.next += 1;
                 self.left -= entry.len();
-                return Some(entry);
+                return Some(entry.clone());
             }
             if piece.len() + entry.len() > PIECE_BYTES {
                 break;
@@ -180,9 +183,9 @@ impl<R: HasEntry> Iterator for Pieces<R> {
             if piece.capacity() == 0 {
                 piece.reserve(PIECE_BYTES.min(self.left));
             }
-            piece.put_slice(&entry);
+            piece.put_slice(entry);
             self.left -= entry.len();
-            self.resources.next();
+            self.next += 1;
         }
         (!piece.is_empty()).then(|| piece.freeze())
     }
@@ -219,7 +222,8 @@ mod tests {
                 named("c/ns/a", "v1", b"\x08\x01"),
                 named("c/ns/b", "v2", &big),
                 named("e", "", b""),
-            ],
+            ]
+            .into(),
             removed: vec!["c/ns/gone".into(), "c/ns/gone2".into()],
             nonce: "42".into(),
         };
@@ -255,7 +259,7 @@ mod tests {
         let large = named("large", "v", &vec![2; PIECE_BYTES + 10]);
         let mut resources = small.clone();
         resources.insert(150, Arc::clone(&large));
-        let out = Outgoing { type_url: "t", resources, removed: vec![], nonce: "1".into() };
+        let out = Outgoing { type_url: "t", resources: resources.into(), removed: vec![], nonce: "1".into() };
         let frames = out.frames();
         assert!(frames
             .iter()

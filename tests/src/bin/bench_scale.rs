@@ -855,9 +855,13 @@ fn api_latency(a: &Args, scale: Scale) -> serde_json::Value {
             service_deltas(&dp.log).into_iter().nth(before)
         });
         // The event is logged once stored too: the kernel had it `elapsed - kernel` before.
-        let logged = event["timestamp"].as_str().and_then(unix_seconds).unwrap_or(f64::NAN);
+        let logged = event["timestamp"]
+            .as_str()
+            .and_then(unix_seconds)
+            .unwrap_or_else(|| panic!("the agent's event has no UTC timestamp: {event}"));
         let after_kernel_us =
             event["elapsed_us"].as_f64().unwrap_or(0.0) - event["kernel_us"].as_f64().unwrap_or(0.0);
+        // (Rounded to the log's microseconds: never below zero.)
         latencies.push(Duration::from_secs_f64((logged - written - after_kernel_us / 1e6).max(0.0)));
     }
     latencies.sort();
