@@ -189,17 +189,33 @@ fn iptables(node: &Netns, save: &str) -> BTreeMap<String, Programmed> {
     out
 }
 
+/// IPVS's table and the addresses bound, read as one snapshot: the table is read before
+/// and after the addresses, and the reading is taken again while the two differ. Read
+/// once each, an agent programming between the two reads (a virtual service added, then
+/// its address bound) would look like an address bound without a virtual service.
 fn ipvs(node: &Netns) -> BTreeMap<String, Programmed> {
-    let table = node.try_exec("cat", &["/proc/net/ip_vs"]);
-    assert!(table.status.success(), "/proc/net/ip_vs: {}", String::from_utf8_lossy(&table.stderr));
-    let links = node.try_exec("ip", &["-o", "-4", "addr", "show", "dev", "kpx-ipvs0"]);
-    // No interface: nothing bound.
-    let bound: BTreeSet<String> = String::from_utf8_lossy(&links.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().skip_while(|w| *w != "inet").nth(1))
-        .map(|a| a.split('/').next().unwrap_or_default().to_owned())
-        .collect();
-    ipvs_services(&String::from_utf8_lossy(&table.stdout), &bound)
+    let read_table = || {
+        let table = node.try_exec("cat", &["/proc/net/ip_vs"]);
+        assert!(table.status.success(), "/proc/net/ip_vs: {}", String::from_utf8_lossy(&table.stderr));
+        String::from_utf8_lossy(&table.stdout).into_owned()
+    };
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let before = read_table();
+        let links = node.try_exec("ip", &["-o", "-4", "addr", "show", "dev", "kpx-ipvs0"]);
+        let after = read_table();
+        if before != after && attempts < 50 {
+            continue; // the agent is programming: read again
+        }
+        // No interface: nothing bound.
+        let bound: BTreeSet<String> = String::from_utf8_lossy(&links.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().skip_while(|w| *w != "inet").nth(1))
+            .map(|a| a.split('/').next().unwrap_or_default().to_owned())
+            .collect();
+        return ipvs_services(&after, &bound);
+    }
 }
 
 /// `/proc/net/ip_vs` (IPv4, hex `ADDR:PORT`) against the addresses bound on kpx's
