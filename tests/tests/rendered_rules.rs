@@ -4,7 +4,7 @@
 //! affinity, addresses two Services claim), the full sync and the incremental change to
 //! another set of Services are accepted by `nft`, `iptables-restore` (both flavours) and
 //! `ipset`, and the incremental change leaves exactly what a full sync of the new state
-//! does; for nftables also when the change, or a full sync's elements, are written as
+//! does (for IPVS, a change's set members go over netlink, a full sync's as ipset text); for nftables also when the change, or a full sync's elements, are written as
 //! element updates over netlink rather than nft text (against a full sync written as text). Bounded: a few dozen cases per backend. Run as root.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,7 +16,7 @@ use kpx_dataplane::backend::nftables::NftablesBackend;
 use kpx_dataplane::backend::Backend;
 use kpx_dataplane::exec::conntrack::ConntrackProcess;
 use kpx_dataplane::exec::fake::{FakeIpvs, FakeLinks, FakeSysctl};
-use kpx_dataplane::exec::ipset::IpsetProcess;
+use kpx_dataplane::exec::ipset::IpsetNetlink;
 use kpx_dataplane::exec::iptables::{Flavour, IptablesProcess};
 use kpx_dataplane::exec::nft::{Nft, NftProcess, Outline};
 use kpx_dataplane::exec::nft_elements::ElementUpdate;
@@ -337,8 +337,9 @@ fn iptables_legacy_accepts_every_rendering_and_a_change_equals_a_full_sync() {
     );
 }
 
-/// IPVS itself is faked (this kernel has none): what is checked is the ipset and iptables
-/// text the backend writes around it.
+/// IPVS itself is faked (this kernel has none): what is checked is the ipsets and iptables
+/// rules the backend writes around it — whole sets as `ipset restore` text, a change's
+/// members over netlink.
 #[test]
 fn ipvs_sets_and_chains_are_accepted_and_a_change_equals_a_full_sync() {
     check(
@@ -347,7 +348,7 @@ fn ipvs_sets_and_chains_are_accepted_and_a_change_equals_a_full_sync() {
         || {
             let kernel = IpvsKernel {
                 ipvs: Box::new(FakeIpvs::new()),
-                ipset: Box::new(IpsetProcess),
+                ipset: Box::new(IpsetNetlink::default()),
                 iptables: Box::new(IptablesProcess { flavour: Flavour::Nft }),
                 links: Box::new(FakeLinks::new()),
                 sysctl: Box::new(FakeSysctl::new()),

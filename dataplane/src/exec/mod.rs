@@ -1,6 +1,6 @@
 //! The only code that touches the kernel: it spawns the tools (`nft`, `iptables-restore`
 //! and `-save`, `ipset`, `ip`, `conntrack`), opens libnftables, the IPVS generic
-//! netlink socket and an nf_tables netlink socket (element updates, and reads nft would
+//! netlink socket, an ipset netlink socket (members added and deleted) and an nf_tables netlink socket (element updates, and reads nft would
 //! make cost the whole table: [`nft_netlink`]), and writes `/proc/sys`. Everything above it speaks to the kernel through
 //! the traits here, so that [`fake`] — an in-memory model of each facility that applies
 //! a transaction whole or refuses it whole, as the kernel does, and dumps canonical text —
@@ -11,7 +11,8 @@
 //!   one transaction, list kpx's table, count one chain's rules and outline the table
 //!   (those three over netlink);
 //! - [`iptables::Iptables`]: `iptables-restore --noflush` and `iptables-save` per family;
-//! - [`ipset::Ipset`]: `ipset restore`, `save`, the names of the sets;
+//! - [`ipset::Ipset`]: `ipset restore`, `save`, the names of the sets, and members
+//!   added or deleted (over netlink);
 //! - [`links::Links`]: a dummy interface and the addresses on it;
 //! - [`ipvs::Ipvs`]: IPVS virtual services and destinations;
 //! - [`conntrack::Conntrack`]: deleting conntrack entries;
@@ -20,6 +21,7 @@
 pub mod conntrack;
 pub mod fake;
 pub mod ipset;
+mod ipset_netlink;
 pub mod iptables;
 pub mod ipvs;
 mod ipvs_netlink;

@@ -12,6 +12,8 @@ const NLM_F_REQUEST: u16 = 0x1;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 const NLA_F_NESTED: u16 = 0x8000;
+/// An attribute whose value is in network byte order (ipset insists on the flag).
+pub const NLA_F_NET_BYTEORDER: u16 = 0x4000;
 const NLA_TYPE_MASK: u16 = 0x3fff;
 /// The netlink header and the 4-byte family header every message here starts with.
 #[cfg(test)]

@@ -25,7 +25,7 @@ use super::ipset::{self, SetRole};
 use super::programmed::{Changes, Delta, Programmed};
 use crate::backend::{xtables, Backend, BackendError, Family, NodeContext};
 use crate::exec::conntrack::{FlowFilter, SharedConntrack};
-use crate::exec::ipset::{Ipset, IpsetProcess};
+use crate::exec::ipset::{Edit, Ipset, IpsetNetlink};
 use crate::exec::iptables::{Flavour, Iptables, IptablesProcess};
 use crate::exec::ipvs::{
     Destination, Ipvs, IpvsError, NetlinkIpvs, ServiceKey, VirtualService, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
@@ -61,12 +61,12 @@ pub struct IpvsKernel {
 }
 
 impl IpvsKernel {
-    /// The node's own kernel: IPVS over generic netlink, the `ipset`, `iptables` (of
-    /// `flavour`) and `ip` tools, `/proc/sys`.
+    /// The node's own kernel: IPVS over generic netlink, ipset (members over netlink,
+    /// whole sets through the tool), the `iptables` (of `flavour`) and `ip` tools, `/proc/sys`.
     pub fn system(flavour: Flavour, conntrack: SharedConntrack) -> Self {
         IpvsKernel {
             ipvs: Box::new(NetlinkIpvs::default()),
-            ipset: Box::new(IpsetProcess),
+            ipset: Box::new(IpsetNetlink::default()),
             iptables: Box::new(IptablesProcess { flavour }),
             links: Box::new(IpProcess),
             sysctl: Box::new(ProcSys),
@@ -162,8 +162,9 @@ impl IpvsBackend {
 
     /// Programs one change; the table already holds its result.
     fn program(&mut self, changes: &Changes) -> Result<(), BackendError> {
-        let (adds, _) = ipset::diff_scripts(&Default::default(), &changes.add_members);
-        self.kernel.ipset.restore(&adds)?;
+        for (set, members) in &changes.add_members {
+            self.kernel.ipset.edit(Edit::Add, &set.to_string(), members)?;
+        }
         // A new entry point may have flows from before it existed (a SYN the node routed
         // elsewhere): its retransmission would reach IPVS past the masquerade rules. Gone
         // before IPVS takes the address, such a SYN is refused and the client retries.
@@ -206,8 +207,10 @@ impl IpvsBackend {
             self.kernel.ipvs.delete_service(key)?;
             self.draining.retain(|(k, _, _), _| k != key);
         }
-        let (_, deletes) = ipset::diff_scripts(&changes.delete_members, &Default::default());
-        Ok(self.kernel.ipset.restore(&deletes)?)
+        for (set, members) in &changes.delete_members {
+            self.kernel.ipset.edit(Edit::Delete, &set.to_string(), members)?;
+        }
+        Ok(())
     }
 
     /// Adds what is missing, sets weights, and takes away what goes: TCP and SCTP

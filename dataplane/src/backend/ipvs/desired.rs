@@ -12,7 +12,7 @@ use kpx_proto::family::Family;
 use kpx_proto::policy::{self, Action, EntryKind, PortFamily};
 use kpx_proto::types::{Endpoint, Protocol, ServiceView};
 
-use super::ipset::{self, SetName, SetRole};
+use super::ipset::{self, Member, SetName, SetRole};
 use crate::backend::NodeContext;
 use crate::exec::ipvs::{
     Destination, ServiceKey, VirtualService, FLAG_PERSISTENT, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
@@ -45,7 +45,7 @@ pub struct Piece {
     pub services: BTreeMap<ServiceKey, (VirtualService, Vec<Destination>)>,
     /// Service addresses the node must accept traffic for (bound to the dummy interface).
     pub addresses: BTreeSet<IpAddr>,
-    pub members: BTreeSet<(SetName, String)>,
+    pub members: BTreeSet<(SetName, Member)>,
 }
 
 pub fn protocol(p: Protocol) -> u16 {
@@ -155,11 +155,11 @@ mod tests {
         Context::new(&fixtures::node_context(), "rr")
     }
 
-    fn members(p: &Piece, role: SetRole) -> Vec<&str> {
+    fn members(p: &Piece, role: SetRole) -> Vec<String> {
         p.members
             .iter()
             .filter(|(s, _)| *s == SetName::new(role, Family::V4))
-            .map(|(_, m)| m.as_str())
+            .map(|(_, m)| m.to_string())
             .collect()
     }
 

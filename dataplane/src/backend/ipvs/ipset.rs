@@ -1,7 +1,8 @@
 //! The ipsets that tell kpx's few iptables rules (see [`chains`](super::chains)) which
-//! packets IPVS alone cannot handle: one set per role and family, members in ipset's own
-//! text (`10.96.0.10,tcp:80`). A full sync fills a fresh set and swaps it in (atomic per
-//! set); an apply adds and deletes only the members that changed. Pure: the scripts go to
+//! packets IPVS alone cannot handle: one set per role and family, members typed
+//! ([`Member`], `10.96.0.10,tcp:80` in ipset's text). A full sync fills a fresh set and
+//! swaps it in (atomic per set); an apply adds and deletes only the members that changed
+//! ([`crate::exec::ipset::Ipset::edit`]). Pure: the scripts and members go to
 //! [`crate::exec::ipset`].
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -12,6 +13,8 @@ use ipnet::IpNet;
 use kpx_proto::types::Protocol;
 
 use crate::backend::Family;
+use crate::exec::ipset::Last;
+pub use crate::exec::ipset::Member;
 
 /// What a set's members are for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -108,21 +111,21 @@ impl SetName {
 }
 
 /// The members of every set.
-pub type SetMembers = BTreeMap<SetName, BTreeSet<String>>;
+pub type SetMembers = BTreeMap<SetName, BTreeSet<Member>>;
 
 /// `address,proto:port`.
-pub fn entry_member(address: IpAddr, protocol: Protocol, port: u16) -> String {
-    format!("{address},{protocol}:{port}")
+pub fn entry_member(address: IpAddr, protocol: Protocol, port: u16) -> Member {
+    Member { address, protocol, port, last: None }
 }
 
 /// `address,proto:port,address` (hairpin).
-pub fn loop_back_member(address: IpAddr, protocol: Protocol, port: u16) -> String {
-    format!("{address},{protocol}:{port},{address}")
+pub fn loop_back_member(address: IpAddr, protocol: Protocol, port: u16) -> Member {
+    Member { address, protocol, port, last: Some(Last::Address(address)) }
 }
 
 /// `address,proto:port,net` (an allowed source of a load-balancer entry).
-pub fn source_member(address: IpAddr, protocol: Protocol, port: u16, source: &IpNet) -> String {
-    format!("{address},{protocol}:{port},{source}")
+pub fn source_member(address: IpAddr, protocol: Protocol, port: u16, source: &IpNet) -> Member {
+    Member { address, protocol, port, last: Some(Last::Net(*source)) }
 }
 
 /// `ipset restore` input that makes every set hold exactly `members`: each filled as a
@@ -145,23 +148,6 @@ pub fn swap_script(members: &SetMembers) -> String {
     s
 }
 
-/// The members to add and those to delete to go from `before` to `after`, as two
-/// `ipset restore` inputs (adds go before the kernel's IPVS changes, deletes after).
-pub fn diff_scripts(before: &SetMembers, after: &SetMembers) -> (String, String) {
-    let empty = BTreeSet::new();
-    let (mut adds, mut deletes) = (String::new(), String::new());
-    for set in SetName::all() {
-        let (old, new) = (before.get(&set).unwrap_or(&empty), after.get(&set).unwrap_or(&empty));
-        for member in new.difference(old) {
-            let _ = writeln!(adds, "add {set} {member}");
-        }
-        for member in old.difference(new) {
-            let _ = writeln!(deletes, "del {set} {member}");
-        }
-    }
-    (adds, deletes)
-}
-
 /// `ipset restore` input that destroys the sets among `existing` that kpx owns.
 pub fn destroy_script(existing: &[String]) -> String {
     let ours: BTreeSet<String> = SetName::all().flat_map(|s| [s.to_string(), format!("{s}-N")]).collect();
@@ -181,8 +167,8 @@ pub fn owned_lines(saved: &str) -> String {
 mod tests {
     use super::*;
 
-    fn members(set: SetName, list: &[&str]) -> SetMembers {
-        [(set, list.iter().map(|m| (*m).to_owned()).collect())].into()
+    fn members(set: SetName, list: &[Member]) -> SetMembers {
+        [(set, list.iter().cloned().collect())].into()
     }
 
     #[test]
@@ -190,27 +176,22 @@ mod tests {
         let set = SetName::new(SetRole::LoopBack, Family::V6);
         assert_eq!(set.to_string(), "KPX-LOOP-BACK-6");
         let ip: IpAddr = "fd00::5".parse().expect("ip");
-        assert_eq!(loop_back_member(ip, Protocol::Udp, 53), "fd00::5,udp:53,fd00::5");
+        assert_eq!(loop_back_member(ip, Protocol::Udp, 53).to_string(), "fd00::5,udp:53,fd00::5");
         let net: IpNet = "192.0.2.0/24".parse().expect("net");
         let lb: IpAddr = "192.0.2.20".parse().expect("ip");
-        assert_eq!(source_member(lb, Protocol::Tcp, 80, &net), "192.0.2.20,tcp:80,192.0.2.0/24");
+        assert_eq!(source_member(lb, Protocol::Tcp, 80, &net).to_string(), "192.0.2.20,tcp:80,192.0.2.0/24");
         assert!(SetName::all().all(|s| s.to_string().len() + 2 <= 31), "ipset names are at most 31 bytes");
     }
 
     #[test]
-    fn a_full_sync_swaps_every_set_and_an_apply_touches_only_changed_members() {
+    fn a_full_sync_swaps_every_set() {
         let set = SetName::new(SetRole::ClusterIp, Family::V4);
-        let script = swap_script(&members(set, &["10.96.0.10,tcp:80"]));
+        let vip: IpAddr = "10.96.0.10".parse().expect("ip");
+        let script = swap_script(&members(set, &[entry_member(vip, Protocol::Tcp, 80)]));
         assert!(script.contains(
             "create KPX-CLUSTER-IP-4-N hash:ip,port family inet hashsize 1024 maxelem 1048576\nflush KPX-CLUSTER-IP-4-N\nadd KPX-CLUSTER-IP-4-N 10.96.0.10,tcp:80\nswap KPX-CLUSTER-IP-4-N KPX-CLUSTER-IP-4\ndestroy KPX-CLUSTER-IP-4-N\n"
         ));
         assert_eq!(script.matches("swap ").count(), 14, "every role in both families");
-        let (adds, deletes) = diff_scripts(
-            &members(set, &["10.96.0.10,tcp:80", "10.96.0.11,tcp:80"]),
-            &members(set, &["10.96.0.10,tcp:80", "10.96.0.12,udp:53"]),
-        );
-        assert_eq!(adds, "add KPX-CLUSTER-IP-4 10.96.0.12,udp:53\n");
-        assert_eq!(deletes, "del KPX-CLUSTER-IP-4 10.96.0.11,tcp:80\n");
         let existing = ["KUBE-CLUSTER-IP".to_owned(), "KPX-DROP-6".to_owned()];
         assert_eq!(destroy_script(&existing), "destroy KPX-DROP-6\n");
     }

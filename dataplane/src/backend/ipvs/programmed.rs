@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use super::desired::Piece;
-use super::ipset::{SetMembers, SetName};
+use super::ipset::{Member, SetMembers, SetName};
 use crate::exec::ipvs::{Destination, ServiceKey, VirtualService};
 
 #[derive(Debug, Default)]
@@ -16,7 +16,7 @@ pub struct Programmed {
     pieces: HashMap<String, Piece>,
     owners: HashMap<ServiceKey, String>,
     addresses: BTreeMap<IpAddr, usize>,
-    members: BTreeMap<(SetName, String), usize>,
+    members: BTreeMap<(SetName, Member), usize>,
 }
 
 /// What changes in the kernel; built by [`Programmed::set`] calls, read after the last one.
@@ -25,7 +25,7 @@ pub struct Delta {
     /// Virtual services touched: whether each was programmed before.
     services: BTreeMap<ServiceKey, bool>,
     addresses: BTreeMap<IpAddr, bool>,
-    members: BTreeMap<(SetName, String), bool>,
+    members: BTreeMap<(SetName, Member), bool>,
 }
 
 /// A [`Delta`] resolved against the table after the change.
@@ -192,7 +192,7 @@ mod tests {
         assert!(change.upsert[0].0, "existed before: edited");
         assert_eq!(change.upsert[0].2[0].address.to_string(), "10.244.0.2");
         assert!(change.bind.is_empty() && change.unbind.is_empty());
-        let added: Vec<&String> = change.add_members.values().flatten().collect();
+        let added: Vec<String> = change.add_members.values().flatten().map(ToString::to_string).collect();
         assert_eq!(added, ["10.244.0.2,tcp:8080,10.244.0.2"]);
         assert!(change.delete_members.is_empty(), "b still holds 10.244.0.1's hairpin member");
 
