@@ -18,8 +18,8 @@ use kpx_dataplane::exec::conntrack::ConntrackProcess;
 use kpx_dataplane::exec::fake::{FakeIpvs, FakeLinks, FakeSysctl};
 use kpx_dataplane::exec::ipset::IpsetNetlink;
 use kpx_dataplane::exec::iptables::{Flavour, IptablesProcess};
-use kpx_dataplane::exec::nft::{Nft, NftProcess, Outline};
-use kpx_dataplane::exec::nft_elements::ElementUpdate;
+use kpx_dataplane::exec::nft::{Nft, NftProcess, Outline, RefillWith};
+use kpx_dataplane::exec::nft_elements::{ElementUpdate, Emptied};
 use kpx_dataplane::exec::ExecError;
 use kpx_dataplane::state::{ChangeSet, NodeState, Versioned};
 use kpx_e2e::netns::Netns;
@@ -286,6 +286,11 @@ impl Nft for CountingNft {
         let counter = if update.flush.is_empty() { self.updates } else { self.refills };
         counter.fetch_add(1, Ordering::SeqCst);
         self.nft.update_elements(update)
+    }
+    /// A full sync's elements, each encoded into the batch as it is written.
+    fn refill(&mut self, flush: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<(), ExecError> {
+        self.refills.fetch_add(1, Ordering::SeqCst);
+        self.nft.refill(flush, fill)
     }
     fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {
         self.nft.rules_in_chain(chain)

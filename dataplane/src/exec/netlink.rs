@@ -168,21 +168,22 @@ impl Socket {
         messages: Vec<(Message, u16)>,
         end: Message,
     ) -> Result<(), NetlinkError> {
-        let count = u32::try_from(messages.len()).map_err(|_| NetlinkError::Malformed)?;
-        if count == 0 {
-            return Ok(());
+        let mut batch = self.begin_batch(begin);
+        for (m, flags) in messages {
+            batch.push(m, flags);
         }
-        // Sequence numbers: the beginning's, then 1..=count past it, then the end's.
+        batch.commit(end)
+    }
+
+    /// An nfnetlink batch starting with `begin`, its messages to be pushed one at a time.
+    pub fn begin_batch(&mut self, begin: Message) -> Batch<'_> {
         let begin_seq = self.next_seq();
-        let mut bytes = begin.finish(0, begin_seq);
-        for (index, (m, flags)) in (1..).zip(messages) {
-            // Only the last is acknowledged: errors of the others come before its ACK.
-            let ack = if index == count { NLM_F_ACK } else { 0 };
-            bytes.extend_from_slice(&m.finish(flags | ack, self.next_seq()));
-        }
-        bytes.extend_from_slice(&end.finish(0, self.next_seq()));
-        self.size_send_buffer(bytes.len())?;
-        self.send(&bytes)?;
+        let bytes = begin.finish(0, begin_seq);
+        Batch { socket: self, bytes, begin_seq, count: 0, last: 0 }
+    }
+
+    /// Waits for the kernel's answer to the batch of `count` messages after `begin_seq`.
+    fn batch_answer(&mut self, begin_seq: u32, count: u32) -> Result<(), NetlinkError> {
         let mut failure = None;
         let mut buf = vec![0u8; 64 << 10];
         loop {
@@ -259,6 +260,48 @@ impl Socket {
             }
         }
         Err(NetlinkError::Socket(io::Error::last_os_error()))
+    }
+}
+
+/// An nfnetlink batch being written: each message is finished and appended to the
+/// batch's bytes as it is pushed, so that what is held is the batch, not its messages
+/// and then the batch (a full sync's elements are tens of MB).
+pub struct Batch<'s> {
+    socket: &'s mut Socket,
+    bytes: Vec<u8>,
+    begin_seq: u32,
+    count: u32,
+    /// Where the last message pushed starts.
+    last: usize,
+}
+
+impl Batch<'_> {
+    pub fn push(&mut self, m: Message, flags: u16) {
+        let seq = self.socket.next_seq();
+        self.last = self.bytes.len();
+        self.bytes.extend_from_slice(&m.finish(flags, seq));
+        self.count += 1;
+    }
+
+    /// Sends the batch, closed by `end`, in one send and waits for the kernel's answer:
+    /// all of its messages applied in one transaction, or none and the first error. A
+    /// batch of no message is not sent.
+    pub fn commit(mut self, end: Message) -> Result<(), NetlinkError> {
+        if self.count == 0 {
+            return Ok(());
+        }
+        // Only the last is acknowledged: errors of the others come before its ACK.
+        let at = self.last + 6;
+        let flags = u16::from_ne_bytes([self.bytes[at], self.bytes[at + 1]]) | NLM_F_ACK;
+        self.bytes[at..at + 2].copy_from_slice(&flags.to_ne_bytes());
+        let end_seq = self.socket.next_seq();
+        self.bytes.extend_from_slice(&end.finish(0, end_seq));
+        let bytes = std::mem::take(&mut self.bytes);
+        self.socket.size_send_buffer(bytes.len())?;
+        // The kernel reads the batch during the send: its bytes can go before the answer.
+        self.socket.send(&bytes)?;
+        drop(bytes);
+        self.socket.batch_answer(self.begin_seq, self.count)
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use super::libnftables::NftLibrary;
 pub use super::libnftables::OpenError;
-use super::nft_elements::ElementUpdate;
+use super::nft_elements::{ElementUpdate, Emptied, EncodeError, Refill, TextRefill};
 use super::nft_netlink::NftNetlink;
 use super::{process, ExecError};
 
@@ -22,6 +22,15 @@ pub trait Nft: Send {
     /// Deletes, then adds, set and map elements as one transaction (netlink: no text, no
     /// cache of the ruleset).
     fn update_elements(&mut self, update: &ElementUpdate) -> Result<(), ExecError>;
+    /// Empties the sets and maps of `flush`, then adds the elements `fill` writes, as one
+    /// transaction. Over netlink each element is encoded as it is written, so that no
+    /// list of them all is held (a full sync's quarter-million); this default collects
+    /// them as text and writes them as one [`ElementUpdate`].
+    fn refill(&mut self, flush: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<(), ExecError> {
+        let mut text = TextRefill::default();
+        fill(&mut text).map_err(|e| ExecError::refused(TOOL, e.to_string()))?;
+        self.update_elements(&text.update(flush))
+    }
     /// `nft list table inet kpx` ("" when it does not exist).
     fn list_table(&mut self) -> Result<String, ExecError> {
         self.list(&format!("table {FAMILY} {TABLE}"))
@@ -36,6 +45,9 @@ pub trait Nft: Send {
     /// does not exist); cheap at any number of elements (netlink again).
     fn outline(&mut self) -> Result<Option<Outline>, ExecError>;
 }
+
+/// What writes a refill's elements: called once, with the refill to write them to.
+pub type RefillWith<'a> = dyn FnMut(&mut dyn Refill) -> Result<(), EncodeError> + 'a;
 
 /// What kpx's table holds, by name, without what is inside.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -101,6 +113,10 @@ impl Nft for NftProcess {
         self.netlink.update_elements(update)
     }
 
+    fn refill(&mut self, flush: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<(), ExecError> {
+        self.netlink.refill(flush, fill)
+    }
+
     fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {
         self.netlink.rules_in_chain(chain)
     }
@@ -149,6 +165,10 @@ impl Nft for NftInProcess {
 
     fn update_elements(&mut self, update: &ElementUpdate) -> Result<(), ExecError> {
         self.netlink.update_elements(update)
+    }
+
+    fn refill(&mut self, flush: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<(), ExecError> {
+        self.netlink.refill(flush, fill)
     }
 
     fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {

@@ -99,6 +99,55 @@ impl ElementUpdate<'_> {
     }
 }
 
+/// A full sync's elements, written one at a time into a transaction that first empties
+/// its sets (see [`super::nft::Nft::refill`]): nothing holds them all as text at once.
+pub trait Refill {
+    /// The set or map `set` of `layout`, for the elements that follow: its handle.
+    fn set(&mut self, set: String, layout: Layout) -> usize;
+    /// One element (key and, for a map, data, as text) of the set `handle` names.
+    fn add(&mut self, handle: usize, key: &str, data: Option<&str>) -> Result<(), EncodeError>;
+}
+
+/// A [`Refill`] kept as text, to be written as an [`ElementUpdate`] (where elements are
+/// not encoded one by one: the fake kernel, the nft text of a refill).
+#[derive(Debug, Default)]
+pub struct TextRefill {
+    sets: Vec<(String, Layout, Vec<TextElement>)>,
+}
+
+/// An element's key and, for a map's, data.
+type TextElement = (String, Option<String>);
+
+impl Refill for TextRefill {
+    fn set(&mut self, set: String, layout: Layout) -> usize {
+        self.sets.push((set, layout, Vec::new()));
+        self.sets.len() - 1
+    }
+
+    fn add(&mut self, handle: usize, key: &str, data: Option<&str>) -> Result<(), EncodeError> {
+        if let Some((_, _, elements)) = self.sets.get_mut(handle) {
+            elements.push((key.to_owned(), data.map(str::to_owned)));
+        }
+        Ok(())
+    }
+}
+
+impl TextRefill {
+    /// The update that empties `flush` and adds what was written.
+    pub fn update(&self, flush: Vec<Emptied>) -> ElementUpdate<'_> {
+        let add = self
+            .sets
+            .iter()
+            .map(|(set, layout, elements)| SetElements {
+                set: set.clone(),
+                layout: layout.clone(),
+                elements: elements.iter().map(|(k, d)| (k.as_str(), d.as_deref())).collect(),
+            })
+            .collect();
+        ElementUpdate { flush, delete: vec![], add }
+    }
+}
+
 /// A map element's data as nf_tables takes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EncodedData {

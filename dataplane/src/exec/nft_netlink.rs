@@ -16,9 +16,11 @@
 
 use std::collections::BTreeSet;
 
-use super::netlink::{attributes, find, read_string, Message, NetlinkError, Socket, NLM_F_CREATE};
-use super::nft::{Outline, TABLE};
-use super::nft_elements::{self, ElementUpdate, EncodedData, SetElements};
+use super::netlink::{attributes, find, read_string, Batch, Message, NetlinkError, Socket, NLM_F_CREATE};
+use super::nft::{Outline, RefillWith, TABLE};
+use super::nft_elements::{
+    self, ElementUpdate, Emptied, EncodeError, EncodedData, Layout, Refill, SetElements,
+};
 use super::ExecError;
 
 const NETLINK_NETFILTER: i32 = 12;
@@ -128,23 +130,37 @@ impl NftNetlink {
 
     /// Empties, then deletes, then adds, the elements of `update` in one transaction.
     pub fn update_elements(&mut self, update: &ElementUpdate) -> Result<(), ExecError> {
-        let mut messages = Vec::new();
-        for e in &update.flush {
-            // DELSETELEM without a list of elements empties the set.
-            let mut m = request(msg::DEL_SET_ELEM);
-            m.string(elements::TABLE, TABLE).string(elements::SET, &e.set);
-            messages.push((m, 0));
-        }
+        let mut messages: Vec<(Message, u16)> = update.flush.iter().map(|e| (flush(e), 0)).collect();
         for s in &update.delete {
             element_messages(&mut messages, msg::DEL_SET_ELEM, 0, s)?;
         }
         for s in &update.add {
             element_messages(&mut messages, msg::NEW_SET_ELEM, NLM_F_CREATE, s)?;
         }
-        let delimiter = |kind| Message::new(kind, [0, NFNETLINK_V0, 0, NFNL_SUBSYS_NFTABLES as u8]);
         self.with_socket("update elements", |s| {
             s.batch(delimiter(batch::BEGIN), messages, delimiter(batch::END))
         })
+    }
+
+    /// Empties `flush`, then adds what `fill` writes, in one transaction: each element
+    /// encoded into the batch as it is written.
+    pub fn refill(&mut self, flush: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<(), ExecError> {
+        const WHAT: &str = "refill the sets";
+        let socket = match &mut self.socket {
+            Some(socket) => socket,
+            empty => empty.insert(Socket::open(NETLINK_NETFILTER).map_err(|e| failed(WHAT, e))?),
+        };
+        let mut writing = socket.begin_batch(delimiter(batch::BEGIN));
+        for e in &flush {
+            writing.push(self::flush(e), 0);
+        }
+        let mut refill = BatchRefill { batch: writing, sets: Vec::new() };
+        fill(&mut refill).map_err(|e| ExecError::refused(FACILITY, e.to_string()))?;
+        let result = refill.finish().commit(delimiter(batch::END));
+        if matches!(result, Err(NetlinkError::Socket(_) | NetlinkError::Malformed)) {
+            self.socket = None;
+        }
+        result.map_err(|e| failed(WHAT, e))
     }
 
     /// How many rules chain `name` of kpx's table holds (0 when it or the table is gone).
@@ -195,6 +211,55 @@ impl NftNetlink {
     }
 }
 
+/// The message that empties a set or map (DELSETELEM without a list of elements).
+fn flush(e: &Emptied) -> Message {
+    let mut m = request(msg::DEL_SET_ELEM);
+    m.string(elements::TABLE, TABLE).string(elements::SET, &e.set);
+    m
+}
+
+/// A batch's beginning or end.
+fn delimiter(kind: u16) -> Message {
+    Message::new(kind, [0, NFNETLINK_V0, 0, NFNL_SUBSYS_NFTABLES as u8])
+}
+
+/// A message of `command` (NEWSETELEM, DELSETELEM) about elements of `set`, its list open.
+fn start_elements(command: u8, set: &str) -> Message {
+    let mut m = request(command);
+    m.string(elements::TABLE, TABLE).string(elements::SET, set).begin(elements::LIST);
+    m
+}
+
+/// Writes one element into `m`'s open list: its key and, when it is added, its data.
+fn write_element(
+    m: &mut Message,
+    command: u8,
+    layout: &Layout,
+    key: &str,
+    data: Option<&str>,
+) -> Result<(), String> {
+    let key_bytes = nft_elements::key(layout, key)?;
+    let data = if command == msg::NEW_SET_ELEM { nft_elements::data(layout, data)? } else { None };
+    m.begin(elements::LIST_ELEM);
+    m.begin(elements::KEY).put(elements::DATA_VALUE, &key_bytes).end();
+    match data {
+        None => {}
+        Some(EncodedData::Value(v)) => {
+            m.begin(elements::DATA).put(elements::DATA_VALUE, &v).end();
+        }
+        Some(EncodedData::Verdict { code, chain }) => {
+            m.begin(elements::DATA).begin(elements::DATA_VERDICT);
+            m.put(elements::VERDICT_CODE, &code.to_be_bytes());
+            if let Some(chain) = &chain {
+                m.string(elements::VERDICT_CHAIN, chain);
+            }
+            m.end().end();
+        }
+    }
+    m.end();
+    Ok(())
+}
+
 /// The messages that delete (`command` DELSETELEM) or add the elements of one set, as
 /// many as their size needs.
 fn element_messages(
@@ -203,49 +268,18 @@ fn element_messages(
     flags: u16,
     s: &SetElements,
 ) -> Result<(), ExecError> {
-    let refused = |text: &str, reason| {
-        ExecError::refused(
-            FACILITY,
-            nft_elements::EncodeError { set: s.set.clone(), text: text.into(), reason }.to_string(),
-        )
-    };
-    let start = || {
-        let mut m = request(command);
-        m.string(elements::TABLE, TABLE).string(elements::SET, &s.set).begin(elements::LIST);
-        m
-    };
-    let mut m = start();
+    let mut m = start_elements(command, &s.set);
     let mut holds = 0;
     for (key, data) in &s.elements {
         if m.len() > elements::MESSAGE_BYTES {
             m.end();
-            out.push((std::mem::replace(&mut m, start()), flags));
+            out.push((std::mem::replace(&mut m, start_elements(command, &s.set)), flags));
             holds = 0;
         }
-        m.begin(elements::LIST_ELEM);
-        m.begin(elements::KEY)
-            .put(elements::DATA_VALUE, &nft_elements::key(&s.layout, key).map_err(|r| refused(key, r))?)
-            .end();
-        let data = if command == msg::NEW_SET_ELEM {
-            nft_elements::data(&s.layout, *data).map_err(|r| refused(key, r))?
-        } else {
-            None
-        };
-        match data {
-            None => {}
-            Some(EncodedData::Value(v)) => {
-                m.begin(elements::DATA).put(elements::DATA_VALUE, &v).end();
-            }
-            Some(EncodedData::Verdict { code, chain }) => {
-                m.begin(elements::DATA).begin(elements::DATA_VERDICT);
-                m.put(elements::VERDICT_CODE, &code.to_be_bytes());
-                if let Some(chain) = &chain {
-                    m.string(elements::VERDICT_CHAIN, chain);
-                }
-                m.end().end();
-            }
-        }
-        m.end();
+        write_element(&mut m, command, &s.layout, key, *data).map_err(|reason| {
+            let e = EncodeError { set: s.set.clone(), text: (*key).to_owned(), reason };
+            ExecError::refused(FACILITY, e.to_string())
+        })?;
         holds += 1;
     }
     if holds > 0 {
@@ -253,6 +287,56 @@ fn element_messages(
         out.push((m, flags));
     }
     Ok(())
+}
+
+/// A refill written into a batch as it comes: per set, one message open, pushed into the
+/// batch once full (and the rest at the end).
+struct BatchRefill<'s> {
+    batch: Batch<'s>,
+    sets: Vec<(String, Layout, Option<Message>)>,
+}
+
+impl Refill for BatchRefill<'_> {
+    fn set(&mut self, set: String, layout: Layout) -> usize {
+        self.sets.push((set, layout, None));
+        self.sets.len() - 1
+    }
+
+    fn add(&mut self, handle: usize, key: &str, data: Option<&str>) -> Result<(), EncodeError> {
+        let Some((set, layout, open)) = self.sets.get_mut(handle) else {
+            return Err(EncodeError {
+                set: format!("#{handle}"),
+                text: key.into(),
+                reason: "no such set".into(),
+            });
+        };
+        let m = open.get_or_insert_with(|| start_elements(msg::NEW_SET_ELEM, set));
+        write_element(m, msg::NEW_SET_ELEM, layout, key, data).map_err(|reason| EncodeError {
+            set: set.clone(),
+            text: key.into(),
+            reason,
+        })?;
+        if m.len() > elements::MESSAGE_BYTES {
+            if let Some(mut full) = open.take() {
+                full.end();
+                self.batch.push(full, NLM_F_CREATE);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<'s> BatchRefill<'s> {
+    /// The batch with every set's last message in it.
+    fn finish(mut self) -> Batch<'s> {
+        for (_, _, open) in &mut self.sets {
+            if let Some(mut m) = open.take() {
+                m.end();
+                self.batch.push(m, NLM_F_CREATE);
+            }
+        }
+        self.batch
+    }
 }
 
 /// The objects of kpx's table among a dump's `replies`, each with its name and attributes

@@ -77,7 +77,7 @@ impl Backend for NftablesBackend {
         let started = std::time::Instant::now();
         let existing = self.nft.outline()?;
         let current = existing.as_ref().filter(|e| e.is_current());
-        let (programmed, contents) = Programmed::full(desired, context, current);
+        let (programmed, mut contents) = Programmed::full(desired, context, current);
         let rendered = started.elapsed();
         // The rules as text, then the elements over netlink where that keeps every packet's
         // rules and sets consistent (see `outline::Elements::Apart`); else all as text.
@@ -86,27 +86,38 @@ impl Backend for NftablesBackend {
             (Some(_), Some(current)) => outline::refill_script_apart(current, &contents),
             (Some(_), None) => None,
         };
-        let update = apart.as_ref().and(contents.element_update());
+        let elements_apart = apart.is_some();
         let script = match (apart, &existing, current) {
-            (Some(script), ..) if update.is_some() => script,
-            (_, None, _) => outline::create_script(&contents, Elements::InScript),
-            (_, Some(_), Some(current)) => outline::refill_script(current, &contents),
-            (_, Some(other), None) => {
-                tracing::warn!(
-                    comment = other.comment.as_deref().unwrap_or(""),
-                    "kpx's table is of another layout (an older kpx made it): replacing it whole"
-                );
-                outline::replace_script(&contents)
+            (Some(script), ..) => script,
+            (None, existing, current) => {
+                contents.elements = programmed.updatable_elements();
+                match (existing, current) {
+                    (Some(_), Some(current)) => outline::refill_script(current, &contents),
+                    (Some(other), _) => {
+                        tracing::warn!(
+                            comment = other.comment.as_deref().unwrap_or(""),
+                            "kpx's table is of another layout (an older kpx made it): replacing it whole"
+                        );
+                        outline::replace_script(&contents)
+                    }
+                    (None, _) => outline::create_script(&contents, Elements::InScript),
+                }
             }
         };
         self.nft.run(&script)?;
+        drop(script);
         let scripted = started.elapsed();
-        if let Some(update) = &update {
-            self.nft.update_elements(update)?;
+        let mut elements = contents.elements.len();
+        if elements_apart {
+            // Each element rendered and encoded as it is written: none held as text.
+            self.nft.refill(render::refill_flush(), &mut |refill| {
+                elements = programmed.write_elements(refill)?;
+                Ok(())
+            })?;
         }
         tracing::info!(
-            elements = contents.elements.len(),
-            elements_apart = update.is_some(),
+            elements,
+            elements_apart,
             render_ms = rendered.as_millis() as u64,
             script_ms = (scripted - rendered).as_millis() as u64,
             elements_ms = (started.elapsed() - scripted).as_millis() as u64,

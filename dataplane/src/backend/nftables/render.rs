@@ -277,13 +277,11 @@ pub fn element_update<'a>(
     Some(ElementUpdate { flush: vec![], delete: grouped(deletes)?, add: grouped(adds)? })
 }
 
-/// Every updatable collection emptied, then `adds` added, as one element update (a full
-/// sync's elements); `None` when one of them is of an interval set.
-pub fn refill_update<'a>(adds: impl IntoIterator<Item = &'a Element>) -> Option<ElementUpdate<'a>> {
-    let flush = Collection::all()
+/// Every updatable collection, as a refill empties them first (a full sync's elements).
+pub fn refill_flush() -> Vec<Emptied> {
+    Collection::all()
         .filter_map(|c| Some(Emptied { set: c.name(), map: c.layout()?.data != Data::None }))
-        .collect();
-    Some(ElementUpdate { flush, ..element_update([], adds)? })
+        .collect()
 }
 
 /// Removes kpx's table, whether or not it exists.

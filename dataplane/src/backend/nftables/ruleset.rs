@@ -12,12 +12,12 @@ use kpx_proto::types::ServiceView;
 
 use super::affinity::{self, NftObject, ObjectCommands};
 use super::outline::{Elements, Outline};
-use super::render::{self, Element, Shared};
+use super::render::{self, Collection, Element, Shared};
 use super::service::{self, ServiceRules};
 use super::skeleton::{self, PickChains};
 use crate::backend::owners::Owners;
 use crate::backend::NodeContext;
-use crate::exec::nft_elements::ElementUpdate;
+use crate::exec::nft_elements::{ElementUpdate, EncodeError, Refill};
 use crate::state::{ChangeSet, NodeState};
 
 #[derive(Debug, Default)]
@@ -59,6 +59,29 @@ impl SharedCounts {
         count.copied().unwrap_or(0)
     }
 
+    /// Every element at least one Service uses.
+    fn iter(&self) -> impl Iterator<Item = Shared> + '_ {
+        let v4 = |kind: usize, a: u32| {
+            let a = IpAddr::from(std::net::Ipv4Addr::from(a));
+            if kind == 0 {
+                Shared::Hairpin(a)
+            } else {
+                Shared::ClusterIp(a)
+            }
+        };
+        let v6 = |kind: usize, a: u128| {
+            let a = IpAddr::from(std::net::Ipv6Addr::from(a));
+            if kind == 0 {
+                Shared::Hairpin(a)
+            } else {
+                Shared::ClusterIp(a)
+            }
+        };
+        let v4 = self.v4.iter().enumerate().flat_map(move |(k, m)| m.keys().map(move |a| v4(k, *a)));
+        let v6 = self.v6.iter().enumerate().flat_map(move |(k, m)| m.keys().map(move |a| v6(k, *a)));
+        v4.chain(v6)
+    }
+
     /// Records `count` users (none: forgotten).
     fn set(&mut self, shared: Shared, count: u32) {
         let (kind, address) = Self::slot(shared);
@@ -96,8 +119,10 @@ fn held(mut rules: ServiceRules, held: Vec<(Family, String)>) -> ServiceRules {
 }
 
 /// What a full sync writes into an emptied table: the fixed part and every Service's
-/// chains and interval-set elements as `add` commands (`script`), the elements an element
-/// update can write apart (`elements`), and the pick chains it keeps as they are.
+/// chains and interval-set elements as `add` commands (`script`), the pick chains it keeps
+/// as they are, and, when they go in the script, the other elements (`elements`, empty
+/// until [`Programmed::updatable_elements`] fills it: when they are written apart,
+/// [`Programmed::write_elements`] streams them instead).
 #[derive(Debug, Default)]
 pub struct Contents {
     pub script: String,
@@ -121,11 +146,6 @@ impl Contents {
         let mut script = String::new();
         self.write(&mut script, Elements::InScript);
         script
-    }
-
-    /// The elements as one element update that empties every updatable set first.
-    pub fn element_update(&self) -> Option<ElementUpdate<'_>> {
-        render::refill_update(&self.elements)
     }
 }
 
@@ -185,7 +205,9 @@ impl Programmed {
         let unbounded =
             Programmed { pick_chains: usize::MAX, context: context.clone(), ..Default::default() };
         let all = ChangeSet { services: desired.services.keys().cloned().collect(), node: false };
-        let mut plan = unbounded.plan(desired, context, &all);
+        // The elements of updatable collections are not collected: a quarter-million of
+        // them as text would be most of the agent's memory at its peak.
+        let mut plan = unbounded.plan_with(desired, context, &all, false);
         let pick_chains = skeleton::pick_chains_for(plan.max_endpoints);
         let wanted = skeleton::pick_chain_names(context, pick_chains);
         let kept = match existing {
@@ -197,22 +219,89 @@ impl Programmed {
             _ => BTreeSet::new(),
         };
         let picks = if kept.is_empty() { PickChains::Write } else { PickChains::Kept };
-        // The few interval-set elements go in the script; the rest stay in their set,
-        // already sorted (no second sort of a quarter-million elements).
-        let in_script: Vec<Element> =
-            plan.adds.iter().filter(|e| !e.collection.updatable()).cloned().collect();
-        plan.adds.retain(|e| e.collection.updatable());
-        let elements = std::mem::take(&mut plan.adds);
+        // The few interval-set elements go in the script.
+        let in_script = std::mem::take(&mut plan.adds);
         let mut script = skeleton::skeleton(context, pick_chains, picks);
         script.push_str(&plan.script());
         render::element_commands(&mut script, "add", &in_script);
         let mut programmed = Programmed { pick_chains, ..unbounded };
         programmed.commit(plan);
-        (programmed, Contents { script, elements, kept_pick_chains: kept })
+        (programmed, Contents { script, elements: BTreeSet::new(), kept_pick_chains: kept })
+    }
+
+    /// Every element of an updatable collection the table holds, for a script.
+    pub fn updatable_elements(&self) -> BTreeSet<Element> {
+        let mut out = BTreeSet::new();
+        self.each_updatable_element(|e| {
+            out.insert(e);
+            Ok(())
+        })
+        .ok();
+        out
+    }
+
+    /// Writes every element of an updatable collection the table holds into `refill`,
+    /// one at a time, rendered from the Services as they are needed; how many.
+    pub fn write_elements(&self, refill: &mut dyn Refill) -> Result<usize, EncodeError> {
+        let mut handles: HashMap<Collection, usize> = HashMap::new();
+        let mut written = 0;
+        self.each_updatable_element(|e| {
+            let handle = match handles.get(&e.collection) {
+                Some(handle) => *handle,
+                None => {
+                    let layout = e.collection.layout().ok_or_else(|| EncodeError {
+                        set: e.collection.name(),
+                        text: e.key.clone(),
+                        reason: "an interval set's elements are written as text".into(),
+                    })?;
+                    let handle = refill.set(e.collection.name(), layout);
+                    handles.insert(e.collection, handle);
+                    handle
+                }
+            };
+            written += 1;
+            refill.add(handle, &e.key, e.value.as_deref())
+        })?;
+        Ok(written)
+    }
+
+    /// Calls `f` with each element of an updatable collection: each Service's own, then
+    /// the shared ones.
+    fn each_updatable_element(
+        &self,
+        mut f: impl FnMut(Element) -> Result<(), EncodeError>,
+    ) -> Result<(), EncodeError> {
+        for programmed in self.services.values() {
+            for (_, e) in programmed.rules(&self.context).elements {
+                if e.collection.updatable() {
+                    f(e)?;
+                }
+            }
+        }
+        for shared in self.shared.iter() {
+            let e = shared.element();
+            if e.collection.updatable() {
+                f(e)?;
+            }
+        }
+        Ok(())
     }
 
     /// The transaction for the Services in `changes`, from what is programmed now.
     pub fn plan(&self, desired: &NodeState, context: &NodeContext, changes: &ChangeSet) -> Plan {
+        self.plan_with(desired, context, changes, true)
+    }
+
+    /// [`Self::plan`]; without the elements of updatable collections added unless
+    /// `updatable_adds` (a full sync writes those apart, from the committed table).
+    fn plan_with(
+        &self,
+        desired: &NodeState,
+        context: &NodeContext,
+        changes: &ChangeSet,
+        updatable_adds: bool,
+    ) -> Plan {
+        let keep = |e: &Element| updatable_adds || !e.collection.updatable();
         let mut plan = Plan::default();
         if *context != self.context {
             plan.needs_full_sync = true;
@@ -250,7 +339,7 @@ impl Programmed {
             let mut old_elements: BTreeSet<Element> = old.elements.into_iter().map(|(_, e)| e).collect();
             let new_elements: BTreeSet<Element> = new.elements.into_iter().map(|(_, e)| e).collect();
             for e in new_elements {
-                if !old_elements.remove(&e) {
+                if !old_elements.remove(&e) && keep(&e) {
                     adds.insert(e);
                 }
             }
@@ -265,7 +354,10 @@ impl Programmed {
             let before = self.shared.get(shared);
             let after = before.saturating_add_signed(delta);
             if before == 0 && after > 0 {
-                adds.insert(shared.element());
+                let element = shared.element();
+                if keep(&element) {
+                    adds.insert(element);
+                }
             } else if before > 0 && after == 0 {
                 deletes.insert(shared.element());
             }
@@ -345,7 +437,8 @@ mod tests {
     #[test]
     fn an_address_used_twice_is_programmed_once() {
         let both = state(&[("a", "10.96.0.1", &["10.0.0.1"]), ("b", "10.96.0.1", &["10.0.0.2"])]);
-        let (mut programmed, contents) = Programmed::full(&both, &no_context(), None);
+        let (mut programmed, mut contents) = Programmed::full(&both, &no_context(), None);
+        contents.elements = programmed.updatable_elements();
         let script = contents.whole_script();
         assert_eq!(script.matches("10.96.0.1 . tcp . 80 :").count(), 1, "{script}");
         // When the owner goes, the other Service takes the address over once it changes.
@@ -371,5 +464,36 @@ mod tests {
         let (_, contents) = Programmed::full(&state(&[("a", "10.96.0.1", &many)]), &no_context(), None);
         let script = contents.whole_script();
         assert!(script.contains("add chain inet kpx pick-v4-64\n") && !script.contains("pick-v4-65"));
+    }
+
+    #[test]
+    fn a_full_syncs_elements_are_written_one_by_one_as_a_plan_of_everything_would_add_them() {
+        let desired = state(&[
+            ("a", "10.96.0.1", &["10.0.0.1", "10.0.0.2"]),
+            ("b", "10.96.0.2", &["10.0.0.1"]),
+            ("c", "fd00:96::3", &["fd00::7"]),
+        ]);
+        let (programmed, contents) = Programmed::full(&desired, &no_context(), None);
+        assert!(contents.elements.is_empty(), "not collected: written apart or asked for");
+        let all = ChangeSet { services: desired.services.keys().cloned().collect(), node: false };
+        let everything =
+            Programmed { pick_chains: usize::MAX, ..Default::default() }.plan(&desired, &no_context(), &all);
+        let want: BTreeSet<Element> =
+            everything.adds.into_iter().filter(|e| e.collection.updatable()).collect();
+        assert!(want.iter().any(|e| e.collection == Collection::Hairpin(Family::V4)), "shared ones too");
+        assert_eq!(programmed.updatable_elements(), want);
+        let mut refill = crate::exec::nft_elements::TextRefill::default();
+        let written = programmed.write_elements(&mut refill).expect("written");
+        let update = refill.update(vec![]);
+        let mut got = BTreeSet::new();
+        for set in &update.add {
+            for (key, value) in &set.elements {
+                got.insert((set.set.clone(), key.to_string(), value.map(str::to_owned)));
+            }
+        }
+        let want: BTreeSet<(String, String, Option<String>)> =
+            want.into_iter().map(|e| (e.collection.name(), e.key, e.value)).collect();
+        assert_eq!(written, want.len(), "each once");
+        assert_eq!(got, want);
     }
 }
