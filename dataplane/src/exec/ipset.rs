@@ -124,7 +124,12 @@ impl Ipset for IpsetNetlink {
             Some(socket) => socket,
             empty => empty.insert(IpsetSocket::open()?),
         };
-        socket.edit(edit, set, members)
+        let result = socket.edit(edit, set, members);
+        if result.is_err() {
+            // Opened again next time: a socket that failed may hold a stale answer.
+            self.socket = None;
+        }
+        result
     }
 }
 
