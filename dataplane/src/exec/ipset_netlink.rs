@@ -38,7 +38,7 @@ const ATTR_IPADDR_IPV6: u16 = 2;
 /// under the 64 KiB an attribute can hold.
 const PER_MESSAGE: usize = 500;
 
-const TOOL: &str = "ipset (netlink)";
+const FACILITY: &str = "ipset netlink";
 
 /// A netlink socket to ipset.
 pub struct IpsetSocket {
@@ -125,7 +125,7 @@ fn failed(what: &str, e: NetlinkError) -> ExecError {
         },
         NetlinkError::Malformed => format!("{what}: malformed reply from the kernel"),
     };
-    ExecError::refused(TOOL, message)
+    ExecError::refused(FACILITY, message)
 }
 
 /// ipset's own error codes (past the errno range), as the tool words them.
