@@ -301,15 +301,19 @@ impl FakeApiServer {
 
     /// Stops serving (the address refuses connections) until [`FakeApiServer::restart`].
     pub fn stop(&mut self) {
-        self.drop_watches();
+        // Shutdown first, then the watches end: a watch ended before the shutdown began was
+        // asked again at once on its kept-alive connection, which the shutdown then waited
+        // for, so that client never saw the restart (a flaky relist test).
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        // Wait until the address is free again.
+        // Until the address is free again, any watch still registered is ended.
         let addr = self.addr;
         crate::wait_for("the fake API server to stop listening", crate::DEADLINE, || {
+            self.drop_watches();
             self.listener_ns.run_in(move || std::net::TcpListener::bind(addr).is_ok()).then_some(())
         });
+        self.drop_watches();
     }
 
     /// Serves again on the same address, with the same objects (as a restarted API server
