@@ -59,26 +59,23 @@ impl SharedCounts {
         count.copied().unwrap_or(0)
     }
 
+    /// The element of `kind` (a slot of [`Self::slot`]) for `address`.
+    fn unslot(kind: usize, address: IpAddr) -> Shared {
+        if kind == 0 {
+            Shared::Hairpin(address)
+        } else {
+            Shared::ClusterIp(address)
+        }
+    }
+
     /// Every element at least one Service uses.
     fn iter(&self) -> impl Iterator<Item = Shared> + '_ {
-        let v4 = |kind: usize, a: u32| {
-            let a = IpAddr::from(std::net::Ipv4Addr::from(a));
-            if kind == 0 {
-                Shared::Hairpin(a)
-            } else {
-                Shared::ClusterIp(a)
-            }
-        };
-        let v6 = |kind: usize, a: u128| {
-            let a = IpAddr::from(std::net::Ipv6Addr::from(a));
-            if kind == 0 {
-                Shared::Hairpin(a)
-            } else {
-                Shared::ClusterIp(a)
-            }
-        };
-        let v4 = self.v4.iter().enumerate().flat_map(move |(k, m)| m.keys().map(move |a| v4(k, *a)));
-        let v6 = self.v6.iter().enumerate().flat_map(move |(k, m)| m.keys().map(move |a| v6(k, *a)));
+        let v4 = self.v4.iter().enumerate().flat_map(|(kind, counts)| {
+            counts.keys().map(move |a| Self::unslot(kind, std::net::Ipv4Addr::from(*a).into()))
+        });
+        let v6 = self.v6.iter().enumerate().flat_map(|(kind, counts)| {
+            counts.keys().map(move |a| Self::unslot(kind, std::net::Ipv6Addr::from(*a).into()))
+        });
         v4.chain(v6)
     }
 
@@ -232,11 +229,11 @@ impl Programmed {
     /// Every element of an updatable collection the table holds, for a script.
     pub fn updatable_elements(&self) -> BTreeSet<Element> {
         let mut out = BTreeSet::new();
-        self.each_updatable_element(|e| {
+        // Collecting fails on nothing: the result is always Ok.
+        let _ = self.each_updatable_element(|e| {
             out.insert(e);
             Ok(())
-        })
-        .ok();
+        });
         out
     }
 
