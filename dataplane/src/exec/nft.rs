@@ -22,14 +22,21 @@ pub trait Nft: Send {
     /// Deletes, then adds, set and map elements as one transaction (netlink: no text, no
     /// cache of the ruleset).
     fn update_elements(&mut self, update: &ElementUpdate) -> Result<(), ExecError>;
-    /// Empties the sets and maps of `flush`, then adds the elements `fill` writes, as one
-    /// transaction. Over netlink each element is encoded as it is written, so that no
-    /// list of them all is held (a full sync's quarter-million); this default collects
-    /// them as text and writes them as one [`ElementUpdate`].
-    fn refill(&mut self, flush: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<(), ExecError> {
+    /// A full sync's rules, then its elements: `fill` writes the elements (over netlink
+    /// each is encoded into a batch as it comes, so that no list of them all is held: a
+    /// full sync's quarter-million) and answers the script of the rules, which runs
+    /// first, as one transaction; then one more empties the sets and maps of `flush` and
+    /// adds the elements. `fill` answering `None`: nothing is written (the caller writes
+    /// everything as one script instead). Whether it was written. This default collects
+    /// the elements as text and writes them as one [`ElementUpdate`].
+    fn refill(&mut self, flush: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<bool, ExecError> {
         let mut text = TextRefill::default();
-        fill(&mut text).map_err(|e| ExecError::refused(TOOL, e.to_string()))?;
-        self.update_elements(&text.update(flush))
+        let Some(script) = fill(&mut text).map_err(|e| ExecError::refused(TOOL, e.to_string()))? else {
+            return Ok(false);
+        };
+        self.run(&script)?;
+        self.update_elements(&text.update(flush))?;
+        Ok(true)
     }
     /// `nft list table inet kpx` ("" when it does not exist).
     fn list_table(&mut self) -> Result<String, ExecError> {
@@ -46,8 +53,9 @@ pub trait Nft: Send {
     fn outline(&mut self) -> Result<Option<Outline>, ExecError>;
 }
 
-/// What writes a refill's elements: called once, with the refill to write them to.
-pub type RefillWith<'a> = dyn FnMut(&mut dyn Refill) -> Result<(), EncodeError> + 'a;
+/// What writes a refill's elements: called once, with the refill to write them to; answers
+/// the script to run before them (`None`: write nothing).
+pub type RefillWith<'a> = dyn FnMut(&mut dyn Refill) -> Result<Option<String>, EncodeError> + 'a;
 
 /// What kpx's table holds, by name, without what is inside.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -102,7 +110,7 @@ const TOOL: &str = "nft";
 
 impl Nft for NftProcess {
     fn run(&mut self, script: &str) -> Result<(), ExecError> {
-        process::run(TOOL, TOOL, &["-f", "-"], Some(script)).map(drop)
+        run_process(script)
     }
 
     fn list(&mut self, what: &str) -> Result<String, ExecError> {
@@ -113,8 +121,8 @@ impl Nft for NftProcess {
         self.netlink.update_elements(update)
     }
 
-    fn refill(&mut self, flush: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<(), ExecError> {
-        self.netlink.refill(flush, fill)
+    fn refill(&mut self, flush: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<bool, ExecError> {
+        self.netlink.refill(flush, fill, run_process)
     }
 
     fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {
@@ -124,6 +132,11 @@ impl Nft for NftProcess {
     fn outline(&mut self) -> Result<Option<Outline>, ExecError> {
         self.netlink.outline()
     }
+}
+
+/// Runs `script` with the `nft` process.
+fn run_process(script: &str) -> Result<(), ExecError> {
+    process::run(TOOL, TOOL, &["-f", "-"], Some(script)).map(drop)
 }
 
 /// `nft ARGS… WHAT…` ("" when what it lists does not exist).
@@ -143,13 +156,18 @@ fn list_with(args: &[&str], what: &str) -> Result<String, ExecError> {
 
 const LIBRARY: &str = "libnftables";
 
+/// Runs `script` through libnftables.
+fn run_library(library: &mut NftLibrary, script: &str) -> Result<(), ExecError> {
+    let (ok, _, error) = library.command(script)?;
+    if ok {
+        return Ok(());
+    }
+    Err(ExecError::refused(LIBRARY, error.trim()))
+}
+
 impl Nft for NftInProcess {
     fn run(&mut self, script: &str) -> Result<(), ExecError> {
-        let (ok, _, error) = self.library.command(script)?;
-        if ok {
-            return Ok(());
-        }
-        Err(ExecError::refused(LIBRARY, error.trim()))
+        run_library(&mut self.library, script)
     }
 
     fn list(&mut self, what: &str) -> Result<String, ExecError> {
@@ -167,8 +185,9 @@ impl Nft for NftInProcess {
         self.netlink.update_elements(update)
     }
 
-    fn refill(&mut self, flush: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<(), ExecError> {
-        self.netlink.refill(flush, fill)
+    fn refill(&mut self, flush: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<bool, ExecError> {
+        let library = &mut self.library;
+        self.netlink.refill(flush, fill, |script| run_library(library, script))
     }
 
     fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {

@@ -142,9 +142,15 @@ impl NftNetlink {
         })
     }
 
-    /// Empties `flush`, then adds what `fill` writes, in one transaction: each element
-    /// encoded into the batch as it is written.
-    pub fn refill(&mut self, flush: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<(), ExecError> {
+    /// What [`super::nft::Nft::refill`] does, the rules' script run by `run`: `fill`
+    /// writes each element into a batch as it comes; the script runs; the batch (empty
+    /// `flush`, add the elements) is sent as one transaction.
+    pub fn refill(
+        &mut self,
+        flush: Vec<Emptied>,
+        fill: &mut RefillWith<'_>,
+        run: impl FnOnce(&str) -> Result<(), ExecError>,
+    ) -> Result<bool, ExecError> {
         const WHAT: &str = "refill the sets";
         let socket = match &mut self.socket {
             Some(socket) => socket,
@@ -155,12 +161,14 @@ impl NftNetlink {
             writing.push(self::flush(e), 0);
         }
         let mut refill = BatchRefill { batch: writing, sets: Vec::new() };
-        fill(&mut refill).map_err(|e| ExecError::refused(FACILITY, e.to_string()))?;
+        let script = fill(&mut refill).map_err(|e| ExecError::refused(FACILITY, e.to_string()))?;
+        let Some(script) = script else { return Ok(false) };
+        run(&script)?;
         let result = refill.finish().commit(delimiter(batch::END));
         if matches!(result, Err(NetlinkError::Socket(_) | NetlinkError::Malformed)) {
             self.socket = None;
         }
-        result.map_err(|e| failed(WHAT, e))
+        result.map_err(|e| failed(WHAT, e)).map(|()| true)
     }
 
     /// How many rules chain `name` of kpx's table holds (0 when it or the table is gone).

@@ -986,7 +986,7 @@ fn node_programming(a: &Args, scale: Scale, backend: ProxyBackend, label: &str) 
         .and_then(|e| e.as_object().cloned())
         .map(|e| {
             e.iter()
-                .filter(|(k, _)| k.ends_with("_ms") || k.as_str() == "elements_apart")
+                .filter(|(k, _)| k.ends_with("_ms") || k.starts_with("elements"))
                 .map(|(k, v)| format!("{k} {v}"))
                 .collect()
         })

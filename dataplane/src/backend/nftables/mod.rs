@@ -18,6 +18,7 @@ pub mod skeleton;
 
 use crate::backend::{Backend, BackendError, NodeContext};
 use crate::exec::nft::Nft;
+use crate::exec::ExecError;
 use crate::state::{ChangeSet, NodeState};
 
 use outline::Elements;
@@ -77,50 +78,49 @@ impl Backend for NftablesBackend {
         let started = std::time::Instant::now();
         let existing = self.nft.outline()?;
         let current = existing.as_ref().filter(|e| e.is_current());
-        let (programmed, mut contents) = Programmed::full(desired, context, current);
-        let rendered = started.elapsed();
-        // The rules as text, then the elements over netlink where that keeps every packet's
-        // rules and sets consistent (see `outline::Elements::Apart`); else all as text.
-        let apart = match (&existing, current) {
-            (None, _) => Some(outline::create_script(&contents, Elements::Apart)),
-            (Some(_), Some(current)) => outline::refill_script_apart(current, &contents),
-            (Some(_), None) => None,
+        // One pass over the Services makes the bookkeeping and the rules' script, and writes
+        // each element as it comes (over netlink: encoded into a batch, none held as text).
+        // The script runs, then the elements, where that keeps every packet's rules and sets
+        // consistent (see `outline::Elements::Apart`); else all goes as one script.
+        let (mut planned, mut rendered, mut elements) = (None, std::time::Duration::ZERO, 0);
+        let elements_apart = self.nft.refill(render::refill_flush(), &mut |refill| {
+            let (programmed, contents, written) =
+                Programmed::full_writing(desired, context, current, refill)?;
+            let apart = match (&existing, current) {
+                (None, _) => Some(outline::create_script(&contents, Elements::Apart)),
+                (Some(_), Some(current)) => outline::refill_script_apart(current, &contents),
+                (Some(_), None) => None,
+            };
+            (rendered, elements) = (started.elapsed(), written);
+            planned = Some((programmed, contents));
+            Ok(apart)
+        })?;
+        let Some((programmed, mut contents)) = planned else {
+            return Err(
+                ExecError::refused("nftables", "the full sync's elements were never asked for").into()
+            );
         };
-        let elements_apart = apart.is_some();
-        let script = match (apart, &existing, current) {
-            (Some(script), ..) => script,
-            (None, existing, current) => {
-                contents.elements = programmed.updatable_elements();
-                match (existing, current) {
-                    (Some(_), Some(current)) => outline::refill_script(current, &contents),
-                    (Some(other), _) => {
-                        tracing::warn!(
-                            comment = other.comment.as_deref().unwrap_or(""),
-                            "kpx's table is of another layout (an older kpx made it): replacing it whole"
-                        );
-                        outline::replace_script(&contents)
-                    }
-                    (None, _) => outline::create_script(&contents, Elements::InScript),
+        if !elements_apart {
+            contents.elements = programmed.updatable_elements();
+            elements = contents.elements.len();
+            let script = match (&existing, current) {
+                (Some(_), Some(current)) => outline::refill_script(current, &contents),
+                (Some(other), _) => {
+                    tracing::warn!(
+                        comment = other.comment.as_deref().unwrap_or(""),
+                        "kpx's table is of another layout (an older kpx made it): replacing it whole"
+                    );
+                    outline::replace_script(&contents)
                 }
-            }
-        };
-        self.nft.run(&script)?;
-        drop(script);
-        let scripted = started.elapsed();
-        let mut elements = contents.elements.len();
-        if elements_apart {
-            // Each element rendered and encoded as it is written: none held as text.
-            self.nft.refill(render::refill_flush(), &mut |refill| {
-                elements = programmed.write_elements(refill)?;
-                Ok(())
-            })?;
+                (None, _) => outline::create_script(&contents, Elements::InScript),
+            };
+            self.nft.run(&script)?;
         }
         tracing::info!(
             elements,
             elements_apart,
             render_ms = rendered.as_millis() as u64,
-            script_ms = (scripted - rendered).as_millis() as u64,
-            elements_ms = (started.elapsed() - scripted).as_millis() as u64,
+            write_ms = (started.elapsed() - rendered).as_millis() as u64,
             "full sync written"
         );
         self.programmed = Some(programmed);

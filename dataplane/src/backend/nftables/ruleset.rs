@@ -119,7 +119,7 @@ fn held(mut rules: ServiceRules, held: Vec<(Family, String)>) -> ServiceRules {
 /// chains and interval-set elements as `add` commands (`script`), the pick chains it keeps
 /// as they are, and, when they go in the script, the other elements (`elements`, empty
 /// until [`Programmed::updatable_elements`] fills it: when they are written apart,
-/// [`Programmed::write_elements`] streams them instead).
+/// [`Programmed::full_writing`] streams them instead).
 #[derive(Debug, Default)]
 pub struct Contents {
     pub script: String,
@@ -143,6 +143,52 @@ impl Contents {
         let mut script = String::new();
         self.write(&mut script, Elements::InScript);
         script
+    }
+}
+
+/// What a plan does with the elements of updatable collections it adds.
+enum Updatable<'w, 'r> {
+    /// Keeps them in the plan (a change).
+    Keep,
+    /// Leaves them out (a full sync that writes them otherwise).
+    Drop,
+    /// Writes each into a refill (a full sync's one pass).
+    Write(&'w mut ElementWriter<'r>),
+}
+
+/// Writes elements into a refill, each set named once; the first error stops it.
+struct ElementWriter<'r> {
+    refill: &'r mut dyn Refill,
+    handles: HashMap<Collection, usize>,
+    written: usize,
+    failed: Option<EncodeError>,
+}
+
+impl ElementWriter<'_> {
+    fn write(&mut self, e: &Element) {
+        if self.failed.is_some() {
+            return;
+        }
+        let handle = match self.handles.get(&e.collection) {
+            Some(handle) => *handle,
+            None => {
+                let Some(layout) = e.collection.layout() else {
+                    self.failed = Some(EncodeError {
+                        set: e.collection.name(),
+                        text: e.key.clone(),
+                        reason: "an interval set's elements are written as text".into(),
+                    });
+                    return;
+                };
+                let handle = self.refill.set(e.collection.name(), layout);
+                self.handles.insert(e.collection, handle);
+                handle
+            }
+        };
+        match self.refill.add(handle, &e.key, e.value.as_deref()) {
+            Ok(()) => self.written += 1,
+            Err(error) => self.failed = Some(error),
+        }
     }
 }
 
@@ -190,13 +236,42 @@ impl Plan {
 
 impl Programmed {
     /// Everything kpx's table holds for `desired`, as `add` commands into an empty table
-    /// (what goes before them: [`super::outline`]). `existing`, a table of the current layout
-    /// in the kernel: when it has every pick chain wanted, each with its rules (`nft flush
-    /// table` leaves them empty), they are kept as they are.
+    /// (what goes before them: [`super::outline`]); the elements of updatable collections
+    /// are not in them (see [`Self::full_writing`], [`Self::updatable_elements`]).
+    /// `existing`, a table of the current layout in the kernel: when it has every pick
+    /// chain wanted, each with its rules (`nft flush table` leaves them empty), they are
+    /// kept as they are.
     pub fn full(
         desired: &NodeState,
         context: &NodeContext,
         existing: Option<&Outline>,
+    ) -> (Programmed, Contents) {
+        Self::full_with(desired, context, existing, Updatable::Drop)
+    }
+
+    /// [`Self::full`], writing every element of an updatable collection into `refill` as
+    /// each Service is rendered (one pass: nothing rendered twice, none held as text);
+    /// how many.
+    pub fn full_writing(
+        desired: &NodeState,
+        context: &NodeContext,
+        existing: Option<&Outline>,
+        refill: &mut dyn Refill,
+    ) -> Result<(Programmed, Contents, usize), EncodeError> {
+        let mut writer = ElementWriter { refill, handles: HashMap::new(), written: 0, failed: None };
+        let (programmed, contents) =
+            Self::full_with(desired, context, existing, Updatable::Write(&mut writer));
+        match writer.failed {
+            Some(e) => Err(e),
+            None => Ok((programmed, contents, writer.written)),
+        }
+    }
+
+    fn full_with(
+        desired: &NodeState,
+        context: &NodeContext,
+        existing: Option<&Outline>,
+        updatable: Updatable<'_, '_>,
     ) -> (Programmed, Contents) {
         // Planned with pick chains enough for any Service, then made as many as needed.
         let unbounded =
@@ -204,7 +279,7 @@ impl Programmed {
         let all = ChangeSet { services: desired.services.keys().cloned().collect(), node: false };
         // The elements of updatable collections are not collected: a quarter-million of
         // them as text would be most of the agent's memory at its peak.
-        let mut plan = unbounded.plan_with(desired, context, &all, false);
+        let mut plan = unbounded.plan_with(desired, context, &all, updatable);
         let pick_chains = skeleton::pick_chains_for(plan.max_endpoints);
         let wanted = skeleton::pick_chain_names(context, pick_chains);
         let kept = match existing {
@@ -237,31 +312,6 @@ impl Programmed {
         out
     }
 
-    /// Writes every element of an updatable collection the table holds into `refill`,
-    /// one at a time, rendered from the Services as they are needed; how many.
-    pub fn write_elements(&self, refill: &mut dyn Refill) -> Result<usize, EncodeError> {
-        let mut handles: HashMap<Collection, usize> = HashMap::new();
-        let mut written = 0;
-        self.each_updatable_element(|e| {
-            let handle = match handles.get(&e.collection) {
-                Some(handle) => *handle,
-                None => {
-                    let layout = e.collection.layout().ok_or_else(|| EncodeError {
-                        set: e.collection.name(),
-                        text: e.key.clone(),
-                        reason: "an interval set's elements are written as text".into(),
-                    })?;
-                    let handle = refill.set(e.collection.name(), layout);
-                    handles.insert(e.collection, handle);
-                    handle
-                }
-            };
-            written += 1;
-            refill.add(handle, &e.key, e.value.as_deref())
-        })?;
-        Ok(written)
-    }
-
     /// Calls `f` with each element of an updatable collection: each Service's own, then
     /// the shared ones.
     fn each_updatable_element(
@@ -286,19 +336,27 @@ impl Programmed {
 
     /// The transaction for the Services in `changes`, from what is programmed now.
     pub fn plan(&self, desired: &NodeState, context: &NodeContext, changes: &ChangeSet) -> Plan {
-        self.plan_with(desired, context, changes, true)
+        self.plan_with(desired, context, changes, Updatable::Keep)
     }
 
-    /// [`Self::plan`]; without the elements of updatable collections added unless
-    /// `updatable_adds` (a full sync writes those apart, from the committed table).
+    /// [`Self::plan`], the elements of updatable collections it adds kept in the plan or
+    /// not, as `updatable` says (a full sync writes those apart).
     fn plan_with(
         &self,
         desired: &NodeState,
         context: &NodeContext,
         changes: &ChangeSet,
-        updatable_adds: bool,
+        mut updatable: Updatable<'_, '_>,
     ) -> Plan {
-        let keep = |e: &Element| updatable_adds || !e.collection.updatable();
+        let mut keep = |e: &Element| match &mut updatable {
+            _ if !e.collection.updatable() => true,
+            Updatable::Keep => true,
+            Updatable::Drop => false,
+            Updatable::Write(writer) => {
+                writer.write(e);
+                false
+            }
+        };
         let mut plan = Plan::default();
         if *context != self.context {
             plan.needs_full_sync = true;
@@ -470,7 +528,9 @@ mod tests {
             ("b", "10.96.0.2", &["10.0.0.1"]),
             ("c", "fd00:96::3", &["fd00::7"]),
         ]);
-        let (programmed, contents) = Programmed::full(&desired, &no_context(), None);
+        let mut refill = crate::exec::nft_elements::TextRefill::default();
+        let (programmed, contents, written) =
+            Programmed::full_writing(&desired, &no_context(), None, &mut refill).expect("written");
         assert!(contents.elements.is_empty(), "not collected: written apart or asked for");
         let all = ChangeSet { services: desired.services.keys().cloned().collect(), node: false };
         let everything =
@@ -479,8 +539,6 @@ mod tests {
             everything.adds.into_iter().filter(|e| e.collection.updatable()).collect();
         assert!(want.iter().any(|e| e.collection == Collection::Hairpin(Family::V4)), "shared ones too");
         assert_eq!(programmed.updatable_elements(), want);
-        let mut refill = crate::exec::nft_elements::TextRefill::default();
-        let written = programmed.write_elements(&mut refill).expect("written");
         let update = refill.update(vec![]);
         let mut got = BTreeSet::new();
         for set in &update.add {
@@ -492,5 +550,7 @@ mod tests {
             want.into_iter().map(|e| (e.collection.name(), e.key, e.value)).collect();
         assert_eq!(written, want.len(), "each once");
         assert_eq!(got, want);
+        let (_, plain) = Programmed::full(&desired, &no_context(), None);
+        assert_eq!(contents.script, plain.script, "the same script, whether or not it writes them");
     }
 }
