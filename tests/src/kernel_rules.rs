@@ -199,23 +199,61 @@ fn ipvs(node: &Netns) -> BTreeMap<String, Programmed> {
         assert!(table.status.success(), "/proc/net/ip_vs: {}", String::from_utf8_lossy(&table.stderr));
         String::from_utf8_lossy(&table.stdout).into_owned()
     };
+    // The agent may be programming: read until the table is the same before and after
+    // the addresses (it binds an address last and unbinds it first).
     let mut attempts = 0;
     loop {
         attempts += 1;
         let before = read_table();
         let links = node.try_exec("ip", &["-o", "-4", "addr", "show", "dev", "kpx-ipvs0"]);
         let after = read_table();
-        if before != after && attempts < 50 {
-            continue; // the agent is programming: read again
+        if before != after && attempts < 20 {
+            continue;
         }
+        let missing = String::from_utf8_lossy(&links.stderr).contains("does not exist");
+        assert!(
+            links.status.success() || missing,
+            "ip addr show dev kpx-ipvs0: {}",
+            String::from_utf8_lossy(&links.stderr)
+        );
         // No interface: nothing bound.
         let bound: BTreeSet<String> = String::from_utf8_lossy(&links.stdout)
             .lines()
             .filter_map(|l| l.split_whitespace().skip_while(|w| *w != "inet").nth(1))
             .map(|a| a.split('/').next().unwrap_or_default().to_owned())
             .collect();
-        return ipvs_services(&after, &bound);
+        if before == after {
+            return ipvs_services(&after, &bound);
+        }
+        // Still programming (a long apply changes the table between any two readings):
+        // each address, as bound when the addresses were read, judged by the reading
+        // where its services are whole.
+        return whole_in_either(ipvs_services(&before, &bound), ipvs_services(&after, &bound));
     }
+}
+
+/// The state of each virtual service of the addresses bound between two readings of the
+/// table: whole when it is whole in either. The agent adds a Service whole before it binds
+/// the address and unbinds before it removes: a Service bound when the addresses were read
+/// was whole then, so still whole in the later reading unless removed since, and already
+/// whole in the earlier one unless added since. (Added and removed within one reading: it
+/// shows as in part.)
+fn whole_in_either(
+    earlier: BTreeMap<String, Programmed>,
+    later: BTreeMap<String, Programmed>,
+) -> BTreeMap<String, Programmed> {
+    let is_whole = |p: Option<&Programmed>| matches!(p, Some(Programmed::Whole(_)));
+    let mut out = later;
+    for (key, state) in earlier {
+        if is_whole(Some(&state)) && !is_whole(out.get(&key)) {
+            out.insert(key, state);
+        }
+    }
+    let address = |key: &str| key.rsplit_once(':').map_or(key, |(a, _)| a).to_owned();
+    let whole: BTreeSet<String> =
+        out.iter().filter(|(_, p)| is_whole(Some(p))).map(|(k, _)| address(k)).collect();
+    out.retain(|key, _| !(key.ends_with(":?") && whole.contains(&address(key))));
+    out
 }
 
 /// `/proc/net/ip_vs` (IPv4, hex `ADDR:PORT`) against the addresses bound on kpx's
@@ -274,6 +312,34 @@ pub fn ipvs_services(table: &str, bound: &BTreeSet<String>) -> BTreeMap<String, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_service_whole_in_either_reading_was_whole_when_its_address_was_read() {
+        let whole = |d: &str| Programmed::Whole([d.to_owned()].into());
+        let part = || Programmed::Partial("in part".into());
+        let earlier: BTreeMap<String, Programmed> = [
+            ("10.97.0.1:80", whole("p1")),
+            ("10.97.0.2:80", part()),
+            ("10.97.0.3:?", part()),
+            ("10.97.0.4:80", part()),
+        ]
+        .map(|(k, v)| (k.to_owned(), v))
+        .into();
+        let later: BTreeMap<String, Programmed> = [
+            ("10.97.0.1:80", part()),
+            ("10.97.0.2:80", whole("p2")),
+            ("10.97.0.3:80", whole("p3")),
+            ("10.97.0.4:80", part()),
+        ]
+        .map(|(k, v)| (k.to_owned(), v))
+        .into();
+        let seen = whole_in_either(earlier, later);
+        assert_eq!(seen["10.97.0.1:80"], whole("p1"), "removed after the addresses were read");
+        assert_eq!(seen["10.97.0.2:80"], whole("p2"), "completed before the address was bound");
+        assert_eq!(seen["10.97.0.3:80"], whole("p3"));
+        assert!(!seen.contains_key("10.97.0.3:?"), "its service came before its address");
+        assert_eq!(seen["10.97.0.4:80"], part(), "in part in both: in part");
+    }
 
     #[test]
     fn reads_ipvs_services_whole_in_part_and_unbound() {
