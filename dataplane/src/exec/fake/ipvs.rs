@@ -18,8 +18,6 @@ pub struct FakeIpvs {
 struct IpvsState {
     services: BTreeMap<ServiceKey, (VirtualService, Vec<Destination>)>,
     fail_next: std::collections::VecDeque<i32>,
-    /// How many times destinations were listed.
-    listings: usize,
 }
 
 fn kernel(op: &'static str, errno: i32) -> IpvsError {
@@ -43,11 +41,6 @@ impl FakeIpvs {
     /// Every virtual service and its destinations.
     pub fn table(&self) -> Vec<(VirtualService, Vec<Destination>)> {
         self.state().services.values().cloned().collect()
-    }
-
-    /// How many times a service's destinations were listed.
-    pub fn listings(&self) -> usize {
-        self.state().listings
     }
 
     /// Sets the connections IPVS counts on a destination.
@@ -82,9 +75,7 @@ impl Ipvs for FakeIpvs {
     }
 
     fn destinations(&mut self, key: &ServiceKey) -> Result<Vec<Destination>, IpvsError> {
-        let mut state = self.state();
-        state.listings += 1;
-        state
+        self.state()
             .services
             .get(key)
             .map(|(_, d)| d.clone())
