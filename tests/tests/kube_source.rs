@@ -3,6 +3,7 @@
 //! and a node agent programs what it serves; traffic proves it.
 
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use kpx_e2e::fake_apiserver::{FakeApiServer, Kind};
 use kpx_e2e::install;
@@ -184,6 +185,45 @@ fn a_relist_after_410_and_an_api_server_restart_send_nodes_nothing() {
     c.t.wait_answered_by("10.96.0.10", 80, "pod0");
     wait_for("the change to be applied", DEADLINE, || (applied(&dp) > synced + 1).then_some(()));
     assert_eq!(applied(&dp), synced + 2, "one delta for the second change, none for the restart");
+}
+
+/// The API server away for 12 s: each watch asks again after 250 ms, doubling to at most
+/// 5 s, so it is back within about 5 s of the server's return (kube-rs's default waits up
+/// to 30 s, longer the longer the outage), and a change made then reaches the node.
+#[test]
+fn watches_resume_within_seconds_of_an_api_server_outage() {
+    let mut c = cluster();
+    c.api.apply_yaml(&web_on_pod0("web", "10.96.0.10"));
+    let _cp = c.start_control_plane();
+    let _dp = c.t.start_dataplane();
+    c.t.wait_answered_by("10.96.0.10", 80, "pod0");
+    let asked = |api: &FakeApiServer| {
+        api.requests("list", Kind::EndpointSlice) + api.requests("watch", Kind::EndpointSlice)
+    };
+    c.api.stop();
+    // The outage itself (not a wait for a condition): long enough for the retries to reach
+    // their longest wait (0.25 + 0.5 + 1 + 2 + 4 s, then every 5 s).
+    std::thread::sleep(Duration::from_secs(12));
+    let before = asked(&c.api);
+    c.api.restart();
+    let back = Instant::now();
+    let resumed = wait_for("the EndpointSlice watch to ask again", DEADLINE, || {
+        (asked(&c.api) > before).then(|| back.elapsed())
+    });
+    println!(
+        "the EndpointSlice watch asked again {:.1} s after the API server returned",
+        resumed.as_secs_f64()
+    );
+    assert!(
+        resumed < Duration::from_secs(10),
+        "asked again {resumed:?} after the return: the retries wait longer than 5 s"
+    );
+    let moved = documents(&[
+        service("web", "  clusterIP: 10.96.0.10\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n", ""),
+        slice("web", "web-1", false, &[("http", "TCP", 8080)], &[ep(Topology::pod_ip(1))]),
+    ]);
+    c.api.apply_yaml(&moved);
+    c.t.wait_answered_by("10.96.0.10", 80, "pod1");
 }
 
 #[test]
