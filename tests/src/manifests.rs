@@ -114,6 +114,11 @@ pub fn slice(service: &str, name: &str, ipv6: bool, ports: &[(&str, &str, u16)],
 
 /// Service `name` (ClusterIP `vip`, port `http` 80/TCP → 8080) with pod 0 as its endpoint.
 pub fn web_on_pod0(name: &str, vip: &str) -> String {
+    web_on_pod(0, name, vip)
+}
+
+/// [`web_on_pod0`] with pod `pod` as its endpoint.
+pub fn web_on_pod(pod: usize, name: &str, vip: &str) -> String {
     let spec = format!("  clusterIP: {vip}\n  ports:\n  - {{name: http, protocol: TCP, port: 80}}\n");
     documents(&[
         service(name, &spec, ""),
@@ -122,7 +127,7 @@ pub fn web_on_pod0(name: &str, vip: &str) -> String {
             &format!("{name}-1"),
             false,
             &[("http", "TCP", 8080)],
-            &[ep(crate::topology::Topology::pod_ip(0))],
+            &[ep(crate::topology::Topology::pod_ip(pod))],
         ),
     ])
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use kpx_e2e::fake_apiserver::{FakeApiServer, Kind};
 use kpx_e2e::install;
-use kpx_e2e::manifests::{documents, ep, service, slice, web_on_pod0};
+use kpx_e2e::manifests::{documents, ep, service, slice, web_on_pod, web_on_pod0};
 use kpx_e2e::process::{binary, KpxProcess};
 use kpx_e2e::topology::{node_yaml, sock, Topology, NODE_NAME};
 use kpx_e2e::traffic::{http_get_path, Backend};
@@ -163,11 +163,7 @@ fn a_relist_after_410_and_an_api_server_restart_send_nodes_nothing() {
         (c.api.requests("list", Kind::Service) > lists).then_some(())
     });
     // A change made after the relist reaches the node: the source is live again...
-    let moved = documents(&[
-        service("web", "  clusterIP: 10.96.0.10\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n", ""),
-        slice("web", "web-1", false, &[("http", "TCP", 8080)], &[ep(Topology::pod_ip(1))]),
-    ]);
-    c.api.apply_yaml(&moved);
+    c.api.apply_yaml(&web_on_pod(1, "web", "10.96.0.10"));
     c.t.wait_answered_by("10.96.0.10", 80, "pod1");
     // ...and the identical relist before it sent the node nothing.
     wait_for("the change to be applied", DEADLINE, || (applied(&dp) > synced).then_some(()));
@@ -218,11 +214,7 @@ fn watches_resume_within_seconds_of_an_api_server_outage() {
         resumed < Duration::from_secs(10),
         "asked again {resumed:?} after the return: the retries wait longer than 5 s"
     );
-    let moved = documents(&[
-        service("web", "  clusterIP: 10.96.0.10\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n", ""),
-        slice("web", "web-1", false, &[("http", "TCP", 8080)], &[ep(Topology::pod_ip(1))]),
-    ]);
-    c.api.apply_yaml(&moved);
+    c.api.apply_yaml(&web_on_pod(1, "web", "10.96.0.10"));
     c.t.wait_answered_by("10.96.0.10", 80, "pod1");
 }
 

@@ -280,38 +280,18 @@ async fn next_batch<S: futures::Stream + Unpin>(
 }
 
 /// How long a watch waits before it tries again after a failure: 250 ms, doubling up to
-/// 5 s, and back to 250 ms at the first event it gets. kube-rs's default waits up to 30 s
-/// (and only starts from 800 ms again after two minutes without a failure), which suits
-/// a client on every node; the control plane is the one client here, and after an API
-/// server restart it listed again only up to half a minute later.
-#[derive(Debug, Clone, Copy)]
-struct WatchBackoff {
-    next: Duration,
-}
-
-const WATCH_RETRY_FIRST: Duration = Duration::from_millis(250);
-const WATCH_RETRY_MAX: Duration = Duration::from_secs(5);
-
-impl Default for WatchBackoff {
-    fn default() -> Self {
-        WatchBackoff { next: WATCH_RETRY_FIRST }
-    }
-}
-
-impl Iterator for WatchBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        let now = self.next;
-        self.next = (self.next * 2).min(WATCH_RETRY_MAX);
-        Some(now)
-    }
-}
-
-impl kube::runtime::utils::Backoff for WatchBackoff {
-    fn reset(&mut self) {
-        self.next = WATCH_RETRY_FIRST;
-    }
+/// 5 s, and back to 250 ms at the first event it gets (kube-rs's exponential backoff,
+/// reset by its stream on an event). kube-rs's default waits up to 30 s (and only starts
+/// from 800 ms again after two minutes without a failure), which suits a client on every
+/// node; the control plane is the one client here, and after an API server restart it
+/// listed again only up to half a minute later.
+fn watch_backoff() -> watcher::ExponentialBackoff {
+    backon::ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(250))
+        .with_max_delay(Duration::from_secs(5))
+        .with_factor(2.0)
+        .without_max_times()
+        .into()
 }
 
 /// Watches the cluster until the process ends (or nobody listens), sending on `tx`.
@@ -323,16 +303,16 @@ pub async fn run(
 ) {
     let config = watcher::Config::default();
     let services = watcher::watcher(Api::<KubeService>::all(client.clone()), config.clone())
-        .backoff(WatchBackoff::default())
+        .backoff(watch_backoff())
         .map(|e| e.map(|e| Change::Service(Box::new(e))));
     let slices = watcher::watcher(Api::<KubeSlice>::all(client.clone()), config.clone())
-        .backoff(WatchBackoff::default())
+        .backoff(watch_backoff())
         .map(|e| e.map(|e| Change::Slice(Box::new(e))));
     let nodes = watcher::watcher(Api::<KubeNode>::all(client.clone()), config.clone())
-        .backoff(WatchBackoff::default())
+        .backoff(watch_backoff())
         .map(|e| e.map(|e| Change::Node(Box::new(e))));
     let service_cidrs = watcher::watcher(Api::<KubeServiceCidr>::all(client.clone()), config)
-        .backoff(WatchBackoff::default())
+        .backoff(watch_backoff())
         .map(|e| match e {
             Ok(e) => Ok(Change::ServiceCidr(Box::new(e))),
             Err(watcher::Error::InitialListFailed(kube::Error::Api(status)))
@@ -662,7 +642,7 @@ mod tests {
     #[test]
     fn a_watch_retries_sooner_than_kube_rs_would_and_starts_over_after_an_event() {
         use kube::runtime::utils::Backoff as _;
-        let mut backoff = WatchBackoff::default();
+        let mut backoff = watch_backoff();
         let waits: Vec<u64> = backoff.by_ref().take(7).map(|d| d.as_millis() as u64).collect();
         assert_eq!(waits, [250, 500, 1000, 2000, 4000, 5000, 5000]);
         backoff.reset();

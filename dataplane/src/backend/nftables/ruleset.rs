@@ -150,7 +150,8 @@ impl Contents {
 enum Updatable<'w, 'r> {
     /// Keeps them in the plan (a change).
     Keep,
-    /// Leaves them out (a full sync that writes them otherwise).
+    /// Leaves them out (the tests' full sync, whose script is all they read).
+    #[cfg(test)]
     Drop,
     /// Writes each into a refill (a full sync's one pass).
     Write(&'w mut ElementWriter<'r>),
@@ -235,12 +236,9 @@ impl Plan {
 }
 
 impl Programmed {
-    /// Everything kpx's table holds for `desired`, as `add` commands into an empty table
-    /// (what goes before them: [`super::outline`]); the elements of updatable collections
-    /// are not in them (see [`Self::full_writing`], [`Self::updatable_elements`]).
-    /// `existing`, a table of the current layout in the kernel: when it has every pick
-    /// chain wanted, each with its rules (`nft flush table` leaves them empty), they are
-    /// kept as they are.
+    /// [`Self::full_writing`] without writing the elements of updatable collections (for
+    /// the tests: the script and the bookkeeping).
+    #[cfg(test)]
     pub fn full(
         desired: &NodeState,
         context: &NodeContext,
@@ -249,9 +247,13 @@ impl Programmed {
         Self::full_with(desired, context, existing, Updatable::Drop)
     }
 
-    /// [`Self::full`], writing every element of an updatable collection into `refill` as
-    /// each Service is rendered (one pass: nothing rendered twice, none held as text);
-    /// how many.
+    /// Everything kpx's table holds for `desired`, as `add` commands into an empty table
+    /// (what goes before them: [`super::outline`]), but for the elements of updatable
+    /// collections: those are written into `refill` as each Service is rendered (one pass:
+    /// nothing rendered twice, none held as text; [`Self::updatable_elements`] renders
+    /// them again for a script); how many. `existing`, a table of the current layout in
+    /// the kernel: when it has every pick chain wanted, each with its rules (`nft flush
+    /// table` leaves them empty), they are kept as they are.
     pub fn full_writing(
         desired: &NodeState,
         context: &NodeContext,
@@ -351,6 +353,7 @@ impl Programmed {
         let mut keep = |e: &Element| match &mut updatable {
             _ if !e.collection.updatable() => true,
             Updatable::Keep => true,
+            #[cfg(test)]
             Updatable::Drop => false,
             Updatable::Write(writer) => {
                 writer.write(e);
