@@ -73,6 +73,15 @@ pub struct Destination {
     pub inactive: u32,
 }
 
+/// One change of a virtual service's destinations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DestinationEdit {
+    Add,
+    /// Its weight (0 drains it).
+    Edit,
+    Delete,
+}
+
 /// What kpx asks of IPVS.
 pub trait Ipvs: Send {
     /// Every virtual service.
@@ -87,6 +96,24 @@ pub trait Ipvs: Send {
     /// Changes a destination's weight in place (0 drains it: no new connections).
     fn edit_destination(&mut self, key: &ServiceKey, d: &Destination) -> Result<(), IpvsError>;
     fn delete_destination(&mut self, key: &ServiceKey, d: &Destination) -> Result<(), IpvsError>;
+    /// Applies `edits` to the destinations of `key`, in order; the first refusal. Over
+    /// netlink they go in one send and their answers are read after (the kernel handles
+    /// each in turn, a refused one stopping none of the others); this default makes them
+    /// one at a time.
+    fn edit_destinations(
+        &mut self,
+        key: &ServiceKey,
+        edits: &[(DestinationEdit, Destination)],
+    ) -> Result<(), IpvsError> {
+        for (edit, d) in edits {
+            match edit {
+                DestinationEdit::Add => self.add_destination(key, d)?,
+                DestinationEdit::Edit => self.edit_destination(key, d)?,
+                DestinationEdit::Delete => self.delete_destination(key, d)?,
+            }
+        }
+        Ok(())
+    }
     /// Forgets the connection to IPVS (after a failure); the next call opens a new one.
     fn reset(&mut self);
 }
@@ -148,6 +175,14 @@ impl Ipvs for NetlinkIpvs {
 
     fn delete_destination(&mut self, key: &ServiceKey, d: &Destination) -> Result<(), IpvsError> {
         self.socket()?.delete_destination(key, d)
+    }
+
+    fn edit_destinations(
+        &mut self,
+        key: &ServiceKey,
+        edits: &[(DestinationEdit, Destination)],
+    ) -> Result<(), IpvsError> {
+        self.socket()?.edit_destinations(key, edits)
     }
 
     fn reset(&mut self) {

@@ -6,7 +6,9 @@ use std::net::IpAddr;
 
 #[cfg(test)]
 use super::ipvs::PROTO_TCP;
-use super::ipvs::{Destination, IpvsError, ServiceKey, VirtualService, FLAG_PERSISTENT, FORWARD_MASQUERADE};
+use super::ipvs::{
+    Destination, DestinationEdit, IpvsError, ServiceKey, VirtualService, FLAG_PERSISTENT, FORWARD_MASQUERADE,
+};
 
 use super::netlink::{attributes, find, Message, NetlinkError, Socket};
 
@@ -273,6 +275,26 @@ impl IpvsSocket {
         self.destination(cmd::DEL_DEST, "delete destination", key, d)
     }
 
+    /// Applies `edits` to the destinations of `key`: one send, then every answer.
+    pub fn edit_destinations(
+        &mut self,
+        key: &ServiceKey,
+        edits: &[(DestinationEdit, Destination)],
+    ) -> Result<(), IpvsError> {
+        let messages = edits
+            .iter()
+            .map(|(edit, d)| {
+                let command = match edit {
+                    DestinationEdit::Add => cmd::NEW_DEST,
+                    DestinationEdit::Edit => cmd::SET_DEST,
+                    DestinationEdit::Delete => cmd::DEL_DEST,
+                };
+                self.destination_message(command, key, d)
+            })
+            .collect();
+        self.socket.requests(messages).map_err(|e| error("edit destinations", e))
+    }
+
     fn destination(
         &mut self,
         command: u8,
@@ -280,12 +302,17 @@ impl IpvsSocket {
         key: &ServiceKey,
         d: &Destination,
     ) -> Result<(), IpvsError> {
+        let m = self.destination_message(command, key, d);
+        self.request(op, m, false).map(drop)
+    }
+
+    fn destination_message(&self, command: u8, key: &ServiceKey, d: &Destination) -> Message {
         let mut m = self.message(command);
         m.begin(attr::SERVICE);
         service_key_attrs(&mut m, key);
         m.end();
         destination_attrs(&mut m, d);
-        self.request(op, m, false).map(drop)
+        m
     }
 }
 
@@ -293,6 +320,30 @@ impl IpvsSocket {
 mod tests {
     use super::*;
     use crate::exec::netlink::{HEADERS, NLM_F_ACK};
+
+    /// Against this kernel's generic netlink controller (a lookup: nothing changes):
+    /// requests sent at once are each answered, and a refused one is reported.
+    #[test]
+    fn requests_in_one_send_are_each_answered_and_the_refusal_reported() {
+        let lookup = |name: &[u8]| {
+            let mut m = genl_message(GENL_ID_CTRL, CTRL_CMD_GETFAMILY, 1);
+            m.put(CTRL_ATTR_FAMILY_NAME, name);
+            m
+        };
+        let mut socket = Socket::open(NETLINK_GENERIC).expect("a generic netlink socket");
+        socket.requests(vec![lookup(b"nlctrl\0"), lookup(b"nlctrl\0")]).expect("both answered");
+        let refused =
+            socket.requests(vec![lookup(b"nlctrl\0"), lookup(b"no-such-family\0"), lookup(b"nlctrl\0")]);
+        match refused {
+            Err(NetlinkError::Kernel(e)) => assert_eq!(e.raw_os_error(), Some(libc::ENOENT)),
+            other => panic!("the unknown family is refused: {other:?}"),
+        }
+        // And the socket answers the next request.
+        let replies = socket.request(lookup(b"nlctrl\0"), false).expect("answered");
+        assert!(replies.iter().any(
+            |body| find(&attributes(body), CTRL_ATTR_FAMILY_ID) == Some(&GENL_ID_CTRL.to_ne_bytes()[..])
+        ));
+    }
 
     #[test]
     fn a_service_request_is_laid_out_as_the_kernel_reads_it() {

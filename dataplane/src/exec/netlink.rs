@@ -159,6 +159,40 @@ impl Socket {
         }
     }
 
+    /// Sends `messages` in one send, each asking for an answer, and reads the answers: the
+    /// kernel handles each in turn as it reads the send (a refused one stops none of the
+    /// others); the first refusal.
+    pub fn requests(&mut self, messages: Vec<Message>) -> Result<(), NetlinkError> {
+        let Ok(count) = u32::try_from(messages.len()) else { return Err(NetlinkError::Malformed) };
+        if count == 0 {
+            return Ok(());
+        }
+        let first = self.seq.wrapping_add(1);
+        let mut bytes = Vec::new();
+        for m in messages {
+            let seq = self.next_seq();
+            bytes.extend_from_slice(&m.finish(NLM_F_ACK, seq));
+        }
+        self.size_send_buffer(bytes.len())?;
+        self.send(&bytes)?;
+        let (mut answered, mut failure) = (0, None);
+        let mut buf = vec![0u8; 64 << 10];
+        while answered < count {
+            let got = self.receive(&mut buf)?;
+            for reply in replies(&buf[..got]) {
+                let (kind, seq, payload) = reply?;
+                if kind != NLMSG_ERROR || seq.wrapping_sub(first) >= count {
+                    continue;
+                }
+                answered += 1;
+                if let Err(e) = error_code(payload) {
+                    failure.get_or_insert(e);
+                }
+            }
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
     /// Sends `messages` (each with its flags) as one nfnetlink batch — `begin`, the
     /// messages, `end` — in one send, and waits for the kernel's answer: all of them
     /// applied in one transaction, or none and the first error.

@@ -28,7 +28,8 @@ use crate::exec::conntrack::{FlowFilter, SharedConntrack};
 use crate::exec::ipset::{Edit, Ipset, IpsetNetlink};
 use crate::exec::iptables::{Flavour, Iptables, IptablesProcess};
 use crate::exec::ipvs::{
-    Destination, Ipvs, IpvsError, NetlinkIpvs, ServiceKey, VirtualService, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
+    Destination, DestinationEdit, Ipvs, IpvsError, NetlinkIpvs, ServiceKey, VirtualService, PROTO_SCTP,
+    PROTO_TCP, PROTO_UDP,
 };
 use crate::exec::links::{IpProcess, Links};
 use crate::exec::sysctl::{ProcSys, Sysctl};
@@ -168,7 +169,7 @@ impl IpvsBackend {
         // A new entry point may have flows from before it existed (a SYN the node routed
         // elsewhere): its retransmission would reach IPVS past the masquerade rules. Gone
         // before IPVS takes the address, such a SYN is refused and the client retries.
-        for (_, service, _) in changes.upsert.iter().filter(|(existed, _, _)| !existed) {
+        for (_, service, _) in changes.upsert.iter().filter(|(before, _, _)| before.is_none()) {
             let key = service.key;
             let protocol = match key.protocol {
                 PROTO_UDP => Protocol::Udp,
@@ -187,17 +188,23 @@ impl IpvsBackend {
                 tracing::warn!(service = %key, error = %e, "cannot delete flows made before the entry point existed; they stay until they time out");
             }
         }
-        for (existed, service, destinations) in &changes.upsert {
+        for (before, service, destinations) in &changes.upsert {
             let ipvs = &mut self.kernel.ipvs;
-            if *existed {
-                ipvs.edit_service(service)?;
-            } else {
-                match ipvs.add_service(service) {
-                    Err(e) if e.errno() == Some(libc::EEXIST) => ipvs.edit_service(service)?,
+            match before {
+                Some((programmed, _)) if programmed == service => {}
+                Some(_) => ipvs.edit_service(service)?,
+                None => match ipvs.add_service(service) {
+                    // Not ours to know (an earlier run's): its destinations read first.
+                    Err(e) if e.errno() == Some(libc::EEXIST) => {
+                        ipvs.edit_service(service)?;
+                        self.sync_destinations(&service.key, destinations)?;
+                        continue;
+                    }
                     other => other?,
-                }
+                },
             }
-            self.sync_destinations(&service.key, destinations)?;
+            let had = before.as_ref().map_or(&[][..], |(_, d)| &d[..]);
+            self.change_destinations(&service.key, had, destinations)?;
         }
         // An address is bound (IPVS takes its traffic) only once its virtual services
         // and their destinations are all there, and unbound before they go: a change cut
@@ -213,8 +220,49 @@ impl IpvsBackend {
         Ok(())
     }
 
-    /// Adds what is missing, sets weights, and takes away what goes: TCP and SCTP
-    /// destinations are drained, UDP ones removed at once.
+    /// Takes the destinations of `key` from `had` (as programmed, beside those draining)
+    /// to `wanted`, without reading them first, in one send: new ones added, weights set,
+    /// UDP ones that go deleted, TCP and SCTP ones drained (weight 0; housekeeping deletes
+    /// them once idle, or after the grace).
+    fn change_destinations(
+        &mut self,
+        key: &ServiceKey,
+        had: &[Destination],
+        wanted: &[Destination],
+    ) -> Result<(), BackendError> {
+        let same = |a: &Destination, b: &Destination| (a.address, a.port) == (b.address, b.port);
+        let mut edits = Vec::new();
+        for d in wanted {
+            match had.iter().find(|h| same(h, d)) {
+                Some(h) if h.weight == d.weight => {}
+                Some(_) => edits.push((DestinationEdit::Edit, d.clone())),
+                None if self.draining.contains_key(&(*key, d.address, d.port)) => {
+                    edits.push((DestinationEdit::Edit, d.clone()))
+                }
+                None => edits.push((DestinationEdit::Add, d.clone())),
+            }
+        }
+        let mut started = Vec::new();
+        for h in had.iter().filter(|h| !wanted.iter().any(|d| same(h, d))) {
+            if key.protocol == PROTO_UDP {
+                edits.push((DestinationEdit::Delete, h.clone()));
+            } else {
+                edits.push((DestinationEdit::Edit, Destination { weight: 0, ..h.clone() }));
+                started.push((*key, h.address, h.port));
+            }
+        }
+        self.kernel.ipvs.edit_destinations(key, &edits)?;
+        self.draining
+            .retain(|(k, a, p), _| k != key || !wanted.iter().any(|d| (d.address, d.port) == (*a, *p)));
+        for d in started {
+            self.draining.entry(d).or_insert_with(Instant::now);
+        }
+        Ok(())
+    }
+
+    /// Adds what is missing, sets weights, and takes away what goes, from what the kernel
+    /// holds: TCP and SCTP destinations are drained, UDP ones removed at once (and idle
+    /// ones too).
     fn sync_destinations(&mut self, key: &ServiceKey, wanted: &[Destination]) -> Result<(), BackendError> {
         let ipvs = &mut self.kernel.ipvs;
         let current = ipvs.destinations(key)?;

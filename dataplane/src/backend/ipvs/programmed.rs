@@ -19,11 +19,14 @@ pub struct Programmed {
     members: BTreeMap<(SetName, Member), usize>,
 }
 
+/// A virtual service and its destinations, as programmed.
+pub type ProgrammedService = (VirtualService, Vec<Destination>);
+
 /// What changes in the kernel; built by [`Programmed::set`] calls, read after the last one.
 #[derive(Debug, Default)]
 pub struct Delta {
-    /// Virtual services touched: whether each was programmed before.
-    services: BTreeMap<ServiceKey, bool>,
+    /// Virtual services touched: each as it was programmed before (`None`: it was not).
+    services: BTreeMap<ServiceKey, Option<ProgrammedService>>,
     addresses: BTreeMap<IpAddr, bool>,
     members: BTreeMap<(SetName, Member), bool>,
 }
@@ -31,8 +34,9 @@ pub struct Delta {
 /// A [`Delta`] resolved against the table after the change.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Changes {
-    /// Virtual services to add (`false`) or bring up to date (`true`: existed before).
-    pub upsert: Vec<(bool, VirtualService, Vec<Destination>)>,
+    /// Virtual services to add (`None`) or bring up to date from what was programmed
+    /// before, with the destinations they take.
+    pub upsert: Vec<(Option<ProgrammedService>, VirtualService, Vec<Destination>)>,
     pub remove: Vec<ServiceKey>,
     pub bind: BTreeSet<IpAddr>,
     pub unbind: BTreeSet<IpAddr>,
@@ -71,8 +75,8 @@ impl Programmed {
     /// Replaces what Service `name` holds by `new` (`None`: the Service is gone).
     pub fn set(&mut self, name: &str, new: Option<Piece>, delta: &mut Delta) {
         if let Some(old) = self.pieces.remove(name) {
-            for key in old.services.keys() {
-                delta.services.entry(*key).or_insert(true);
+            for (key, service) in &old.services {
+                delta.services.entry(*key).or_insert_with(|| Some(service.clone()));
                 self.owners.remove(key);
             }
             for a in &old.addresses {
@@ -91,7 +95,7 @@ impl Programmed {
             None => true,
         });
         for key in new.services.keys() {
-            delta.services.entry(*key).or_insert(false);
+            delta.services.entry(*key).or_insert(None);
             self.owners.insert(*key, name.to_owned());
         }
         for a in &new.addresses {
@@ -106,13 +110,13 @@ impl Programmed {
     /// What `delta` means for the kernel, now that every change is in.
     pub fn resolve(&self, delta: Delta) -> Changes {
         let mut out = Changes::default();
-        for (key, existed) in delta.services {
-            match self.service(&key) {
-                Some((service, destinations)) => {
-                    out.upsert.push((existed, service.clone(), destinations.clone()))
+        for (key, before) in delta.services {
+            match (self.service(&key), before) {
+                (Some((service, destinations)), before) => {
+                    out.upsert.push((before, service.clone(), destinations.clone()))
                 }
-                None if existed => out.remove.push(key),
-                None => {}
+                (None, Some(_)) => out.remove.push(key),
+                (None, None) => {}
             }
         }
         for (address, was) in delta.addresses {
@@ -189,7 +193,8 @@ mod tests {
         table.set("a", Some(piece(&fixtures::service("a", "10.96.0.1", &["10.244.0.2"]), &ctx)), &mut delta);
         let change = table.resolve(delta);
         assert_eq!(change.upsert.len(), 1);
-        assert!(change.upsert[0].0, "existed before: edited");
+        let before = change.upsert[0].0.as_ref().expect("existed before: edited");
+        assert_eq!(before.1[0].address.to_string(), "10.244.0.1", "with what it had");
         assert_eq!(change.upsert[0].2[0].address.to_string(), "10.244.0.2");
         assert!(change.bind.is_empty() && change.unbind.is_empty());
         let added: Vec<String> = change.add_members.values().flatten().map(ToString::to_string).collect();

@@ -125,6 +125,32 @@ fn a_removed_endpoint_is_drained_and_removed_once_idle() {
 }
 
 #[test]
+fn a_change_reads_no_destinations_and_an_idle_removed_endpoint_goes_at_the_next_housekeeping() {
+    let kernel = FakeKernel::new();
+    let mut b = backend(&kernel, Duration::from_secs(900));
+    let ctx = NodeContext::default();
+    b.full_sync(&state(&[("web", "10.96.0.10", &["10.244.0.1", "10.244.0.2"])]), &ctx).expect("full sync");
+    let listed = kernel.ipvs.listings();
+    b.apply(&state(&[("web", "10.96.0.10", &["10.244.0.2", "10.244.0.3"])]), &ctx, &changed(&["web"]))
+        .expect("apply");
+    assert_eq!(kernel.ipvs.listings(), listed, "the table knows what it programmed");
+    assert_eq!(
+        table(&kernel),
+        ["10.96.0.10:80/tcp -> 10.244.0.1:8080(0) 10.244.0.2:8080(1) 10.244.0.3:8080(1)"],
+        "drained, not cut: the change does not know it is idle"
+    );
+    b.apply(&state(&[("web", "10.96.0.10", &["10.244.0.1", "10.244.0.3"])]), &ctx, &changed(&["web"]))
+        .expect("back");
+    assert_eq!(
+        table(&kernel),
+        ["10.96.0.10:80/tcp -> 10.244.0.1:8080(1) 10.244.0.2:8080(0) 10.244.0.3:8080(1)"],
+        "a draining endpoint wanted again takes traffic again"
+    );
+    b.housekeeping().expect("housekeeping");
+    assert_eq!(table(&kernel), ["10.96.0.10:80/tcp -> 10.244.0.1:8080(1) 10.244.0.3:8080(1)"], "idle: gone");
+}
+
+#[test]
 fn a_drained_endpoint_is_removed_after_the_grace_even_with_connections() {
     let kernel = FakeKernel::new();
     let mut b = backend(&kernel, Duration::ZERO);

@@ -18,6 +18,8 @@ pub struct FakeIpvs {
 struct IpvsState {
     services: BTreeMap<ServiceKey, (VirtualService, Vec<Destination>)>,
     fail_next: std::collections::VecDeque<i32>,
+    /// How many times destinations were listed.
+    listings: usize,
 }
 
 fn kernel(op: &'static str, errno: i32) -> IpvsError {
@@ -41,6 +43,11 @@ impl FakeIpvs {
     /// Every virtual service and its destinations.
     pub fn table(&self) -> Vec<(VirtualService, Vec<Destination>)> {
         self.state().services.values().cloned().collect()
+    }
+
+    /// How many times a service's destinations were listed.
+    pub fn listings(&self) -> usize {
+        self.state().listings
     }
 
     /// Sets the connections IPVS counts on a destination.
@@ -75,7 +82,9 @@ impl Ipvs for FakeIpvs {
     }
 
     fn destinations(&mut self, key: &ServiceKey) -> Result<Vec<Destination>, IpvsError> {
-        self.state()
+        let mut state = self.state();
+        state.listings += 1;
+        state
             .services
             .get(key)
             .map(|(_, d)| d.clone())
