@@ -193,16 +193,8 @@ mod tests {
     use kpx_proto::types::Endpoint;
 
     fn view(endpoints: &[&str]) -> ServiceView {
-        let eps = endpoints
-            .iter()
-            .map(|a| Endpoint {
-                address: a.parse().expect("ip"),
-                port: 53,
-                node_name: "".into(),
-                terminating: false,
-                cluster: "".into(),
-            })
-            .collect();
+        let eps =
+            endpoints.iter().map(|a| Endpoint::new(a.parse().expect("ip"), 53, "", "", false)).collect();
         let mut port = ServicePort::new("dns", Protocol::Udp, 53, eps);
         port.node_port = Some(30053);
         ServiceView::new("c", "ns", "dns", vec!["10.96.0.53".parse().expect("ip")], vec![port])

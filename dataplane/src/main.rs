@@ -26,6 +26,7 @@ use kpx_dataplane::{serve, upkeep, xds_client};
 use kpx_proto::node_context::ProxySettings;
 
 fn main() -> ExitCode {
+    kpx_proto::memory::keep_large_buffers_apart();
     let flags = match Flags::try_parse() {
         Ok(f) => f,
         Err(e) => {

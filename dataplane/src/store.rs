@@ -386,13 +386,7 @@ mod tests {
                     "",
                     Protocol::Udp,
                     53,
-                    vec![Endpoint {
-                        address: "10.0.0.1".parse().expect("ip"),
-                        port: 5353,
-                        node_name: "n".into(),
-                        terminating: false,
-                        cluster: "".into(),
-                    }],
+                    vec![Endpoint::new("10.0.0.1".parse().expect("ip"), 5353, "n", "", false)],
                 )],
             )),
         }

@@ -9,7 +9,6 @@ use ipnet::IpNet;
 use prost::Message;
 
 use crate::family::Family;
-use crate::names;
 use crate::pb;
 use crate::types::{Endpoint, NodeConfig, Protocol, ServicePort, ServiceView};
 
@@ -99,13 +98,8 @@ fn endpoints(field: &str, list: Vec<pb::Endpoint>, families: Families) -> Result
         families.check_one("", &address).map_err(at("address"))?;
         name("", &e.node_name, true).map_err(at("node_name"))?;
         name("", &e.cluster, true).map_err(at("cluster"))?;
-        out.push(Endpoint {
-            address,
-            port: port("", e.port).map_err(at("port"))?,
-            node_name: names::intern(&e.node_name),
-            terminating: e.terminating,
-            cluster: names::intern(&e.cluster),
-        });
+        let port = port("", e.port).map_err(at("port"))?;
+        out.push(Endpoint::new(address, port, &e.node_name, &e.cluster, e.terminating));
     }
     Ok(out)
 }
@@ -274,9 +268,9 @@ impl ServiceView {
                 .map(|e| pb::Endpoint {
                     address: e.address.to_string(),
                     port: u32::from(e.port),
-                    node_name: e.node_name.to_string(),
+                    node_name: e.node_name().to_owned(),
                     terminating: e.terminating,
-                    cluster: e.cluster.to_string(),
+                    cluster: e.cluster().to_owned(),
                 })
                 .collect()
         };

@@ -11,3 +11,15 @@ pub fn release_freed() {
         libc::malloc_trim(0);
     }
 }
+
+/// Large buffers (a netlink batch, a response being encoded) from their own mappings,
+/// always: glibc otherwise raises its mmap threshold to the size of each such buffer
+/// freed, up to 32 MB, and later ones come from the heap, where the small allocations
+/// that fill their holes keep the heap from shrinking.
+pub fn keep_large_buffers_apart() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets an allocator parameter; called before threads start.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
+    }
+}

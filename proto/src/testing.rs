@@ -30,13 +30,7 @@ fn address(v4: bool, first: u8) -> impl Strategy<Value = IpAddr> {
 
 /// An endpoint on port 8080 of `node` (for hand-written cases).
 pub fn endpoint_on(address: &str, node: &str) -> Endpoint {
-    Endpoint {
-        address: address.parse().expect("ip"),
-        port: 8080,
-        node_name: node.into(),
-        terminating: false,
-        cluster: "".into(),
-    }
+    Endpoint::new(address.parse().expect("ip"), 8080, node, "", false)
 }
 
 fn endpoint(v4: bool) -> impl Strategy<Value = Endpoint> {
@@ -46,12 +40,8 @@ fn endpoint(v4: bool) -> impl Strategy<Value = Endpoint> {
         prop_oneof![Just(String::new()), Just("n1".to_owned()), Just("n2".to_owned())],
         any::<bool>(),
     )
-        .prop_map(|(address, port, node_name, terminating)| Endpoint {
-            address,
-            port,
-            node_name: node_name.into(),
-            terminating,
-            cluster: "".into(),
+        .prop_map(|(address, port, node_name, terminating)| {
+            Endpoint::new(address, port, &node_name, "", terminating)
         })
 }
 

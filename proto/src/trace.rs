@@ -222,7 +222,7 @@ fn trace_entry(pf: &PortFamily, kind: EntryKind, context: &NodeContext, packet: 
                 .map(|e| Candidate {
                     endpoint: SocketAddr::new(e.address, e.port),
                     probability: 1.0 / n,
-                    node: e.node_name.to_string(),
+                    node: e.node_name().to_owned(),
                     terminating: e.terminating,
                 })
                 .collect();

@@ -1,8 +1,8 @@
 //! Plain, already validated values of kpx's resources.
 
+use crate::names::Origin;
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -140,15 +140,29 @@ impl ServicePort {
     }
 }
 
+/// 32 bytes: a quarter-million of them is most of what a node agent holds.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Endpoint {
     pub address: IpAddr,
     pub port: u16,
-    /// Interned ([`crate::names::intern`]): a node's endpoints share its name.
-    pub node_name: Arc<str>,
+    /// Its node, and the cluster it comes from when not the Service's own; shared.
+    pub origin: Origin,
     pub terminating: bool,
-    /// The cluster it comes from when not the Service's own ("" otherwise); interned.
-    pub cluster: Arc<str>,
+}
+
+impl Endpoint {
+    pub fn new(address: IpAddr, port: u16, node_name: &str, cluster: &str, terminating: bool) -> Endpoint {
+        Endpoint { address, port, origin: Origin::of(node_name, cluster), terminating }
+    }
+
+    pub fn node_name(&self) -> &str {
+        self.origin.node_name()
+    }
+
+    /// The cluster it comes from when not the Service's own ("" otherwise).
+    pub fn cluster(&self) -> &str {
+        self.origin.cluster()
+    }
 }
 
 /// What a node needs to know about itself.

@@ -8,7 +8,6 @@
 use std::collections::HashSet;
 use std::net::IpAddr;
 
-use kpx_proto::names;
 use kpx_proto::types::Endpoint;
 
 use super::Locality;
@@ -38,13 +37,13 @@ impl Candidate<'_> {
     }
 
     fn endpoint(&self) -> Endpoint {
-        Endpoint {
-            address: self.address,
-            port: self.port,
-            node_name: names::intern(self.source.node_name.as_deref().unwrap_or_default()),
-            terminating: !self.ready(),
-            cluster: names::intern(self.cluster.unwrap_or_default()),
-        }
+        Endpoint::new(
+            self.address,
+            self.port,
+            self.source.node_name.as_deref().unwrap_or_default(),
+            self.cluster.unwrap_or_default(),
+            !self.ready(),
+        )
     }
 }
 

@@ -122,7 +122,7 @@ fn an_address_listed_twice_counts_once_and_ready_wins() {
     ));
     let view = view_at(&state, Locality::UNKNOWN);
     assert_eq!(addrs(&view.ports[0].endpoints), ["10.0.0.1:8080"]);
-    assert_eq!(&*view.ports[0].endpoints[0].node_name, "n1");
+    assert_eq!(view.ports[0].endpoints[0].node_name(), "n1");
 }
 
 #[test]

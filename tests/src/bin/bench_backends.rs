@@ -33,13 +33,7 @@ fn service(i: usize, generation: usize) -> Versioned<ServiceView> {
     let endpoints = (0..ENDPOINTS)
         .map(|e| {
             let n = (i * ENDPOINTS + e + generation * 7) % 60000;
-            Endpoint {
-                address: address([10, 200 + (n / 62500) as u8], n % 62500),
-                port: 8080,
-                node_name: "n".into(),
-                terminating: false,
-                cluster: "".into(),
-            }
+            Endpoint::new(address([10, 200 + (n / 62500) as u8], n % 62500), 8080, "n", "", false)
         })
         .collect();
     let vip =

@@ -236,7 +236,7 @@ fn endpoints_of(snap: &Snapshot, node: &str, name: &str) -> Vec<String> {
     view.ports[0]
         .endpoints
         .iter()
-        .map(|e| format!("{}@{}", e.address, if e.cluster.is_empty() { "home" } else { &e.cluster }))
+        .map(|e| format!("{}@{}", e.address, if e.cluster().is_empty() { "home" } else { e.cluster() }))
         .collect()
 }
 

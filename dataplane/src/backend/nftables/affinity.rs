@@ -172,16 +172,7 @@ mod tests {
     use kpx_proto::types::Protocol;
 
     fn eps(addrs: &[&str]) -> Vec<Endpoint> {
-        addrs
-            .iter()
-            .map(|a| Endpoint {
-                address: a.parse().expect("ip"),
-                port: 80,
-                node_name: "".into(),
-                terminating: false,
-                cluster: "".into(),
-            })
-            .collect()
+        addrs.iter().map(|a| Endpoint::new(a.parse().expect("ip"), 80, "", "", false)).collect()
     }
 
     #[test]
