@@ -21,6 +21,7 @@ use kpx_proto::admin::control_plane_admin_server::ControlPlaneAdminServer;
 use kpx_proto::tls::ReloadingServerConfig;
 
 fn main() -> ExitCode {
+    kpx_proto::memory::keep_large_buffers_apart();
     let flags = match Flags::try_parse() {
         Ok(a) => a,
         Err(e) => {
