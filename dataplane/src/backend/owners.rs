@@ -3,11 +3,25 @@
 //! and the other is warned about and not programmed there.
 
 use std::collections::HashMap;
+use std::fmt;
+use std::net::IpAddr;
 
-use super::Family;
+use kpx_proto::types::Protocol;
 
-/// An entry point: its family and `address . proto . port`.
-pub type EntryKey = (Family, String);
+/// An entry point, `address . proto . port` (24 bytes, no allocation: every Service holds
+/// its own and the owners table one more of each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EntryKey {
+    pub address: IpAddr,
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+impl fmt::Display for EntryKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} . {} . {}", self.address, self.protocol, self.port)
+    }
+}
 
 #[derive(Debug, Default)]
 pub struct Owners(HashMap<EntryKey, String>);
@@ -26,7 +40,7 @@ impl Owners {
         for (name, entries) in changed {
             for entry in entries {
                 if self.0.get(entry).map(String::as_str) == Some(name) {
-                    now.insert(entry.clone(), None);
+                    now.insert(*entry, None);
                 }
             }
         }
@@ -41,7 +55,7 @@ impl Owners {
             }
         }
         for entry in new.unwrap_or_default() {
-            self.0.insert(entry.clone(), name.to_owned());
+            self.0.insert(*entry, name.to_owned());
         }
     }
 }
@@ -59,14 +73,14 @@ impl<'a> Claims<'a> {
                 Some(owner) if owner != service => tracing::warn!(
                     service,
                     owner,
-                    entry = %entry.1,
+                    %entry,
                     "address and port already used by another Service; not programmed for this one"
                 ),
-                _ => taken.push(entry.clone()),
+                _ => taken.push(*entry),
             }
         }
         for entry in &taken {
-            self.now.insert(entry.clone(), Some(service));
+            self.now.insert(*entry, Some(service));
         }
         taken
     }

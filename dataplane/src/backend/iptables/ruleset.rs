@@ -171,7 +171,7 @@ impl Programmed {
             let new = desired.services.get(name).map(|s| {
                 let mut rules = service::service_rules(&s.value, &self.context);
                 let taken = claims.claim(name, &rules.entries);
-                rules.shared.retain(|(entry, r)| taken.iter().any(|t| &t.1 == entry && t.0 == r.family));
+                rules.shared.retain(|(entry, _)| taken.contains(entry));
                 rules.entries = taken;
                 rules
             });

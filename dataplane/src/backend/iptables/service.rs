@@ -21,6 +21,7 @@ use kpx_proto::policy::{self, Action, EndpointSet, Entry, EntryKind, PortFamily}
 use kpx_proto::types::{Endpoint, ServiceView};
 
 use super::names::{self, ChainKind};
+use crate::backend::owners::EntryKey;
 use crate::backend::xtables::{from_pods, Table};
 use crate::backend::Family;
 
@@ -40,9 +41,9 @@ pub type ChainKey = (Family, Table, String);
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServiceRules {
     /// `address . proto . port` of each entry point, with its family: the keys this Service owns.
-    pub entries: Vec<(Family, String)>,
+    pub entries: Vec<EntryKey>,
     /// Rules in shared chains, under the entry they belong to.
-    pub shared: Vec<(String, SharedRule)>,
+    pub shared: Vec<(EntryKey, SharedRule)>,
     /// Its own chains and their rules.
     pub chains: BTreeMap<ChainKey, Vec<String>>,
 }
@@ -152,8 +153,8 @@ impl PortRenderer<'_> {
             }
         }
         for entry in &pf.entries {
-            let key = format!("{} . {proto} . {}", entry.address, entry.port);
-            self.rules.entries.push((pf.family, key.clone()));
+            let entry_key = EntryKey { address: entry.address, protocol: pf.port.protocol, port: entry.port };
+            self.rules.entries.push(entry_key);
             let target = if entry.is_external() {
                 match &external_target {
                     Target::Jump(_) if pf.allowed_sources(entry, &self.ctx.node_addresses).is_some() => {
@@ -168,7 +169,7 @@ impl PortRenderer<'_> {
                     Action::Reject => Target::Reject,
                 }
             };
-            self.entry_rule(entry, &key, target);
+            self.entry_rule(entry, entry_key, target);
         }
     }
 
@@ -215,7 +216,7 @@ impl PortRenderer<'_> {
         Target::Jump(ext.to_owned())
     }
 
-    fn entry_rule(&mut self, entry: &Entry, key: &str, target: Target) {
+    fn entry_rule(&mut self, entry: &Entry, key: EntryKey, target: Target) {
         let (view, port, proto) = (self.pf.view, self.pf.port, self.pf.port.protocol);
         let (chain, what) = match entry.kind {
             EntryKind::ClusterIp => (names::SERVICES, "cluster IP"),
@@ -238,7 +239,7 @@ impl PortRenderer<'_> {
                 spec: format!("{matches} {} -j REJECT", names::comment(view, port, "has no endpoints")),
             },
         };
-        self.rules.shared.push((key.to_owned(), rule));
+        self.rules.shared.push((key, rule));
     }
 
     /// Affinity checks, then `statistic` picks: endpoint i of n with probability 1/(n-i);

@@ -7,7 +7,6 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use kpx_proto::family::Family;
 use kpx_proto::types::ServiceView;
 
 use super::affinity::{self, NftObject, ObjectCommands};
@@ -15,7 +14,7 @@ use super::outline::{Elements, Outline};
 use super::render::{self, Collection, Element, Shared};
 use super::service::{self, ServiceRules};
 use super::skeleton::{self, PickChains};
-use crate::backend::owners::Owners;
+use crate::backend::owners::{EntryKey, Owners};
 use crate::backend::NodeContext;
 use crate::exec::nft_elements::{ElementUpdate, EncodeError, Refill};
 use crate::state::{ChangeSet, NodeState};
@@ -98,7 +97,7 @@ impl SharedCounts {
 #[derive(Debug)]
 struct ProgrammedService {
     view: Arc<ServiceView>,
-    entries: Vec<(Family, String)>,
+    entries: Vec<EntryKey>,
 }
 
 impl ProgrammedService {
@@ -109,8 +108,8 @@ impl ProgrammedService {
 }
 
 /// `rules` with only the elements of the entries `held` (the others belong to another Service).
-fn held(mut rules: ServiceRules, held: Vec<(Family, String)>) -> ServiceRules {
-    rules.elements.retain(|(entry, e)| held.iter().any(|t| &t.1 == entry && t.0 == e.collection.family()));
+fn held(mut rules: ServiceRules, held: Vec<EntryKey>) -> ServiceRules {
+    rules.elements.retain(|(entry, _)| held.contains(entry));
     rules.entries = held;
     rules
 }
@@ -452,6 +451,7 @@ impl Programmed {
 mod tests {
     use super::*;
     use crate::backend::fixtures::{changed, no_context, state};
+    use kpx_proto::family::Family;
 
     #[test]
     fn one_endpoint_change_touches_only_that_service() {

@@ -10,15 +10,16 @@ use kpx_proto::types::{Endpoint, ServiceView};
 use super::affinity::{self, NftObject};
 use super::render::{Collection, Element, Family, Shared};
 use super::skeleton::{endpoints_map, masquerades_all, pick_chain_name, EndpointSet};
+use crate::backend::owners::EntryKey;
 use kpx_proto::policy::{self, Action, EntryKind, PortFamily};
 
 /// Everything one Service needs in the table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServiceRules {
-    /// `address . proto . port` of each entry point, with its family: the keys this Service owns.
-    pub entries: Vec<(Family, String)>,
+    /// Each entry point: the keys this Service owns.
+    pub entries: Vec<EntryKey>,
     /// Elements only this Service uses, grouped under the entry they belong to.
-    pub elements: Vec<(String, Element)>,
+    pub elements: Vec<(EntryKey, Element)>,
     /// Elements several Services may share (counted, not owned).
     pub shared: BTreeSet<Shared>,
     /// Chains and sets of its own (session affinity).
@@ -53,9 +54,10 @@ fn render_port(pf: &PortFamily, ctx: &NodeContext, rules: &mut ServiceRules) {
         rules.shared.insert(Shared::Hairpin(ep.address));
     }
     for entry in &pf.entries {
-        let key = format!("{} . {} . {}", entry.address, pf.port.protocol, entry.port);
-        rules.entries.push((f, key.clone()));
-        let mut add = |e: Element| rules.elements.push((key.clone(), e));
+        let entry_key = EntryKey { address: entry.address, protocol: pf.port.protocol, port: entry.port };
+        let key = entry_key.to_string();
+        rules.entries.push(entry_key);
+        let mut add = |e: Element| rules.elements.push((entry_key, e));
         if entry.kind == EntryKind::ClusterIp {
             add(Element::set(Collection::ClusterEntries(f), &key));
             rules.shared.insert(Shared::ClusterIp(entry.address));
