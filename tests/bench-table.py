@@ -58,6 +58,17 @@ def table(data):
                      f"{api['endpoints_per_service']}: EndpointSlice replaced in an API server (the tests' "
                      f"list/watch server) → node agent's kernel committed, {api['changes']} changes",
                      f"p50 {api['api_to_kernel_p50_ms']} ms, p99 {api['api_to_kernel_p99_ms']} ms"))
+    vm = data.get("ipvs_vm")
+    if vm:
+        by = {b["backend"]: b for b in vm["backends"]}
+        ipvs = by.get("ipvs")
+        others = [b for name, b in sorted(by.items()) if name != "ipvs"]
+        if ipvs:
+            against = "; ".join(f"{b['backend']} p50 {b['change_p50_ms']} ms, p99 {b['change_p99_ms']} ms"
+                                for b in others)
+            rows.append((f"IPVS, {vm['services']:,} Services × 10 endpoints, in the test VM (emulated; "
+                         f"nftables in the same run): one endpoint change, {vm['changes']} changes",
+                         f"p50 {ipvs['change_p50_ms']} ms, p99 {ipvs['change_p99_ms']} ms; against {against}"))
     out = ["| what | measured |", "|---|---|"]
     out.extend(f"| {what} | {value} |" for what, value in rows)
     m = data.get("machine", {})

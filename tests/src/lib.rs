@@ -5,6 +5,7 @@
 //! test fails. Nothing is created in the host namespace: veth pairs are made
 //! inside the node namespace with their peer directly in the other one.
 
+pub mod backends_in_vm;
 pub mod fake_apiserver;
 pub mod fake_control_plane;
 pub mod fault_scenarios;

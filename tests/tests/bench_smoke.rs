@@ -41,6 +41,7 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
         "iptables-legacy",
         "TCP connect",
         "== one endpoint change through the Kubernetes API",
+        "== IPVS vs nftables in the VM",
     ] {
         assert!(text.contains(section), "no {section:?} in:\n{text}");
     }
@@ -83,9 +84,16 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
         "30 Services × 5",
         "one endpoint change → all 12 nodes",
         "through the Kubernetes API",
+        "IPVS, 60 Services × 10 endpoints, in the test VM",
     ] {
         assert!(markdown.contains(row), "no {row:?} in:\n{markdown}");
     }
+    // IPVS and nftables each programmed the Services and timed 3 changes in the VM.
+    let vm = &figures["ipvs_vm"];
+    assert_eq!(vm["changes"], 3, "{figures}");
+    let measured: Vec<&str> =
+        vm["backends"].as_array().into_iter().flatten().filter_map(|b| b["backend"].as_str()).collect();
+    assert!(measured.contains(&"ipvs") && measured.contains(&"nftables (lib)"), "{vm}");
     assert_eq!(figures["fanout"]["nodes"], 12);
     // Every fourth node never reads its stream: the control plane closes and counts them.
     assert_eq!(figures["fanout"]["stuck_streams"], 3, "{figures}");

@@ -1,11 +1,12 @@
 //! Full sync and one-endpoint-change times of the node agent's backends, side by side.
 //!
-//! `sudo ./tests/bench-backends.sh [SERVICES…] [BACKEND…]` (default 1000 10000, every
-//! backend; name backends by the start of their label, e.g. `ipvs nftables`): for each backend
+//! `sudo ./tests/bench-backends.sh [--changes N] [SERVICES…] [BACKEND…]` (default 1000 10000,
+//! every backend, 20 changes; name backends by the start of their label, e.g. `ipvs
+//! nftables`): for each backend
 //! (nftables, iptables-legacy, iptables-nft, and IPVS where the kernel has it: run
 //! `sudo tests/vm/run-in-vm.sh target/release/bench_backends` for a kernel with IPVS) and each size, Services of one port with
 //! 10 endpoints each are programmed from scratch into a scratch network namespace
-//! (full sync), then one endpoint of one Service is replaced 20 times (one partial
+//! (full sync), then one endpoint of one Service is replaced N times (one partial
 //! apply each, the work the agent does per delta). Prints figures; asserts nothing.
 
 use std::time::{Duration, Instant};
@@ -23,7 +24,33 @@ use kpx_e2e::netns::Netns;
 use kpx_proto::types::{Endpoint, NodeConfig, Protocol, ServicePort, ServiceView};
 
 const ENDPOINTS: usize = 10;
-const CHANGES: usize = 20;
+
+/// The command line: sizes, backend names, and how many changes to time.
+struct Args {
+    sizes: Vec<usize>,
+    names: Vec<String>,
+    changes: usize,
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args { sizes: vec![], names: vec![], changes: 20 };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        if arg == "--changes" {
+            let value = it.next().ok_or("--changes needs a number")?;
+            a.changes =
+                value.parse().ok().filter(|&n| n > 0).ok_or(format!("--changes {value}: not a count"))?;
+        } else if let Ok(size) = arg.parse() {
+            a.sizes.push(size);
+        } else {
+            a.names.push(arg);
+        }
+    }
+    if a.sizes.is_empty() {
+        a.sizes = vec![1000, 10000];
+    }
+    Ok(a)
+}
 
 fn address(base: [u8; 2], n: usize) -> std::net::IpAddr {
     std::net::Ipv4Addr::new(base[0], base[1], (n / 250) as u8, (n % 250 + 1) as u8).into()
@@ -68,13 +95,12 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 /// The backends named on the command line (by the start of their label), or all.
-fn wanted(label: &str) -> bool {
-    let names: Vec<String> = std::env::args().skip(1).filter(|a| a.parse::<usize>().is_err()).collect();
+fn wanted(names: &[String], label: &str) -> bool {
     names.is_empty() || names.iter().any(|n| label.starts_with(n.as_str()))
 }
 
-fn measure(label: &str, backend: &mut dyn Backend, services: usize) {
-    if !wanted(label) {
+fn measure(a: &Args, label: &str, backend: &mut dyn Backend, services: usize) {
+    if !wanted(&a.names, label) {
         return;
     }
     let mut desired = state(services);
@@ -86,7 +112,7 @@ fn measure(label: &str, backend: &mut dyn Backend, services: usize) {
     }
     let full = started.elapsed();
     let mut changes = Vec::new();
-    for g in 1..=CHANGES {
+    for g in 1..=a.changes {
         let i = (g * 7919) % services;
         let mut v = service(i, 0);
         v.value.ports[0].endpoints[g % ENDPOINTS].address = address([10, 250], g);
@@ -113,21 +139,35 @@ fn measure(label: &str, backend: &mut dyn Backend, services: usize) {
     }
 }
 
-fn main() {
-    let sizes: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
-    let sizes = if sizes.is_empty() { vec![1000, 10000] } else { sizes };
+fn main() -> std::process::ExitCode {
+    let a = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("bench_backends: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
     let ns = Netns::new("bench");
-    let sizes_in = sizes.clone();
     ns.run_in(move || {
-        println!("backend          services  ({ENDPOINTS} endpoints each; {CHANGES} changes)");
-        for services in sizes_in {
+        println!("backend          services  ({ENDPOINTS} endpoints each; {} changes)", a.changes);
+        for &services in &a.sizes {
             match nft::library() {
-                Ok(library) => measure("nftables (lib)", &mut NftablesBackend::new(library), services),
+                Ok(library) => measure(&a, "nftables (lib)", &mut NftablesBackend::new(library), services),
                 Err(e) => println!("nftables (lib): {e}"),
             }
-            measure("nftables (nft -f)", &mut NftablesBackend::new(Box::new(NftProcess::new())), services);
+            measure(
+                &a,
+                "nftables (nft -f)",
+                &mut NftablesBackend::new(Box::new(NftProcess::new())),
+                services,
+            );
             for (label, flavour) in [("iptables-legacy", Flavour::Legacy), ("iptables-nft", Flavour::Nft)] {
-                measure(label, &mut IptablesBackend::new(Box::new(IptablesProcess { flavour })), services);
+                measure(
+                    &a,
+                    label,
+                    &mut IptablesBackend::new(Box::new(IptablesProcess { flavour })),
+                    services,
+                );
             }
             match open_socket() {
                 Ok(_) => {
@@ -137,10 +177,11 @@ fn main() {
                         strict_arp: false,
                     };
                     let kernel = IpvsKernel::system(Flavour::detect(), std::sync::Arc::new(ConntrackProcess));
-                    measure("ipvs", &mut IpvsBackend::new(options, kernel), services)
+                    measure(&a, "ipvs", &mut IpvsBackend::new(options, kernel), services)
                 }
                 Err(e) => println!("ipvs: {e}"),
             }
         }
     });
+    std::process::ExitCode::SUCCESS
 }

@@ -17,6 +17,9 @@
 //!    stored, from its log), a full sync (restarted over its store), peak and steady RSS.
 //! 3. data path: TCP connect latency to the first and the last Service (in every
 //!    backend's order), two Services of their own backed by a real pod, per run of 2.
+//! 4. one endpoint change through the Kubernetes API (the tests' list/watch server).
+//! 5. IPVS beside nftables at `--services` Services, `--node-changes` changes, in the
+//!    test VM (`tests/vm/run-in-vm.sh`: this kernel has no IPVS).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,7 +29,8 @@ use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
-use kpx_e2e::process::KpxProcess;
+use kpx_e2e::backends_in_vm;
+use kpx_e2e::process::{binary, KpxProcess};
 use kpx_e2e::topology::{sock, ProxyBackend, Topology};
 use serde_json::json;
 
@@ -89,7 +93,7 @@ fn parse_args() -> Result<Args, String> {
             "--json" => a.json = Some(PathBuf::from(value()?)),
             "--skip" => a.skip.push(value()?),
             "--tls" => a.tls = true,
-            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --stuck-percent --ack-timeout SECONDS --changes --node-scales SxE,… --node-changes --node-idle SECONDS --json --skip fanout|node|iptables|api --tls)")),
+            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --stuck-percent --ack-timeout SECONDS --changes --node-scales SxE,… --node-changes --node-idle SECONDS --json --skip fanout|node|iptables|api|ipvs --tls)")),
         }
     }
     Ok(a)
@@ -1038,6 +1042,32 @@ fn node_programming(a: &Args, scale: Scale, backend: ProxyBackend, label: &str) 
     })
 }
 
+/// IPVS beside nftables, one endpoint change at `--services` Services, in the test VM.
+fn ipvs_in_vm(a: &Args) -> Option<serde_json::Value> {
+    println!(
+        "\n== IPVS vs nftables in the VM (this kernel has no IPVS; emulated: compare within the run): {} Services × 10 endpoints, {} changes",
+        a.services, a.node_changes
+    );
+    match backends_in_vm::measure(&binary("bench_backends"), a.services, a.node_changes) {
+        Ok(figures) => {
+            for b in figures["backends"].as_array().into_iter().flatten() {
+                println!(
+                    "{}: one endpoint change p50 {} ms, p99 {} ms; full sync {:.1} s",
+                    b["backend"].as_str().unwrap_or("?"),
+                    b["change_p50_ms"],
+                    b["change_p99_ms"],
+                    b["full_sync_ms"].as_f64().unwrap_or(f64::NAN) / 1000.0
+                );
+            }
+            Some(figures)
+        }
+        Err(e) => {
+            println!("not measured: {e}");
+            None
+        }
+    }
+}
+
 fn main() {
     let a = match parse_args() {
         Ok(a) => a,
@@ -1070,6 +1100,11 @@ fn main() {
     }
     if let Some(&first) = a.node_scales.first().filter(|_| !a.skip.iter().any(|s| s == "api")) {
         out.insert("api".into(), api_latency(&a, first));
+    }
+    if !a.skip.iter().any(|s| s == "ipvs") {
+        if let Some(figures) = ipvs_in_vm(&a) {
+            out.insert("ipvs_vm".into(), figures);
+        }
     }
     out.insert(
         "command".into(),
