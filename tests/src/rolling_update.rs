@@ -197,8 +197,8 @@ fn ms(d: Option<Duration>) -> String {
 /// A Deployment-style rolling replace of all three endpoints of a ClusterIP Service
 /// (TCP and UDP on one port), repeated back and forth between pods 0–2 and 3–5 until a
 /// client that opens a new connection for every request has sent 10,000 requests during
-/// rollouts (and twice at least), while a keep-alive HTTP client and a UDP client that keeps one socket run
-/// too: no request of any of them fails (a request to a pod after it closed its
+/// rollouts (and twice at least), while a keep-alive HTTP client and a UDP client that
+/// keeps one socket run too: no request of any of them fails (a request to a pod after it closed its
 /// listeners would be refused, a datagram to it unanswered), keep-alive connections to
 /// the old pods are answered after those pods closed their listeners (so they outlived
 /// the endpoint's removal from the rules), and the per-request client's p99 latency
@@ -226,7 +226,7 @@ pub fn rolling_update(backend: ProxyBackend) {
     let sent_before = per_request.sent();
     let mut rollouts = 0;
     // Two rollouts at least: the second starts pods again at the addresses of the first's
-    // old ones (IPVS gives a re-added destination back from its trash).
+    // old ones, where a flow that moves can meet a new pod at its old pod's address.
     while (per_request.sent() - sent_before < wanted || rollouts < 2)
         && per_request.started.elapsed() < Duration::from_secs(240)
     {

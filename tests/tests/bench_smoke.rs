@@ -94,6 +94,10 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
     let measured: Vec<&str> =
         vm["backends"].as_array().into_iter().flatten().filter_map(|b| b["backend"].as_str()).collect();
     assert!(measured.contains(&"ipvs") && measured.contains(&"nftables (lib)"), "{vm}");
+    for b in vm["backends"].as_array().into_iter().flatten() {
+        // Timed, not echoed: a change the VM never made would leave no figure above zero.
+        assert!(b["change_p50_ms"].as_f64() > Some(0.0) && b["full_sync_ms"].as_f64() > Some(0.0), "{b}");
+    }
     assert_eq!(figures["fanout"]["nodes"], 12);
     // Every fourth node never reads its stream: the control plane closes and counts them.
     assert_eq!(figures["fanout"]["stuck_streams"], 3, "{figures}");

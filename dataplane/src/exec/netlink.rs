@@ -3,6 +3,7 @@
 //! request and collects its replies, and attribute parsing.
 
 use std::io;
+use std::ops::ControlFlow;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 pub const NLM_F_ACK: u16 = 0x4;
@@ -176,21 +177,20 @@ impl Socket {
         self.size_send_buffer(bytes.len())?;
         self.send(&bytes)?;
         let (mut answered, mut failure) = (0, None);
-        let mut buf = vec![0u8; 64 << 10];
-        while answered < count {
-            let got = self.receive(&mut buf)?;
-            for reply in replies(&buf[..got]) {
-                let (kind, seq, payload) = reply?;
-                if kind != NLMSG_ERROR || seq.wrapping_sub(first) >= count {
-                    continue;
-                }
-                answered += 1;
-                if let Err(e) = error_code(payload) {
-                    failure.get_or_insert(e);
-                }
+        self.answers(first, |n, verdict| {
+            if n >= count {
+                return ControlFlow::Continue(());
             }
-        }
-        failure.map_or(Ok(()), Err)
+            answered += 1;
+            if let Err(e) = verdict {
+                failure.get_or_insert(e);
+            }
+            if answered < count {
+                ControlFlow::Continue(())
+            } else {
+                ControlFlow::Break(failure.take().map_or(Ok(()), Err))
+            }
+        })
     }
 
     /// Sends `messages` (each with its flags) as one nfnetlink batch — `begin`, the
@@ -219,6 +219,31 @@ impl Socket {
     /// Waits for the kernel's answer to the batch of `count` messages after `begin_seq`.
     fn batch_answer(&mut self, begin_seq: u32, count: u32) -> Result<(), NetlinkError> {
         let mut failure = None;
+        self.answers(begin_seq, |n, verdict| match n {
+            // The beginning or the end refused: the batch was not read.
+            0 => verdict.map_or_else(|e| ControlFlow::Break(Err(e)), ControlFlow::Continue),
+            n if n == count + 1 => verdict.map_or_else(|e| ControlFlow::Break(Err(e)), ControlFlow::Continue),
+            n if n > count => ControlFlow::Continue(()),
+            n => {
+                if let Err(e) = verdict {
+                    failure.get_or_insert(e);
+                }
+                if n == count {
+                    ControlFlow::Break(failure.take().map_or(Ok(()), Err))
+                } else {
+                    ControlFlow::Continue(())
+                }
+            }
+        })
+    }
+
+    /// Reads answers (`NLMSG_ERROR`: an ACK or a refusal) and gives each, with how far its
+    /// sequence number is past `first`, to `each`, until it says what they come to.
+    fn answers(
+        &mut self,
+        first: u32,
+        mut each: impl FnMut(u32, Result<(), NetlinkError>) -> ControlFlow<Result<(), NetlinkError>>,
+    ) -> Result<(), NetlinkError> {
         let mut buf = vec![0u8; 64 << 10];
         loop {
             let got = self.receive(&mut buf)?;
@@ -227,19 +252,8 @@ impl Socket {
                 if kind != NLMSG_ERROR {
                     continue;
                 }
-                match seq.wrapping_sub(begin_seq) {
-                    // The beginning or the end refused: the batch was not read.
-                    0 => error_code(payload)?,
-                    n if n == count + 1 => error_code(payload)?,
-                    n if n > count => continue,
-                    n => {
-                        if let Err(e) = error_code(payload) {
-                            failure.get_or_insert(e);
-                        }
-                        if n == count {
-                            return failure.map_or(Ok(()), Err);
-                        }
-                    }
+                if let ControlFlow::Break(outcome) = each(seq.wrapping_sub(first), error_code(payload)) {
+                    return outcome;
                 }
             }
         }

@@ -40,7 +40,7 @@ pub type ChainKey = (Family, Table, String);
 /// Everything one Service needs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServiceRules {
-    /// `address . proto . port` of each entry point, with its family: the keys this Service owns.
+    /// Each entry point: the keys this Service owns.
     pub entries: Vec<EntryKey>,
     /// Rules in shared chains, under the entry they belong to.
     pub shared: Vec<(EntryKey, SharedRule)>,

@@ -139,6 +139,15 @@ fn chain_inputs(context: &NodeContext, family: Family) -> ChainInputs {
     }
 }
 
+/// Where the destinations a change starts from were learnt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Had {
+    /// kpx's own table: the kernel holds these, and those draining at weight 0 beside them.
+    Programmed,
+    /// Read from the kernel, with its connection counts.
+    Kernel,
+}
+
 impl IpvsBackend {
     pub fn new(options: IpvsOptions, kernel: IpvsKernel) -> Self {
         tracing::info!(scheduler = options.scheduler, "IPVS backend");
@@ -220,14 +229,34 @@ impl IpvsBackend {
         Ok(())
     }
 
-    /// Takes the destinations of `key` from `had` (as programmed, beside those draining)
-    /// to `wanted`, without reading them first, in one send: new ones added, weights set,
-    /// UDP ones that go deleted, TCP and SCTP ones drained (weight 0; housekeeping deletes
-    /// them once idle, or after the grace).
+    /// Takes the destinations of `key` from what was programmed (`had`, beside those
+    /// draining) to `wanted`, without reading them first: a going TCP or SCTP destination
+    /// is drained, since a change does not know whether it is idle.
     fn change_destinations(
         &mut self,
         key: &ServiceKey,
         had: &[Destination],
+        wanted: &[Destination],
+    ) -> Result<(), BackendError> {
+        self.edit_destinations(key, had, Had::Programmed, wanted)
+    }
+
+    /// Takes the destinations of `key` from what the kernel holds to `wanted`: going ones
+    /// that are idle are deleted at once.
+    fn sync_destinations(&mut self, key: &ServiceKey, wanted: &[Destination]) -> Result<(), BackendError> {
+        let current = self.kernel.ipvs.destinations(key)?;
+        self.edit_destinations(key, &current, Had::Kernel, wanted)
+    }
+
+    /// The edits from `had` to `wanted`, in one send: new ones added, weights set, going
+    /// UDP ones deleted (nothing to drain), going TCP and SCTP ones deleted when known idle
+    /// and otherwise drained (weight 0; housekeeping deletes them once idle, or after the
+    /// grace).
+    fn edit_destinations(
+        &mut self,
+        key: &ServiceKey,
+        had: &[Destination],
+        from: Had,
         wanted: &[Destination],
     ) -> Result<(), BackendError> {
         let same = |a: &Destination, b: &Destination| (a.address, a.port) == (b.address, b.port);
@@ -236,7 +265,8 @@ impl IpvsBackend {
             match had.iter().find(|h| same(h, d)) {
                 Some(h) if h.weight == d.weight => {}
                 Some(_) => edits.push((DestinationEdit::Edit, d.clone())),
-                None if self.draining.contains_key(&(*key, d.address, d.port)) => {
+                // Still in the kernel at weight 0, though not among those programmed.
+                None if from == Had::Programmed && self.draining.contains_key(&(*key, d.address, d.port)) => {
                     edits.push((DestinationEdit::Edit, d.clone()))
                 }
                 None => edits.push((DestinationEdit::Add, d.clone())),
@@ -244,47 +274,17 @@ impl IpvsBackend {
         }
         let mut started = Vec::new();
         for h in had.iter().filter(|h| !wanted.iter().any(|d| same(h, d))) {
-            if key.protocol == PROTO_UDP {
+            let idle = from == Had::Kernel && h.active + h.inactive == 0;
+            if key.protocol == PROTO_UDP || idle {
                 edits.push((DestinationEdit::Delete, h.clone()));
             } else {
-                edits.push((DestinationEdit::Edit, Destination { weight: 0, ..h.clone() }));
+                if h.weight != 0 {
+                    edits.push((DestinationEdit::Edit, Destination { weight: 0, ..h.clone() }));
+                }
                 started.push((*key, h.address, h.port));
             }
         }
         self.kernel.ipvs.edit_destinations(key, &edits)?;
-        self.draining
-            .retain(|(k, a, p), _| k != key || !wanted.iter().any(|d| (d.address, d.port) == (*a, *p)));
-        for d in started {
-            self.draining.entry(d).or_insert_with(Instant::now);
-        }
-        Ok(())
-    }
-
-    /// Adds what is missing, sets weights, and takes away what goes, from what the kernel
-    /// holds: TCP and SCTP destinations are drained, UDP ones removed at once (and idle
-    /// ones too).
-    fn sync_destinations(&mut self, key: &ServiceKey, wanted: &[Destination]) -> Result<(), BackendError> {
-        let ipvs = &mut self.kernel.ipvs;
-        let current = ipvs.destinations(key)?;
-        for d in wanted {
-            match current.iter().find(|c| (c.address, c.port) == (d.address, d.port)) {
-                None => ipvs.add_destination(key, d)?,
-                Some(c) if c.weight != d.weight => ipvs.edit_destination(key, d)?,
-                Some(_) => {}
-            }
-        }
-        let mut started = Vec::new();
-        for c in current.iter().filter(|c| !wanted.iter().any(|d| (d.address, d.port) == (c.address, c.port)))
-        {
-            if c.active + c.inactive == 0 || key.protocol == PROTO_UDP {
-                ipvs.delete_destination(key, c)?;
-            } else if c.weight != 0 {
-                ipvs.edit_destination(key, &Destination { weight: 0, ..c.clone() })?;
-                started.push((*key, c.address, c.port));
-            } else {
-                started.push((*key, c.address, c.port));
-            }
-        }
         self.draining
             .retain(|(k, a, p), _| k != key || !wanted.iter().any(|d| (d.address, d.port) == (*a, *p)));
         for d in started {
