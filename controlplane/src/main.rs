@@ -20,8 +20,16 @@ use kpx_controlplane::xds::snapshot::BuildOptions;
 use kpx_proto::admin::control_plane_admin_server::ControlPlaneAdminServer;
 use kpx_proto::tls::ReloadingServerConfig;
 
+/// jemalloc (see `kpx_controlplane::memory`), with its options.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc reads its options from this symbol when it starts.
+#[export_name = "_rjem_malloc_conf"]
+#[used]
+static JEMALLOC_OPTIONS: &[u8; 60] = kpx_controlplane::memory::OPTIONS;
+
 fn main() -> ExitCode {
-    kpx_proto::memory::keep_large_buffers_apart();
     let flags = match Flags::try_parse() {
         Ok(a) => a,
         Err(e) => {
@@ -159,6 +167,7 @@ async fn run(
         listen = %args.listen,
         metrics = %args.metrics_listen,
         tls = tls.is_some(),
+        allocator_background_thread = kpx_controlplane::memory::background_thread(),
         "serving delta xDS and the admin API"
     );
     let router = tonic::transport::Server::builder()

@@ -197,6 +197,23 @@ fn metrics_under_kube_proxy_names_and_health_endpoints() {
     }
 }
 
+/// The control plane's allocator took its options: jemalloc runs the thread that gives
+/// freed pages back (what keeps the memory per stream low once first syncs are done).
+#[test]
+fn the_control_plane_gives_freed_memory_back_from_jemallocs_background_thread() {
+    let (_t, _backends, cp, _dp) = started();
+    let pid = cp.pid().expect("the control plane runs");
+    let threads = wait_for("jemalloc's background thread", DEADLINE, || {
+        let names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .ok()?
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .map(|name| name.trim().to_owned())
+            .collect();
+        names.iter().any(|n| n.starts_with("jemalloc_bg_thd")).then_some(names)
+    });
+    assert!(threads.iter().any(|n| n.starts_with("tokio-rt-worker")), "{threads:?}");
+}
+
 /// kube-proxy's `/healthz` (and `/livez`), read from the client as a load balancer would.
 fn health(t: &Topology, path: &'static str) -> (u16, serde_json::Value) {
     let (code, body) = get(t, &t.client, NODE_IP, 10256, path);

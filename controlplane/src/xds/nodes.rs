@@ -9,6 +9,7 @@ use std::time::{Instant, SystemTime};
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::per_type::PerType;
 use super::snapshot::ResourceType;
 
 /// Per type and name: the version ACKed and the version NACKed.
@@ -37,7 +38,7 @@ pub struct NodeEntry {
     pub proxy_name: String,
     pub peer: Option<SocketAddr>,
     pub connected_since: SystemTime,
-    pub types: BTreeMap<ResourceType, TypeProgress>,
+    pub types: PerType<TypeProgress>,
     pub query: Option<VersionQuery>,
 }
 
@@ -61,7 +62,7 @@ impl NodeRegistry {
             proxy_name: String::new(),
             peer,
             connected_since: SystemTime::now(),
-            types: BTreeMap::new(),
+            types: PerType::default(),
             query: None,
         };
         self.lock().insert(id, entry);

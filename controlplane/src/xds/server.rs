@@ -181,7 +181,7 @@ impl Reporter {
             if entry.proxy_name != state.proxy_name() {
                 entry.proxy_name = state.proxy_name().to_owned();
             }
-            let p = entry.types.entry(ty).or_default();
+            let p = entry.types.or_default(ty);
             p.acked = acked;
             p.in_flight = in_flight.is_some();
             p.pending = in_flight.unwrap_or(0);
@@ -531,7 +531,7 @@ mod tests {
         ack(&tx, &all).await;
         let acked = || {
             let entry = f.nodes.snapshot().into_iter().find(|e| e.node == "n1")?;
-            entry.types.get(&ResourceType::ServiceView).map(|p| (p.acked, p.in_flight))
+            entry.types.get(ResourceType::ServiceView).map(|p| (p.acked, p.in_flight))
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while acked() != Some((3, false)) {

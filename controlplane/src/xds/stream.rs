@@ -25,13 +25,14 @@
 //! were and remembers the rejected ones, so the same bad content is not sent again; a
 //! newer version of it will be.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use envoy_types::pb::google::protobuf::value::Kind;
 
+use super::per_type::PerType;
 use super::snapshot::{Audience, Resource, ResourceType, Snapshot};
 use super::wire::Outgoing;
 
@@ -393,7 +394,7 @@ pub struct StreamState {
     proxy: String,
     /// Who the caller proved to be (its certificate or token), and how: `node.id` must be it.
     identity: Option<(String, &'static str)>,
-    types: BTreeMap<ResourceType, TypeState>,
+    types: PerType<TypeState>,
     nonces: u64,
 }
 
@@ -456,8 +457,8 @@ impl StreamState {
         };
         let (node, proxy) = (self.node.clone().unwrap_or_default(), self.proxy.clone());
         let who = Audience { node: &node, proxy: &proxy };
-        let first = !self.types.contains_key(&ty);
-        let state = self.types.entry(ty).or_default();
+        let first = !self.types.contains(ty);
+        let state = self.types.or_default(ty);
         if first {
             state.wildcard = req.resource_names_subscribe.is_empty();
             state.overrides = req.initial_resource_versions.into_iter().map(|(n, v)| (n, Some(v))).collect();
@@ -517,7 +518,7 @@ impl StreamState {
 
     /// What the node holds of `ty`: resources ACKed, resources in the response awaiting its ACK.
     pub fn type_status(&self, ty: ResourceType) -> Option<(usize, Option<usize>)> {
-        let state = self.types.get(&ty)?;
+        let state = self.types.get(ty)?;
         Some((state.count(ty, self.audience()), state.in_flight.as_ref().map(InFlight::len)))
     }
 
@@ -525,15 +526,15 @@ impl StreamState {
     pub fn versions(&self) -> Vec<(ResourceType, String, Option<String>, Option<String>)> {
         let mut out = Vec::new();
         let node = self.audience();
-        for (ty, state) in &self.types {
-            let mut names = state.held(*ty, node);
+        for (ty, state) in self.types.iter() {
+            let mut names = state.held(ty, node);
             names.extend(state.rejected.keys().cloned());
             names.sort();
             names.dedup();
             for name in names {
-                let has = state.has(*ty, node, &name).map(str::to_owned);
+                let has = state.has(ty, node, &name).map(str::to_owned);
                 let rejected = state.rejected.get(&name).cloned();
-                out.push((*ty, name, has, rejected));
+                out.push((ty, name, has, rejected));
             }
         }
         out
@@ -542,29 +543,29 @@ impl StreamState {
     /// Whether a response of `ty` awaits the node's answer (nothing more of `ty` is sent
     /// until it comes).
     pub fn awaiting_answer(&self, ty: ResourceType) -> bool {
-        self.types.get(&ty).is_some_and(|t| t.in_flight.is_some())
+        self.types.get(ty).is_some_and(|t| t.in_flight.is_some())
     }
 
     /// Whether `ty` is being walked (a first sync).
     pub fn walking(&self, ty: ResourceType) -> bool {
-        self.types.get(&ty).is_some_and(|t| t.wildcard && matches!(t.sync, Sync::Start | Sync::Walk { .. }))
+        self.types.get(ty).is_some_and(|t| t.wildcard && matches!(t.sync, Sync::Start | Sync::Walk { .. }))
     }
 
     /// Whether some type is being walked (the stream is in a first sync).
     pub fn in_first_sync(&self) -> bool {
-        self.types.keys().any(|ty| self.walking(*ty))
+        self.types.types().any(|ty| self.walking(ty))
     }
 
     /// The types this stream has subscribed to.
     pub fn subscribed(&self) -> Vec<ResourceType> {
-        self.types.keys().copied().collect()
+        self.types.types().collect()
     }
 
     /// The next response for `ty`, if the node lacks something and nothing is in flight.
     pub fn next_response(&mut self, ty: ResourceType, snapshot: &Arc<Snapshot>) -> Option<Response> {
         let (node, proxy) = (self.node.clone()?, self.proxy.clone());
         let who = Audience { node: &node, proxy: &proxy };
-        let state = self.types.get_mut(&ty)?;
+        let state = self.types.get_mut(ty)?;
         if state.in_flight.is_some() {
             return None;
         }
@@ -772,14 +773,14 @@ mod tests {
         let mut s = StreamState::default();
         s.on_request(subscribe(&[])).expect("ok");
         assert_eq!(sync_all(&mut s, &first).len(), 5);
-        let state = &s.types[&ResourceType::ServiceView];
+        let state = &s.types[ResourceType::ServiceView];
         assert!(state.is_based_without_overrides(), "in sync: only the shared snapshot is kept");
         let second = next(&many(2500, Some(7)), &first);
         let r = s.next_response(ResourceType::ServiceView, &second).expect("the change");
         assert_eq!(names(&r), ["c/default/s0007"]);
         s.on_request(reply(&r.nonce, None)).expect("ack");
         assert!(s.next_response(ResourceType::ServiceView, &second).is_none());
-        assert!(s.types[&ResourceType::ServiceView].is_based_without_overrides());
+        assert!(s.types[ResourceType::ServiceView].is_based_without_overrides());
         assert_eq!(s.type_status(ResourceType::ServiceView), Some((2500, None)));
     }
 
@@ -797,7 +798,7 @@ mod tests {
         let sent: Vec<&str> = rest.iter().flat_map(names).collect();
         assert_eq!(sent.len(), 2001, "the other 2000 and s0003 again");
         assert_eq!(sent.first(), Some(&"c/default/s0003"), "the change goes ahead of the rest of the walk");
-        assert!(s.types[&ResourceType::ServiceView].is_based_without_overrides());
+        assert!(s.types[ResourceType::ServiceView].is_based_without_overrides());
     }
 
     #[test]
@@ -808,7 +809,7 @@ mod tests {
         for walked in [500, 1000, 1500] {
             let r = s.next_response(ResourceType::ServiceView, &snap).expect("a chunk");
             s.on_request(reply(&r.nonce, None)).expect("ack");
-            let state = &s.types[&ResourceType::ServiceView];
+            let state = &s.types[ResourceType::ServiceView];
             assert!(state.overrides.is_empty(), "walked names are implied by the cursor, not stored");
             assert_eq!(s.type_status(ResourceType::ServiceView), Some((walked, None)));
         }
@@ -830,7 +831,7 @@ mod tests {
         let r = s.next_response(ResourceType::ServiceView, &latest).expect("the change");
         assert_eq!(names(&r), ["c/default/s0005"]);
         s.on_request(reply(&r.nonce, None)).expect("ack");
-        assert!(s.types[&ResourceType::ServiceView].is_based_without_overrides());
+        assert!(s.types[ResourceType::ServiceView].is_based_without_overrides());
     }
 
     #[test]
@@ -864,7 +865,7 @@ mod tests {
         s.on_request(subscribe(&initial)).expect("ok");
         let sent = sync_all(&mut s, &snap);
         assert_eq!(sent.iter().flat_map(names).collect::<Vec<_>>(), ["c/default/s0700"]);
-        assert!(s.types[&ResourceType::ServiceView].is_based_without_overrides());
+        assert!(s.types[ResourceType::ServiceView].is_based_without_overrides());
         assert_eq!(s.type_status(ResourceType::ServiceView), Some((1200, None)));
     }
 

@@ -1,8 +1,8 @@
 //! How many streams are in their first sync, and giving memory back once none is. A wave
 //! of first syncs (thousands of nodes connecting at once) writes gigabytes through
-//! 64 KiB pieces; glibc keeps what was freed in its arenas (about 20 KiB per node at
-//! 5,000 nodes) until asked, so when the last first sync ends, and none has started for
-//! [`SETTLE`], the freed memory is given back.
+//! 64 KiB pieces; the allocator keeps what was freed for a while (glibc's kept about
+//! 20 KiB per node at 5,000 nodes until asked), so when the last first sync ends, and none
+//! has started for [`SETTLE`], the freed memory is given back at once.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -26,7 +26,7 @@ struct Inner {
 
 impl Default for Syncs {
     fn default() -> Self {
-        Syncs::with_release(kpx_proto::memory::release_freed)
+        Syncs::with_release(crate::memory::release_freed)
     }
 }
 
