@@ -42,47 +42,64 @@ pub struct NodeEntry {
     pub query: Option<VersionQuery>,
 }
 
-/// Every open stream, by a stream id.
+/// Every open stream, by a stream id. Each stream writes its own entry (its
+/// [`StreamEntry`]), so a response or an ACK takes no lock shared with other streams.
 #[derive(Clone, Default)]
 pub struct NodeRegistry {
-    entries: Arc<Mutex<BTreeMap<u64, NodeEntry>>>,
+    entries: Arc<Mutex<BTreeMap<u64, Arc<Mutex<NodeEntry>>>>>,
     next: Arc<AtomicU64>,
 }
 
+/// One stream's entry in the registry, written by its stream; gone from the registry when
+/// the stream closes.
+pub struct StreamEntry {
+    id: u64,
+    entry: Arc<Mutex<NodeEntry>>,
+    registry: NodeRegistry,
+}
+
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl StreamEntry {
+    /// Changes what is known of the stream.
+    pub fn update<R>(&self, f: impl FnOnce(&mut NodeEntry) -> R) -> R {
+        f(&mut locked(&self.entry))
+    }
+}
+
+impl Drop for StreamEntry {
+    fn drop(&mut self) {
+        locked(&self.registry.entries).remove(&self.id);
+    }
+}
+
 impl NodeRegistry {
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, NodeEntry>> {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    /// Every entry, each read under its own lock.
+    fn each<R>(&self, mut f: impl FnMut(&NodeEntry) -> Option<R>) -> Vec<R> {
+        let entries: Vec<Arc<Mutex<NodeEntry>>> = locked(&self.entries).values().cloned().collect();
+        entries.iter().filter_map(|e| f(&locked(e))).collect()
     }
 
-    /// A new stream; returns its id.
-    pub fn open(&self, peer: Option<SocketAddr>) -> u64 {
+    /// A new stream's entry (removed from the registry when dropped).
+    pub fn open(&self, peer: Option<SocketAddr>) -> StreamEntry {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let entry = NodeEntry {
+        let entry = Arc::new(Mutex::new(NodeEntry {
             node: String::new(),
             proxy_name: String::new(),
             peer,
             connected_since: SystemTime::now(),
             types: PerType::default(),
             query: None,
-        };
-        self.lock().insert(id, entry);
-        id
-    }
-
-    pub fn close(&self, id: u64) {
-        self.lock().remove(&id);
-    }
-
-    /// Changes what is known of stream `id`.
-    pub fn update(&self, id: u64, f: impl FnOnce(&mut NodeEntry)) {
-        if let Some(entry) = self.lock().get_mut(&id) {
-            f(entry);
-        }
+        }));
+        locked(&self.entries).insert(id, Arc::clone(&entry));
+        StreamEntry { id, entry, registry: self.clone() }
     }
 
     /// Asks the newest stream of `node` for its versions.
     pub async fn versions(&self, node: &str) -> Option<Versions> {
-        let query = self.lock().values().rev().find(|e| e.node == node).and_then(|e| e.query.clone())?;
+        let query = self.each(|e| (e.node == node).then(|| e.query.clone())).into_iter().next_back()??;
         let (tx, rx) = oneshot::channel();
         query.send(tx).await.ok()?;
         tokio::time::timeout(std::time::Duration::from_secs(5), rx).await.ok()?.ok()
@@ -90,17 +107,17 @@ impl NodeRegistry {
 
     /// The `--service-proxy-name` of `node`'s newest stream (`""`: none, or not connected).
     pub fn proxy_name(&self, node: &str) -> String {
-        self.lock().values().rev().find(|e| e.node == node).map(|e| e.proxy_name.clone()).unwrap_or_default()
+        self.each(|e| (e.node == node).then(|| e.proxy_name.clone())).pop().unwrap_or_default()
     }
 
     /// Whether some open stream serves `node`.
     pub fn has_node(&self, node: &str) -> bool {
-        self.lock().values().any(|e| e.node == node)
+        !self.each(|e| (e.node == node).then_some(())).is_empty()
     }
 
     /// Every stream with a node name, by node name.
     pub fn snapshot(&self) -> Vec<NodeEntry> {
-        let mut all: Vec<NodeEntry> = self.lock().values().filter(|e| !e.node.is_empty()).cloned().collect();
+        let mut all: Vec<NodeEntry> = self.each(|e| (!e.node.is_empty()).then(|| e.clone()));
         all.sort_by(|a, b| a.node.cmp(&b.node));
         all
     }

@@ -15,7 +15,7 @@ use tonic::Status;
 
 use std::time::{Duration, Instant, SystemTime};
 
-use super::nodes::NodeRegistry;
+use super::nodes::{NodeRegistry, StreamEntry};
 use super::snapshot::{ResourceType, Snapshot};
 use super::stream::{ProtocolError, RequestKind, Response, StreamState};
 use super::syncs::{Syncing, Syncs};
@@ -129,7 +129,7 @@ struct Limits {
 
 /// Where a stream reports what it does.
 struct Reporter {
-    id: u64,
+    entry: StreamEntry,
     nodes: NodeRegistry,
     metrics: Arc<ControlPlaneMetrics>,
     /// The node's `kpx_xds_stream_queue_depth` series, once the node is known.
@@ -174,7 +174,7 @@ impl Reporter {
         let node = state.node().unwrap_or_default();
         let (acked, in_flight) = state.type_status(ty).unwrap_or_default();
         let mut depth = 0;
-        self.nodes.update(self.id, |entry| {
+        self.entry.update(|entry| {
             if entry.node != node {
                 entry.node = node.to_owned();
             }
@@ -197,8 +197,8 @@ impl Reporter {
         }
     }
 
-    fn closed(&self, node: &str) {
-        self.nodes.close(self.id);
+    fn closed(self, node: &str) {
+        drop(self.entry);
         self.metrics.streams.dec();
         if !node.is_empty() && !self.nodes.has_node(node) {
             self.metrics.queue_depth.remove(&ControlPlaneMetrics::node(node));
@@ -223,13 +223,13 @@ impl AdsServer {
             syncs: self.syncs.clone(),
         };
         let reporter = Reporter {
-            id: self.nodes.open(peer),
+            entry: self.nodes.open(peer),
             nodes: self.nodes.clone(),
             metrics: Arc::clone(&self.metrics),
             queue_depth: std::sync::OnceLock::new(),
         };
         let (query_tx, queries) = mpsc::channel(4);
-        self.nodes.update(reporter.id, |e| e.query = Some(query_tx));
+        reporter.entry.update(|e| e.query = Some(query_tx));
         self.metrics.streams.inc();
         tokio::spawn(async move {
             let mut state = match caller.node() {
@@ -274,10 +274,18 @@ async fn serve_stream(
     // of many nodes at once take bounded memory; the stream's hold on it, by type.
     let mut leases: BTreeMap<ResourceType, WalkPermit> = BTreeMap::new();
     let mut spare: Option<OwnedSemaphorePermit> = None;
+    // The newest snapshot, and a wait for the next that stays registered across the loop's
+    // turns (re-registering with the channel on every turn is a lock shared by all streams).
+    let mut latest = snapshots.borrow_and_update().clone();
+    let mut changes = tokio_stream::wrappers::WatchStream::from_changes(snapshots);
+    // The ACK deadline's timer, moved rather than made anew on each turn (a later deadline
+    // only updates the armed timer); it may fire when nothing is unanswered any more.
+    let ack_timer = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(ack_timer);
+    let mut ack_timer_at = None;
     loop {
         let mut waiting = false;
-        let snapshot = snapshots.borrow_and_update().clone();
-        if let Some(snapshot) = snapshot {
+        if let Some(snapshot) = latest.clone() {
             for ty in state.subscribed() {
                 if state.awaiting_answer(ty) {
                     continue;
@@ -333,6 +341,10 @@ async fn serve_stream(
             _ => {}
         }
         let deadline = ack_timeout.zip(unanswered.values().min()).map(|(timeout, since)| *since + timeout);
+        if let Some(at) = deadline.filter(|at| ack_timer_at != Some(*at)) {
+            ack_timer.as_mut().reset(at);
+            ack_timer_at = Some(at);
+        }
         let lease_ends = leases
             .iter()
             .filter(|(_, lease)| lease.held())
@@ -354,7 +366,7 @@ async fn serve_stream(
                     }
                 }
             }
-            _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
+            _ = &mut ack_timer, if deadline.is_some() => {
                 reporter.metrics.unresponsive_closed.inc();
                 let waited = ack_timeout.unwrap_or_default();
                 return Err(Status::deadline_exceeded(format!(
@@ -400,11 +412,10 @@ async fn serve_stream(
             permit = Arc::clone(walks).acquire_owned(), if waiting => {
                 spare = permit.ok();
             }
-            changed = snapshots.changed() => {
-                if changed.is_err() {
-                    return Err(Status::unavailable("control plane shutting down"));
-                }
-            }
+            changed = changes.next() => match changed {
+                Some(snapshot) => latest = snapshot,
+                None => return Err(Status::unavailable("control plane shutting down")),
+            },
         }
     }
 }
