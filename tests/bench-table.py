@@ -13,10 +13,19 @@ import json
 import sys
 
 
+def cpu(f):
+    """The control plane's CPU per change, and what of it is beyond its idle rate."""
+    text = f"{f['controlplane_cpu_s_per_change']:.3f} CPU s"
+    if "controlplane_cpu_s_per_change_beyond_idle" in f:
+        text += (f" in the change's {f['change_window_ms']:.0f} ms, {f['controlplane_cpu_s_per_change_beyond_idle']:.3f}"
+                 f" beyond the idle rate ({f['controlplane_idle_cpu_s_per_s'] * 1000:.0f} ms/s)")
+    return text
+
+
 def fanout_rows(f, label):
     n = f"{f['nodes']:,}"
     yield (f"one endpoint change → all {n} nodes{label} (after the first has it)",
-           f"p50 {f['change_p50_ms']} ms, p99 {f['change_p99_ms']} ms; {f['controlplane_cpu_s_per_change']:.3f} CPU s")
+           f"p50 {f['change_p50_ms']} ms, p99 {f['change_p99_ms']} ms; {cpu(f)}")
     if "initial_sync_fast_s" in f:
         per_node = f["initial_sync_wire_bytes"] / 1e6 / max(1, f["nodes"] * (100 - f.get("stuck_percent", 0)) // 100)
         yield (f"initial sync of all {n} nodes{label}: every node that ACKs at once / every node (slow ones "

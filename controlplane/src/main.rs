@@ -186,7 +186,10 @@ async fn run(
         None => {
             router
                 .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    tokio_stream::StreamExt::map(
+                        tokio_stream::wrappers::TcpListenerStream::new(listener),
+                        |c| c.map(trust::connection::Closable::new),
+                    ),
                     shutdown(),
                 )
                 .await

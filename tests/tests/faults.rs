@@ -20,3 +20,96 @@ on_backends!(
     the_agent_killed_during_a_10k_service_apply,
     a_full_state_filesystem_nacks_and_recovers
 );
+
+/// A node that stops reading its stream (its HTTP/2 window full, the control plane's
+/// response waiting in HTTP/2) is disconnected once `--ack-timeout` passes without an
+/// ACK: the connection is closed, so what it held is freed and the node, if alive,
+/// connects again. A bare HTTP/2 client, which answers PINGs (keepalive alone would never
+/// close it) but never reads the response.
+#[test]
+fn a_node_that_stops_reading_its_stream_is_disconnected_after_the_ack_timeout() {
+    use envoy_types::pb::envoy::config::core::v3::Node;
+    use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+    use prost::Message;
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Enough Services that the first response is far beyond the client's 1 KiB window.
+    let services: String = (0..600)
+        .map(|i| {
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: s{i}, namespace: test}}\nspec: {{clusterIP: 10.96.{}.{}, ports: [{{port: 80}}]}}\n---\n",
+                i / 200,
+                i % 200 + 1
+            )
+        })
+        .collect();
+    std::fs::write(dir.path().join("services.yaml"), services).expect("manifest");
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+    };
+    let (port, metrics_port) = (free_port(), free_port());
+    let ack_timeout = Duration::from_secs(3);
+    let log_path = dir.path().join("cp.log");
+    let log = std::fs::File::create(&log_path).expect("log");
+    let mut cp = std::process::Command::new(kpx_e2e::process::binary("kpx-controlplane"))
+        .arg(format!("--listen=127.0.0.1:{port}"))
+        .arg(format!("--metrics-listen=127.0.0.1:{metrics_port}"))
+        .arg(format!("--ack-timeout={}s", ack_timeout.as_secs()))
+        .arg(format!("--source=file:{}", dir.path().display()))
+        .args(["--log-format", "json"])
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("start kpx-controlplane");
+    struct Stop<'a>(&'a mut std::process::Child);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let cp = Stop(&mut cp);
+    let cp_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    kpx_e2e::wait_for("the control plane's first snapshot", kpx_e2e::DEADLINE, || {
+        cp_log().contains("snapshot published").then_some(())
+    });
+
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let (waited, ended) = runtime.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+        let (client, connection) =
+            h2::client::Builder::new().initial_window_size(1024).handshake::<_, bytes::Bytes>(tcp).await.expect("HTTP/2 handshake");
+        let connection = tokio::spawn(connection);
+        let mut client = client.ready().await.expect("ready");
+        let request = http::Request::post(format!(
+            "http://127.0.0.1:{port}/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("request");
+        let (response, mut body) = client.send_request(request, false).expect("stream opened");
+        let subscribe = DeltaDiscoveryRequest {
+            node: Some(Node { id: "stuck-node".into(), ..Default::default() }),
+            type_url: kpx_proto::SERVICE_VIEW_TYPE_URL.into(),
+            ..Default::default()
+        };
+        let message = subscribe.encode_to_vec();
+        let mut frame = vec![0u8];
+        frame.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
+        frame.extend_from_slice(&message);
+        let subscribed = Instant::now();
+        body.send_data(frame.into(), false).expect("subscribe sent");
+        let response = response.await.expect("response headers");
+        assert_eq!(response.status(), 200);
+        // The response body is held, never read: the window stays full.
+        let _unread = response.into_body();
+        let ended = tokio::time::timeout(ack_timeout + Duration::from_secs(30), connection).await;
+        (subscribed.elapsed(), ended)
+    });
+    assert!(ended.is_ok(), "the connection is still open {waited:?} after the subscription:\n{}", cp_log());
+    assert!(waited >= ack_timeout, "closed after {waited:?}, before the ACK timeout");
+    assert!(cp_log().contains("its connection closed"), "{}", cp_log());
+    drop(cp);
+}

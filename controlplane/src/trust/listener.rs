@@ -12,6 +12,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::connection::Closable;
+
 /// How long a client may take to finish its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -19,7 +21,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub fn incoming(
     listener: TcpListener,
     config: Arc<ReloadingServerConfig>,
-) -> ReceiverStream<std::io::Result<TlsStream<TcpStream>>> {
+) -> ReceiverStream<std::io::Result<Closable<TlsStream<TcpStream>>>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
         loop {
@@ -36,7 +38,7 @@ pub fn incoming(
             tokio::spawn(async move {
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(tls)) => {
-                        let _ = tx.send(Ok(tls)).await;
+                        let _ = tx.send(Ok(Closable::new(tls))).await;
                     }
                     Ok(Err(e)) => {
                         tracing::warn!(%peer, error = %e, "TLS handshake refused (a plaintext client, or a certificate of another CA or out of date?)")

@@ -4,6 +4,7 @@
 //! admin API answers clients whose certificate carries an `--admin-identity`, or, without
 //! TLS, loopback clients only. Health and reflection stay open.
 
+pub mod connection;
 pub mod listener;
 
 use std::net::SocketAddr;
@@ -14,6 +15,7 @@ use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tonic::{Request, Status};
 
 use crate::metrics::ControlPlaneMetrics;
+use connection::{ConnectionCloser, ConnectionInfo};
 
 /// What a caller proved about itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,14 +46,31 @@ pub trait TokenReviewer: Send + Sync {
     async fn node_of(&self, token: &str, audience: &str) -> Result<String, String>;
 }
 
-/// The peer address and certificates of a request, whether the port speaks TLS or not.
-pub fn peer(
-    extensions: &http::Extensions,
-) -> (Option<SocketAddr>, Option<Arc<Vec<CertificateDer<'static>>>>) {
-    if let Some(tls) = extensions.get::<TlsConnectInfo<TcpConnectInfo>>() {
-        return (tls.get_ref().remote_addr(), tls.peer_certs());
+/// Where a request comes from.
+#[derive(Debug, Default)]
+pub struct Peer {
+    pub addr: Option<SocketAddr>,
+    /// Its client certificates (TLS only).
+    pub certs: Option<Arc<Vec<CertificateDer<'static>>>>,
+    /// What closes its connection (connections of `--listen`; none in tests that make
+    /// requests by hand).
+    pub closer: Option<ConnectionCloser>,
+}
+
+/// The peer of a request, whether the port speaks TLS or not.
+pub fn peer(extensions: &http::Extensions) -> Peer {
+    if let Some(tls) = extensions.get::<ConnectionInfo<TlsConnectInfo<TcpConnectInfo>>>() {
+        let transport = &tls.transport;
+        return Peer {
+            addr: transport.get_ref().remote_addr(),
+            certs: transport.peer_certs(),
+            closer: Some(tls.closer.clone()),
+        };
     }
-    (extensions.get::<TcpConnectInfo>().and_then(TcpConnectInfo::remote_addr), None)
+    if let Some(tcp) = extensions.get::<ConnectionInfo<TcpConnectInfo>>() {
+        return Peer { addr: tcp.transport.remote_addr(), certs: None, closer: Some(tcp.closer.clone()) };
+    }
+    Peer::default()
 }
 
 /// The control plane's rules of who may do what.
@@ -137,8 +156,8 @@ impl Trust {
 
     /// Whether a request may use the admin API.
     pub fn admit_admin(&self, request: &Request<()>) -> Result<(), Status> {
-        let (peer, certs) = peer(request.extensions());
-        self.admit(peer, certs.as_deref().map(Vec::as_slice))
+        let peer = peer(request.extensions());
+        self.admit(peer.addr, peer.certs.as_deref().map(Vec::as_slice))
     }
 
     /// Whether a caller at `peer` with `certs` may use the admin API.

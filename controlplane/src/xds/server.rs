@@ -20,6 +20,7 @@ use super::snapshot::{ResourceType, Snapshot};
 use super::stream::{ProtocolError, RequestKind, Response, StreamState};
 use super::syncs::{Syncing, Syncs};
 use crate::metrics::ControlPlaneMetrics;
+use crate::trust::connection::ConnectionCloser;
 use crate::trust::Caller;
 
 /// What a stream task hands to the response body: boxed, so the channel's slots stay small.
@@ -120,11 +121,13 @@ impl AdsServer {
 }
 
 /// What bounds a stream's hold on the server: the walk permits shared by all streams,
-/// and how long its responses may go unanswered.
+/// and how long its responses may go unanswered before its node's connection is closed.
 struct Limits {
     walks: Arc<Semaphore>,
     ack_timeout: Option<Duration>,
     syncs: Syncs,
+    /// Closes the node's connection (see `trust::connection`).
+    closer: Option<ConnectionCloser>,
 }
 
 /// Where a stream reports what it does.
@@ -210,7 +213,13 @@ impl AdsServer {
     /// Serves one delta ADS stream: responses come out of the returned channel, in order,
     /// ending with an error status if the stream fails.
     /// (`inbound` is tonic's `Streaming` of the request body, or any stream of requests.)
-    pub fn open<S>(&self, peer: Option<SocketAddr>, caller: Caller, inbound: S) -> mpsc::Receiver<Outbound>
+    pub fn open<S>(
+        &self,
+        peer: Option<SocketAddr>,
+        closer: Option<ConnectionCloser>,
+        caller: Caller,
+        inbound: S,
+    ) -> mpsc::Receiver<Outbound>
     where
         S: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Send + 'static,
     {
@@ -221,6 +230,7 @@ impl AdsServer {
             walks: Arc::clone(&self.walks),
             ack_timeout: self.ack_timeout,
             syncs: self.syncs.clone(),
+            closer,
         };
         let reporter = Reporter {
             entry: self.nodes.open(peer),
@@ -260,7 +270,7 @@ async fn serve_stream(
     mut queries: mpsc::Receiver<tokio::sync::oneshot::Sender<super::nodes::Versions>>,
     limits: &Limits,
 ) -> Result<(), Status> {
-    let Limits { walks, ack_timeout, syncs } = limits;
+    let Limits { walks, ack_timeout, syncs, closer } = limits;
     // Held while some type is in its first sync, unless a chunk of it outlived its lease
     // unanswered (a node that stopped reading does not hold the memory back).
     let mut syncing: Option<Syncing> = None;
@@ -368,9 +378,14 @@ async fn serve_stream(
             }
             _ = &mut ack_timer, if deadline.is_some() => {
                 reporter.metrics.unresponsive_closed.inc();
+                // A node that stopped reading would never get the status: its response
+                // waits in HTTP/2, which no longer asks for more. Close its connection.
+                if let Some(closer) = closer {
+                    closer.close();
+                }
                 let waited = ack_timeout.unwrap_or_default();
                 return Err(Status::deadline_exceeded(format!(
-                    "no ACK or NACK within {} s: the node does not read its stream; closed",
+                    "no ACK or NACK within {} s: the node does not read its stream; its connection closed",
                     waited.as_secs_f64()
                 )));
             }
@@ -473,7 +488,7 @@ mod tests {
         /// A stream of node `node`, subscribed to Service views.
         async fn subscribe(&self, node: &str) -> (Requests, mpsc::Receiver<Outbound>) {
             let (tx, rx) = mpsc::channel(8);
-            let out = self.server.open(None, Caller::Anonymous, ReceiverStream::new(rx));
+            let out = self.server.open(None, None, Caller::Anonymous, ReceiverStream::new(rx));
             let request = DeltaDiscoveryRequest {
                 node: Some(Node { id: node.into(), ..Default::default() }),
                 type_url: ResourceType::ServiceView.type_url().into(),
@@ -566,7 +581,7 @@ mod tests {
         let f = fixture(WALKS_IN_FLIGHT);
         f.snapshots.send_replace(Some(build(&services(1, None), &Snapshot::default())));
         let (tx, rx) = mpsc::channel(8);
-        let mut out = f.server.open(None, Caller::Anonymous, ReceiverStream::new(rx));
+        let mut out = f.server.open(None, None, Caller::Anonymous, ReceiverStream::new(rx));
         tx.send(Ok(DeltaDiscoveryRequest::default())).await.expect("open");
         let ended = tokio::time::timeout(Duration::from_secs(5), out.recv()).await.expect("in time");
         let status = ended.expect("an item").expect_err("an error status");

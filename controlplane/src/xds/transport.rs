@@ -79,7 +79,7 @@ impl AdsService {
         if request.headers().get("grpc-encoding").is_some_and(|e| e != "identity") {
             return Status::unimplemented("compressed requests are not accepted").into_http();
         }
-        let (peer, certs) = trust::peer(request.extensions());
+        let trust::Peer { addr: peer, certs, closer } = trust::peer(request.extensions());
         let authorization = request
             .headers()
             .get(http::header::AUTHORIZATION)
@@ -98,7 +98,7 @@ impl AdsService {
             BufferSettings::new(1024, 32 << 10),
         );
         let inbound = Streaming::new_request(decoder, request.into_body(), None, Some(MAX_REQUEST_BYTES));
-        let responses = self.server.open(peer, caller, inbound);
+        let responses = self.server.open(peer, closer, caller, inbound);
         let body = ResponseBody { responses, writing: None, done: false };
         let mut response = http::Response::new(tonic::body::Body::new(body));
         response
