@@ -83,6 +83,7 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
         "60 Services × 3",
         "30 Services × 5",
         "one endpoint change → all 12 nodes",
+        "beyond the idle rate",
         "through the Kubernetes API",
         "IPVS, 60 Services × 10 endpoints, in the test VM",
     ] {
@@ -102,4 +103,15 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
     // Every fourth node never reads its stream: the control plane closes and counts them.
     assert_eq!(figures["fanout"]["stuck_streams"], 3, "{figures}");
     assert_eq!(figures["fanout"]["stuck_streams_closed"], 3, "{figures}");
+    // The CPU per change, the idle rate between changes and what is beyond it are figures
+    // (at 12 nodes they may be below the clock tick /proc counts in, so zero is allowed).
+    let fanout = &figures["fanout"];
+    for field in [
+        "controlplane_cpu_s_per_change",
+        "controlplane_idle_cpu_s_per_s",
+        "controlplane_cpu_s_per_change_beyond_idle",
+    ] {
+        assert!(fanout[field].as_f64().is_some_and(|v| v >= 0.0), "{field}: {fanout}");
+    }
+    assert!(fanout["change_window_ms"].as_f64() > Some(0.0), "{fanout}");
 }
