@@ -1,7 +1,7 @@
 //! Giving freed memory back to the system after large work: glibc's allocator keeps what
 //! was freed in its arenas, so a process that once needed hundreds of MB (an agent's full
-//! sync, a control plane's first sync of thousands of nodes) would otherwise stay at its
-//! peak RSS for good.
+//! sync) would otherwise stay at its peak RSS for good. (The node agent's allocator; the
+//! control plane runs jemalloc, which gives pages back by itself: its own `memory`.)
 
 /// Returns the allocator's free memory to the system.
 pub fn release_freed() {
