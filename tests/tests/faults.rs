@@ -50,30 +50,16 @@ fn a_node_that_stops_reading_its_stream_is_disconnected_after_the_ack_timeout() 
     };
     let (port, metrics_port) = (free_port(), free_port());
     let ack_timeout = Duration::from_secs(3);
-    let log_path = dir.path().join("cp.log");
-    let log = std::fs::File::create(&log_path).expect("log");
-    let mut cp = std::process::Command::new(kpx_e2e::process::binary("kpx-controlplane"))
+    let mut command = std::process::Command::new(kpx_e2e::process::binary("kpx-controlplane"));
+    command
         .arg(format!("--listen=127.0.0.1:{port}"))
         .arg(format!("--metrics-listen=127.0.0.1:{metrics_port}"))
         .arg(format!("--ack-timeout={}s", ack_timeout.as_secs()))
         .arg(format!("--source=file:{}", dir.path().display()))
-        .args(["--log-format", "json"])
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("start kpx-controlplane");
-    struct Stop<'a>(&'a mut std::process::Child);
-    impl Drop for Stop<'_> {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let cp = Stop(&mut cp);
-    let cp_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
-    kpx_e2e::wait_for("the control plane's first snapshot", kpx_e2e::DEADLINE, || {
-        cp_log().contains("snapshot published").then_some(())
-    });
+        .args(["--log-format", "json"]);
+    let cp =
+        kpx_e2e::process::KpxProcess::start_command(command, "kpx-controlplane", dir.path().join("cp.log"));
+    cp.wait_event("its first snapshot", kpx_e2e::DEADLINE, |e| e["message"] == "snapshot published");
 
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let (waited, ended) = runtime.block_on(async {
@@ -108,8 +94,11 @@ fn a_node_that_stops_reading_its_stream_is_disconnected_after_the_ack_timeout() 
         let ended = tokio::time::timeout(ack_timeout + Duration::from_secs(30), connection).await;
         (subscribed.elapsed(), ended)
     });
-    assert!(ended.is_ok(), "the connection is still open {waited:?} after the subscription:\n{}", cp_log());
+    assert!(
+        ended.is_ok(),
+        "the connection is still open {waited:?} after the subscription:\n{}",
+        cp.log_text()
+    );
     assert!(waited >= ack_timeout, "closed after {waited:?}, before the ACK timeout");
-    assert!(cp_log().contains("its connection closed"), "{}", cp_log());
-    drop(cp);
+    assert!(cp.log_text().contains("its connection closed"), "{}", cp.log_text());
 }

@@ -77,11 +77,19 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Closable<IO> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        self.closer.0.reader.register(cx.waker());
         if self.closer.is_closed() {
             return Poll::Ready(Err(aborted()));
         }
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let read = Pin::new(&mut self.io).poll_read(cx, buf);
+        if read.is_pending() {
+            // Registered only while it waits (every read of the connection passes here);
+            // checked again after, so a close in between is not missed.
+            self.closer.0.reader.register(cx.waker());
+            if self.closer.is_closed() {
+                return Poll::Ready(Err(aborted()));
+            }
+        }
+        read
     }
 }
 

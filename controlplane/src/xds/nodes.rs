@@ -67,6 +67,11 @@ impl StreamEntry {
     pub fn update<R>(&self, f: impl FnOnce(&mut NodeEntry) -> R) -> R {
         f(&mut locked(&self.entry))
     }
+
+    /// The stream closed: its entry leaves the registry, which is returned.
+    pub fn close(self) -> NodeRegistry {
+        self.registry.clone()
+    }
 }
 
 impl Drop for StreamEntry {

@@ -2,8 +2,6 @@
 //! thousands of streams. (A `BTreeMap` of two entries allocates a node sized for eleven:
 //! about 3.5 KiB per stream for its protocol state alone.)
 
-use std::ops::Index;
-
 use kpx_proto::ResourceType;
 
 /// A value for some of the resource types, iterated in [`ResourceType::ALL`]'s order.
@@ -60,10 +58,11 @@ impl<T> PerType<T> {
     }
 }
 
-impl<T> Index<ResourceType> for PerType<T> {
+#[cfg(test)]
+impl<T> std::ops::Index<ResourceType> for PerType<T> {
     type Output = T;
 
-    /// Panics when `ty` has no value (for tests and callers that just set it).
+    /// Panics when `ty` has no value.
     fn index(&self, ty: ResourceType) -> &T {
         self.get(ty).unwrap_or_else(|| panic!("no value for {}", ty.type_url()))
     }

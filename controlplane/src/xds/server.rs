@@ -133,7 +133,6 @@ struct Limits {
 /// Where a stream reports what it does.
 struct Reporter {
     entry: StreamEntry,
-    nodes: NodeRegistry,
     metrics: Arc<ControlPlaneMetrics>,
     /// The node's `kpx_xds_stream_queue_depth` series, once the node is known.
     queue_depth: std::sync::OnceLock<prometheus_client::metrics::gauge::Gauge>,
@@ -201,9 +200,9 @@ impl Reporter {
     }
 
     fn closed(self, node: &str) {
-        drop(self.entry);
+        let nodes = self.entry.close();
         self.metrics.streams.dec();
-        if !node.is_empty() && !self.nodes.has_node(node) {
+        if !node.is_empty() && !nodes.has_node(node) {
             self.metrics.queue_depth.remove(&ControlPlaneMetrics::node(node));
         }
     }
@@ -234,7 +233,6 @@ impl AdsServer {
         };
         let reporter = Reporter {
             entry: self.nodes.open(peer),
-            nodes: self.nodes.clone(),
             metrics: Arc::clone(&self.metrics),
             queue_depth: std::sync::OnceLock::new(),
         };
@@ -292,7 +290,6 @@ async fn serve_stream(
     // only updates the armed timer); it may fire when nothing is unanswered any more.
     let ack_timer = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(ack_timer);
-    let mut ack_timer_at = None;
     loop {
         let mut waiting = false;
         if let Some(snapshot) = latest.clone() {
@@ -351,9 +348,8 @@ async fn serve_stream(
             _ => {}
         }
         let deadline = ack_timeout.zip(unanswered.values().min()).map(|(timeout, since)| *since + timeout);
-        if let Some(at) = deadline.filter(|at| ack_timer_at != Some(*at)) {
+        if let Some(at) = deadline.filter(|at| *at != ack_timer.deadline()) {
             ack_timer.as_mut().reset(at);
-            ack_timer_at = Some(at);
         }
         let lease_ends = leases
             .iter()
