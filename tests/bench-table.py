@@ -34,7 +34,14 @@ def fanout_rows(f, label):
                f"{f['initial_sync_wire_bytes'] / 1e9:.1f} GB on the wire ({per_node:.2f} MB per node)")
     else:
         yield (f"initial sync of all {n} nodes{label}", f"{f['initial_sync_all_s']:.0f} s")
-    yield (f"control plane RSS per connected node{label}", f"{f['controlplane_kib_per_stream']:.1f} KiB")
+    heap = f.get("controlplane_heap_kib_per_stream")
+    if heap:
+        yield (f"control plane memory per connected node{label}: RSS / the allocator's account "
+               "(allocated by the program, in active pages)",
+               f"{f['controlplane_kib_per_stream']:.1f} KiB / {heap['allocated']:.1f} KiB allocated, "
+               f"{heap['active']:.1f} KiB active")
+    else:
+        yield (f"control plane RSS per connected node{label}", f"{f['controlplane_kib_per_stream']:.1f} KiB")
 
 
 def table(data):

@@ -49,3 +49,74 @@ pub fn background_thread() -> bool {
     };
     rc == 0 && on
 }
+
+/// jemalloc's own account of the heap, in bytes (its `stats.*`): what the program holds
+/// (`allocated`), the pages those allocations occupy (`active`), what of jemalloc's
+/// mappings is in RAM (`resident`, its own `metadata` included) and what it keeps mapped
+/// but gave back (`retained`). `stats.resident` counts every active page, touched or
+/// not, so it can exceed the process's RSS. Where jemalloc is not the global allocator
+/// (the library's tests) the figures are only of what went through jemalloc: none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeapStats {
+    pub allocated: u64,
+    pub active: u64,
+    pub resident: u64,
+    pub metadata: u64,
+    pub retained: u64,
+}
+
+impl HeapStats {
+    /// Reads the figures as of now (jemalloc caches them until its `epoch` moves on).
+    pub fn read() -> Option<HeapStats> {
+        let mut epoch: u64 = 1;
+        let mut len = std::mem::size_of::<u64>();
+        // SAFETY: "epoch" is a uint64_t, read and written through `epoch`, sized by `len`.
+        let rc = unsafe {
+            tikv_jemalloc_sys::mallctl(
+                c"epoch".as_ptr(),
+                (&mut epoch as *mut u64).cast(),
+                &mut len,
+                (&mut epoch as *mut u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+        if rc != 0 {
+            return None;
+        }
+        Some(HeapStats {
+            allocated: stat(c"stats.allocated")?,
+            active: stat(c"stats.active")?,
+            resident: stat(c"stats.resident")?,
+            metadata: stat(c"stats.metadata")?,
+            retained: stat(c"stats.retained")?,
+        })
+    }
+
+    /// The figures by name, as the metrics show them.
+    pub fn by_kind(&self) -> [(&'static str, u64); 5] {
+        [
+            ("allocated", self.allocated),
+            ("active", self.active),
+            ("resident", self.resident),
+            ("metadata", self.metadata),
+            ("retained", self.retained),
+        ]
+    }
+}
+
+/// One of jemalloc's `size_t` statistics.
+fn stat(name: &std::ffi::CStr) -> Option<u64> {
+    let mut value: usize = 0;
+    let mut len = std::mem::size_of::<usize>();
+    // SAFETY: every `stats.*` read here is a size_t; `value` and `len` describe one.
+    let rc = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            name.as_ptr(),
+            (&mut value as *mut usize).cast(),
+            &mut len,
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    (rc == 0).then_some(value as u64)
+}

@@ -6,6 +6,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use crate::memory::HeapStats;
+
 type Labels = Vec<(String, String)>;
 
 pub struct ControlPlaneMetrics {
@@ -27,6 +29,8 @@ pub struct ControlPlaneMetrics {
     pub refused_streams: Family<Labels, Counter>,
     /// Streams closed because a response went unanswered past `--ack-timeout`.
     pub unresponsive_closed: Counter,
+    /// jemalloc's account of the heap, by kind (`memory::HeapStats`), read at each scrape.
+    heap: Family<Labels, Gauge>,
 }
 
 impl Default for ControlPlaneMetrics {
@@ -46,6 +50,7 @@ impl Default for ControlPlaneMetrics {
             node_variants: Gauge::default(),
             refused_streams: Family::default(),
             unresponsive_closed: Counter::default(),
+            heap: Family::default(),
         };
         let mut registry = Registry::default();
         registry.register("kpx_xds_streams", "Open delta xDS streams", m.streams.clone());
@@ -92,12 +97,23 @@ impl Default for ControlPlaneMetrics {
             "Streams closed because a response went unanswered past --ack-timeout",
             m.unresponsive_closed.clone(),
         );
+        registry.register(
+            "kpx_controlplane_heap_bytes",
+            "The allocator's account of the heap: allocated, active (pages in use), resident, metadata, retained",
+            m.heap.clone(),
+        );
         ControlPlaneMetrics { registry, ..m }
     }
 }
 
 impl ControlPlaneMetrics {
     pub fn render(&self) -> String {
+        if let Some(heap) = HeapStats::read() {
+            for (kind, bytes) in heap.by_kind() {
+                let labels = vec![("kind".to_owned(), kind.to_owned())];
+                self.heap.get_or_create(&labels).set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            }
+        }
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();

@@ -84,6 +84,7 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
         "30 Services × 5",
         "one endpoint change → all 12 nodes",
         "beyond the idle rate",
+        "allocated by the program",
         "through the Kubernetes API",
         "IPVS, 60 Services × 10 endpoints, in the test VM",
     ] {
@@ -114,4 +115,9 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
         assert!(fanout[field].as_f64().is_some_and(|v| v >= 0.0), "{field}: {fanout}");
     }
     assert!(fanout["change_window_ms"].as_f64() > Some(0.0), "{fanout}");
+    // The allocator's account per stream, from the control plane's metrics: HTTP/2's
+    // buffers alone are 28 KiB a connection, so a figure read back is well above 8 KiB.
+    let heap = &fanout["controlplane_heap_kib_per_stream"];
+    assert!(heap["allocated"].as_f64() > Some(8.0), "{fanout}");
+    assert!(heap["active"].as_f64() > Some(0.0), "{fanout}");
 }

@@ -214,6 +214,52 @@ fn the_control_plane_gives_freed_memory_back_from_jemallocs_background_thread() 
     assert!(threads.iter().any(|n| n.starts_with("tokio-rt-worker")), "{threads:?}");
 }
 
+/// The control plane's `kpx_controlplane_heap_bytes` is its allocator's live account: it
+/// grows when 2,000 Services are added and falls again when they are gone.
+#[test]
+fn the_control_plane_reports_its_heap_as_its_allocator_counts_it() {
+    let (t, _backends, _cp, _dp) = started();
+    let metric = |text: &str, name: &str| {
+        kpx_e2e::traffic::metric_value(text, name).unwrap_or_else(|| panic!("no {name}:\n{text}"))
+    };
+    let heap = |services: f64| {
+        wait_for(&format!("the control plane to serve {services} Services"), DEADLINE, || {
+            let (code, text) = get(&t, &t.node, "127.0.0.1", 18002, "/metrics");
+            (code == 200 && metric(&text, "kpx_services") == services).then(|| {
+                ["allocated", "active", "resident"]
+                    .map(|kind| metric(&text, &format!("kpx_controlplane_heap_bytes{{kind=\"{kind}\"}}")))
+            })
+        })
+    };
+    let before = heap(2.0);
+    let [allocated, active, resident] = before;
+    assert!(allocated > 0.0 && allocated <= active && active <= resident, "{before:?}");
+    let http = [("http", "TCP", 8080)];
+    let many: Vec<String> = (0..2000)
+        .flat_map(|i| {
+            let name = format!("many-{i}");
+            let spec = format!(
+                "  clusterIP: 10.97.{}.{}\n  ports:\n  - {{name: http, protocol: TCP, port: 80}}\n",
+                i / 250,
+                i % 250 + 1
+            );
+            let endpoints: Vec<_> =
+                (0..10).map(|e| ep(format!("10.245.{}.{}", i / 25, (i % 25) * 10 + e + 1))).collect();
+            [service(&name, &spec, ""), slice(&name, &format!("{name}-1"), false, &http, &endpoints)]
+        })
+        .collect();
+    t.write_manifest("many.yaml", &documents(&many));
+    let grown = heap(2002.0);
+    assert!(grown[0] > before[0] + 2e6, "2,000 Services more, allocated only {before:?} → {grown:?}");
+    t.remove_manifest("many.yaml");
+    let shrunk = wait_for("the heap to shrink once the Services are gone", DEADLINE, || {
+        let now = heap(2.0);
+        (now[0] < grown[0] - 1e6).then_some(now)
+    });
+    assert!(shrunk[0] <= shrunk[1] && shrunk[1] <= shrunk[2], "{shrunk:?}");
+    println!("heap (allocated, active, resident): {before:?} → {grown:?} → {shrunk:?}");
+}
+
 /// kube-proxy's `/healthz` (and `/livez`), read from the client as a load balancer would.
 fn health(t: &Topology, path: &'static str) -> (u16, serde_json::Value) {
     let (code, body) = get(t, &t.client, NODE_IP, 10256, path);

@@ -200,6 +200,12 @@ fn control_plane_metric(name: &str) -> f64 {
     kpx_e2e::traffic::metric_value(&body, name).unwrap_or(f64::NAN)
 }
 
+/// The control plane's heap by the allocator's account (allocated, active, resident), in KiB.
+fn control_plane_heap_kib() -> [f64; 3] {
+    ["allocated", "active", "resident"]
+        .map(|kind| control_plane_metric(&format!("kpx_controlplane_heap_bytes{{kind=\"{kind}\"}}")) / 1024.0)
+}
+
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or_default().split_whitespace().collect();
@@ -527,6 +533,7 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
         rss_kib(pid) / 1024
     );
     let baseline = rss_kib(pid);
+    let heap_baseline = control_plane_heap_kib();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let logs: Vec<Arc<Mutex<NodeLog>>> = (0..a.nodes).map(|_| Arc::default()).collect();
     let kind = |i: usize| node_kind(i, a.slow_percent, a.stuck_percent);
@@ -566,6 +573,12 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
     std::thread::sleep(Duration::from_secs(12));
     let after = rss_kib(pid);
     let per_stream_kib = (after.saturating_sub(baseline)) as f64 / a.nodes.max(1) as f64;
+    let heap_after = control_plane_heap_kib();
+    let heap_per_stream: Vec<f64> = heap_after
+        .iter()
+        .zip(heap_baseline)
+        .map(|(after, before)| (after - before) / a.nodes.max(1) as f64)
+        .collect();
     println!(
         "initial sync: every fast node {:.2} s, every node {:.2} s (per node p50 {:.2} s, p99 {:.2} s; a slow node waits 2 s before each ACK of its up to {responses_per_node} responses: {} s by itself); control plane RSS {} MiB, {:.1} KiB per stream beyond the shared state",
         fast_synced.as_secs_f64(),
@@ -575,6 +588,10 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
         2 * responses_per_node,
         after / 1024,
         per_stream_kib
+    );
+    println!(
+        "control plane heap per stream, by the allocator: {:.1} KiB allocated, {:.1} KiB in active pages, {:.1} KiB resident",
+        heap_per_stream[0], heap_per_stream[1], heap_per_stream[2]
     );
     println!(
         "bytes on the wire in the initial sync: {:.2} GB to {} nodes, {:.2} MB per node",
@@ -695,6 +712,9 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
             "write_to_first_node_p50_ms": ms(percentile(&detect, 0.5)),
             "slow_nodes_change_p50_ms": ms(percentile(&slow_lat, 0.5)),
             "controlplane_rss_mib": after / 1024, "controlplane_kib_per_stream": per_stream_kib,
+            "controlplane_heap_kib_per_stream": {
+                "allocated": heap_per_stream[0], "active": heap_per_stream[1], "resident": heap_per_stream[2],
+            },
             "controlplane_cpu_s_per_change": cpu_per_change,
             "controlplane_cpu_s_per_change_beyond_idle": beyond_idle,
             "controlplane_idle_cpu_s_per_s": idle_per_s,
