@@ -120,8 +120,28 @@ impl AdsServer {
     }
 }
 
+/// How a stream's task ended, other than by the node closing it.
+enum StreamEnd {
+    /// With a status for the node (a protocol error, the control plane shutting down).
+    Failed(Status),
+    /// A response went unanswered past `--ack-timeout`: the status, and if the node does
+    /// not take it within [`STATUS_GRACE`], the end of its connection.
+    Unanswered(Status),
+}
+
+impl From<Status> for StreamEnd {
+    fn from(status: Status) -> Self {
+        StreamEnd::Failed(status)
+    }
+}
+
+/// How long an unanswered stream's status may wait to be written before its node's
+/// connection is closed instead.
+const STATUS_GRACE: Duration = Duration::from_secs(5);
+
 /// What bounds a stream's hold on the server: the walk permits shared by all streams,
-/// and how long its responses may go unanswered before its node's connection is closed.
+/// and how long its responses may go unanswered before the stream ends (and its node's
+/// connection, if the node does not take the status).
 struct Limits {
     walks: Arc<Semaphore>,
     ack_timeout: Option<Duration>,
@@ -249,9 +269,32 @@ impl AdsServer {
             let node = state.node().unwrap_or("?").to_owned();
             match result {
                 Ok(()) => tracing::info!(node, ?peer, "stream closed"),
-                Err(status) => {
+                Err(StreamEnd::Failed(status)) => {
                     tracing::warn!(node, ?peer, error = %status.message(), "stream ended");
                     let _ = tx.send(Err(Box::new(status))).await;
+                }
+                Err(StreamEnd::Unanswered(status)) => {
+                    tracing::warn!(node, ?peer, error = %status.message(), "stream ended");
+                    // The status goes out as the stream's trailers, and HTTP/2 lets the
+                    // body go once they are written. A node that stopped reading never
+                    // lets them through (HTTP/2 no longer asks for more of a response
+                    // that waits for its window): only closing its connection ends it.
+                    let delivered = async {
+                        if tx.send(Err(Box::new(status))).await.is_ok() {
+                            tx.closed().await;
+                        }
+                    };
+                    if tokio::time::timeout(STATUS_GRACE, delivered).await.is_err() {
+                        if let Some(closer) = &limits.closer {
+                            closer.close();
+                        }
+                        tracing::warn!(
+                            node,
+                            ?peer,
+                            grace_s = STATUS_GRACE.as_secs(),
+                            "the node did not take the stream's status either: its connection closed"
+                        );
+                    }
                 }
             }
         });
@@ -267,8 +310,8 @@ async fn serve_stream(
     reporter: &Reporter,
     mut queries: mpsc::Receiver<tokio::sync::oneshot::Sender<super::nodes::Versions>>,
     limits: &Limits,
-) -> Result<(), Status> {
-    let Limits { walks, ack_timeout, syncs, closer } = limits;
+) -> Result<(), StreamEnd> {
+    let Limits { walks, ack_timeout, syncs, .. } = limits;
     // Held while some type is in its first sync, unless a chunk of it outlived its lease
     // unanswered (a node that stopped reading does not hold the memory back).
     let mut syncing: Option<Syncing> = None;
@@ -374,16 +417,11 @@ async fn serve_stream(
             }
             _ = &mut ack_timer, if deadline.is_some() => {
                 reporter.metrics.unresponsive_closed.inc();
-                // A node that stopped reading would never get the status: its response
-                // waits in HTTP/2, which no longer asks for more. Close its connection.
-                if let Some(closer) = closer {
-                    closer.close();
-                }
                 let waited = ack_timeout.unwrap_or_default();
-                return Err(Status::deadline_exceeded(format!(
-                    "no ACK or NACK within {} s: the node does not read its stream; its connection closed",
+                return Err(StreamEnd::Unanswered(Status::deadline_exceeded(format!(
+                    "no ACK or NACK within {} s",
                     waited.as_secs_f64()
-                )));
+                ))));
             }
             request = inbound.next() => {
                 let Some(request) = request.transpose()? else { return Ok(()) };
@@ -425,7 +463,7 @@ async fn serve_stream(
             }
             changed = changes.next() => match changed {
                 Some(snapshot) => latest = snapshot,
-                None => return Err(Status::unavailable("control plane shutting down")),
+                None => return Err(Status::unavailable("control plane shutting down").into()),
             },
         }
     }
@@ -605,7 +643,7 @@ mod tests {
         let ended = tokio::time::timeout(Duration::from_secs(5), out1.recv()).await.expect("closed in time");
         let status = ended.expect("an item").expect_err("an error status");
         assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
-        assert!(status.message().contains("does not read its stream"), "{}", status.message());
+        assert!(status.message().contains("no ACK or NACK within"), "{}", status.message());
         assert!(f.metrics.render().contains("kpx_xds_unresponsive_streams_closed_total 1"));
         // n2, which answers, gets the permit (freed by the closure, not by the lease) and its
         // whole walk, and is not closed.
