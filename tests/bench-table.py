@@ -54,6 +54,15 @@ def table(data):
     t = data.get("fanout_tls")
     if t:
         rows.extend(fanout_rows(t, " over mutual TLS"))
+    fl = data.get("fanout_floor")
+    if fl:
+        n = f"{fl['nodes']:,}"
+        rows.append((f"the transport alone (ads_floor: the control plane's gRPC/HTTP/2 stack and settings, "
+                     f"one resource per change, no views, snapshots or node state), {n} nodes, every one "
+                     f"ACKing at once", ""))
+        rows.append((f"one change → all {n} nodes, the transport alone (after the first has it)",
+                     f"p50 {fl['change_p50_ms']} ms, p99 {fl['change_p99_ms']} ms; {cpu(fl)}"))
+        rows.append((f"RSS per connected node, the transport alone", f"{fl['controlplane_kib_per_stream']:.1f} KiB"))
     for b in data.get("node_programming", []):
         what = (f"node agent, {b['backend']}, {b['services']:,} Services × {b['endpoints_per_service']} "
                 f"distinct endpoints")

@@ -37,6 +37,7 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     for section in [
         "== fan-out",
+        "== fan-out's floor",
         "== node programming and data path: nftables",
         "iptables-legacy",
         "TCP connect",
@@ -85,6 +86,7 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
         "one endpoint change → all 12 nodes",
         "beyond the idle rate",
         "allocated by the program",
+        "the transport alone",
         "through the Kubernetes API",
         "IPVS, 60 Services × 10 endpoints, in the test VM",
     ] {
@@ -120,4 +122,10 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
     let heap = &fanout["controlplane_heap_kib_per_stream"];
     assert!(heap["allocated"].as_f64() > Some(8.0), "{fanout}");
     assert!(heap["active"].as_f64() > Some(0.0), "{fanout}");
+    // The transport's floor served the same nodes, every one of which had the change (the
+    // benchmark waits for each node's arrival).
+    let floor = &figures["fanout_floor"];
+    assert_eq!(floor["nodes"], 12, "{figures}");
+    assert_eq!(floor["stuck_streams"], 0, "{floor}");
+    assert!(floor["change_window_ms"].as_f64() > Some(0.0), "{floor}");
 }

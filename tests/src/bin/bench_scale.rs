@@ -93,7 +93,7 @@ fn parse_args() -> Result<Args, String> {
             "--json" => a.json = Some(PathBuf::from(value()?)),
             "--skip" => a.skip.push(value()?),
             "--tls" => a.tls = true,
-            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --stuck-percent --ack-timeout SECONDS --changes --node-scales SxE,… --node-changes --node-idle SECONDS --json --skip fanout|node|iptables|api|ipvs --tls)")),
+            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --stuck-percent --ack-timeout SECONDS --changes --node-scales SxE,… --node-changes --node-idle SECONDS --json --skip fanout|floor|node|iptables|api|ipvs --tls)")),
         }
     }
     Ok(a)
@@ -186,6 +186,24 @@ fn status_kib(pid: u32, field: &str) -> u64 {
 
 fn rss_kib(pid: u32) -> u64 {
     status_kib(pid, "VmRSS:")
+}
+
+/// The RSS once it has stopped falling: no drop of more than 256 KiB over two seconds
+/// (at most 30 s).
+fn settled_rss_kib(pid: u32) -> u64 {
+    let mut readings = std::collections::VecDeque::from([rss_kib(pid)]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        readings.push_back(rss_kib(pid));
+        if readings.len() > 5 {
+            readings.pop_front();
+            if readings.front().copied().unwrap_or(0) <= readings.back().copied().unwrap_or(0) + 256 {
+                break;
+            }
+        }
+    }
+    readings.back().copied().unwrap_or(0)
 }
 
 fn peak_rss_kib(pid: u32) -> u64 {
@@ -449,16 +467,39 @@ async fn run_node(
     }
 }
 
-fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Value>) {
-    println!(
-        "\n== fan-out: {} Services × {} endpoints, {} simulated nodes ({}% slow, {}% never reading){}",
-        a.services,
-        a.endpoints,
-        a.nodes,
-        a.slow_percent,
-        a.stuck_percent,
-        if tls { ", mutual TLS" } else { "" }
-    );
+/// What serves the fan-out's simulated nodes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FanoutServer {
+    /// `kpx-controlplane`, plaintext or over mutual TLS.
+    Kpx { tls: bool },
+    /// `ads_floor`: the same transport and none of the control plane's work (its one
+    /// resource is Service 0; every node reads at once).
+    Floor,
+}
+
+fn fanout(a: &Args, server: FanoutServer, out: &mut serde_json::Map<String, serde_json::Value>) {
+    let tls = server == FanoutServer::Kpx { tls: true };
+    let floor = server == FanoutServer::Floor;
+    // The floor has no --ack-timeout to close nodes that never read: none are simulated.
+    let (slow_percent, stuck_percent) = if floor { (0, 0) } else { (a.slow_percent, a.stuck_percent) };
+    // How many resources make a node's initial sync.
+    let synced_with = if floor { 1 } else { a.services };
+    if floor {
+        println!(
+            "\n== fan-out's floor: the same transport alone (ads_floor: one resource per change, no views, snapshots or node state), {} simulated nodes",
+            a.nodes
+        );
+    } else {
+        println!(
+            "\n== fan-out: {} Services × {} endpoints, {} simulated nodes ({}% slow, {}% never reading){}",
+            a.services,
+            a.endpoints,
+            a.nodes,
+            slow_percent,
+            stuck_percent,
+            if tls { ", mutual TLS" } else { "" }
+        );
+    }
     let dir = tempfile::tempdir().expect("temp dir");
     let (transport, url, tls_args) = if tls {
         let pki = kpx_e2e::pki::Pki::new(dir.path(), "bench");
@@ -491,7 +532,8 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
     let manifests = dir.path().join("manifests");
     std::fs::create_dir(&manifests).expect("dir");
     write_manifests(&manifests, a.services, a.endpoints, 0);
-    let cp_bin = kpx_e2e::process::binary("kpx-controlplane");
+    let program = if floor { "ads_floor" } else { "kpx-controlplane" };
+    let cp_bin = kpx_e2e::process::binary(program);
     let log_path = dir.path().join("cp.log");
     let log = std::fs::File::create(&log_path).expect("log");
     // KPX_BENCH_CP_WRAPPER="heaptrack -o /tmp/cp" runs the control plane under a profiler.
@@ -506,37 +548,58 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
         }
         None => std::process::Command::new(&cp_bin),
     };
+    if floor {
+        command.args(["--listen", "127.0.0.1:28000", "--watch"]).arg(&manifests);
+    } else {
+        command
+            .args([
+                "--listen",
+                "127.0.0.1:28000",
+                "--metrics-listen",
+                "127.0.0.1:28002",
+                "--log-format",
+                "json",
+            ])
+            .arg(format!("--ack-timeout={}s", a.ack_timeout_s))
+            .arg(format!("--source=file:{}", manifests.display()))
+            .args(&tls_args)
+            .env("RUST_LOG", "warn,kpx_controlplane::publisher=info,kpx_controlplane::source::file=info");
+    }
     let mut cp = command
-        .args(["--listen", "127.0.0.1:28000", "--metrics-listen", "127.0.0.1:28002", "--log-format", "json"])
-        .arg(format!("--ack-timeout={}s", a.ack_timeout_s))
-        .arg(format!("--source=file:{}", manifests.display()))
-        .args(&tls_args)
-        .env("RUST_LOG", "warn,kpx_controlplane::publisher=info,kpx_controlplane::source::file=info")
         .stdout(log.try_clone().expect("log"))
         .stderr(log)
         .spawn()
-        .expect("start kpx-controlplane");
+        .unwrap_or_else(|e| panic!("start {program}: {e}"));
     let loaded = Instant::now();
+    let ready = if floor { "ads_floor serving" } else { "snapshot published" };
     kpx_e2e::wait_for("the control plane's first snapshot", Duration::from_secs(600), || {
         if let Ok(Some(status)) = cp.try_wait() {
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            panic!("kpx-controlplane exited ({status}) before serving:\n{log}");
+            panic!("{program} exited ({status}) before serving:\n{log}");
         }
-        std::fs::read_to_string(&log_path).ok()?.contains("snapshot published").then_some(())
+        std::fs::read_to_string(&log_path).ok()?.contains(ready).then_some(())
     });
     // The control plane itself, also under a wrapper (whose figures would be its own).
-    let pid = kpx_e2e::process::program_pid(cp.id(), "kpx-controlplane").unwrap_or(cp.id());
-    println!(
-        "control plane: read and built {} Services in {:.2} s; RSS {} MiB",
-        a.services,
-        loaded.elapsed().as_secs_f64(),
-        rss_kib(pid) / 1024
-    );
-    let baseline = rss_kib(pid);
+    let pid = kpx_e2e::process::program_pid(cp.id(), program).unwrap_or(cp.id());
+    if floor {
+        println!("ads_floor: serving; RSS {} MiB", rss_kib(pid) / 1024);
+    } else {
+        println!(
+            "control plane: read and built {} Services in {:.2} s; RSS {} MiB",
+            a.services,
+            loaded.elapsed().as_secs_f64(),
+            rss_kib(pid) / 1024
+        );
+    }
+    // The baseline once the allocator has given back what loading freed (jemalloc's decay,
+    // about a second): pages freed but still resident would otherwise be reused by the
+    // first streams and counted as shared state, lowering the figure per stream by a
+    // fixed amount divided by the node count.
+    let baseline = settled_rss_kib(pid);
     let heap_baseline = control_plane_heap_kib();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let logs: Vec<Arc<Mutex<NodeLog>>> = (0..a.nodes).map(|_| Arc::default()).collect();
-    let kind = |i: usize| node_kind(i, a.slow_percent, a.stuck_percent);
+    let kind = |i: usize| node_kind(i, slow_percent, stuck_percent);
     let is_slow = |i: usize| kind(i) == NodeKind::Slow;
     let reading: Vec<usize> = (0..a.nodes).filter(|&i| kind(i) != NodeKind::Stuck).collect();
     let stuck = a.nodes - reading.len();
@@ -547,7 +610,7 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
             url.into(),
             transport.clone(),
             i,
-            a.services,
+            synced_with,
             kind(i),
             Arc::clone(log),
             Arc::clone(&started),
@@ -589,10 +652,13 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
         after / 1024,
         per_stream_kib
     );
-    println!(
+    // (The floor serves no metrics: it has no account to read.)
+    if !floor {
+        println!(
         "control plane heap per stream, by the allocator: {:.1} KiB allocated, {:.1} KiB in active pages, {:.1} KiB resident",
         heap_per_stream[0], heap_per_stream[1], heap_per_stream[2]
     );
+    }
     println!(
         "bytes on the wire in the initial sync: {:.2} GB to {} nodes, {:.2} MB per node",
         wire_bytes as f64 / 1e9,
@@ -672,7 +738,8 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
     });
     std::thread::sleep(Duration::from_secs(5));
     let rss_after_stuck = rss_kib(pid);
-    println!(
+    if !floor {
+        println!(
         "nodes that never read: {stuck} streams, {} closed by the control plane ({}, --ack-timeout {} s); control plane RSS {} MiB with them open, {} MiB after, peak {} MiB",
         closed(),
         stuck_closed_after.map_or_else(|| "none to close".to_owned(), |d| format!("the last {:.1} s after the nodes connected", d.as_secs_f64())),
@@ -681,6 +748,7 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
         rss_after_stuck / 1024,
         peak_rss_kib(pid) / 1024,
     );
+    }
     // Where the control plane's time per change goes, from its own logs: the file source
     // reading the changed file (`manifests read`), the views of what changed and the
     // snapshot (`snapshot published`); the rest of the CPU is the streams and polling.
@@ -695,13 +763,20 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
         mean_ms(&after_first("snapshot published", "views_us")),
         mean_ms(&after_first("snapshot published", "snapshot_us")),
     );
-    println!(
-        "per change inside the control plane: file source {read_ms:.2} ms (the changed file read again), views {views_ms:.2} ms, snapshot {snapshot_ms:.2} ms; the rest of its CPU is the streams (gRPC, HTTP/2) and polling"
-    );
+    if !floor {
+        println!(
+            "per change inside the control plane: file source {read_ms:.2} ms (the changed file read again), views {views_ms:.2} ms, snapshot {snapshot_ms:.2} ms; the rest of its CPU is the streams (gRPC, HTTP/2) and polling"
+        );
+    }
     out.insert(
-        if tls { "fanout_tls" } else { "fanout" }.into(),
+        match server {
+            FanoutServer::Kpx { tls: true } => "fanout_tls",
+            FanoutServer::Kpx { tls: false } => "fanout",
+            FanoutServer::Floor => "fanout_floor",
+        }
+        .into(),
         json!({
-            "services": a.services, "endpoints": a.endpoints, "nodes": a.nodes, "slow_percent": a.slow_percent,
+            "services": a.services, "endpoints": a.endpoints, "nodes": a.nodes, "slow_percent": slow_percent,
             "initial_sync_all_s": all_synced.as_secs_f64(),
             "initial_sync_fast_s": fast_synced.as_secs_f64(),
             "initial_sync_slow_s": slow_synced.map(|d| d.as_secs_f64()),
@@ -721,7 +796,7 @@ fn fanout(a: &Args, tls: bool, out: &mut serde_json::Map<String, serde_json::Val
             "change_window_ms": mean(&windows) * 1000.0,
             "controlplane_file_read_ms_per_change": read_ms, "controlplane_views_ms_per_change": views_ms,
             "controlplane_snapshot_ms_per_change": snapshot_ms,
-            "stuck_percent": a.stuck_percent, "stuck_streams": stuck, "stuck_streams_closed": closed(),
+            "stuck_percent": stuck_percent, "stuck_streams": stuck, "stuck_streams_closed": closed(),
             "stuck_closed_after_s": stuck_closed_after.map(|d| d.as_secs_f64()),
             "ack_timeout_s": a.ack_timeout_s,
             "controlplane_rss_with_stuck_mib": rss_with_stuck / 1024,
@@ -1115,11 +1190,14 @@ fn main() {
     raise_fd_limit();
     let mut out = serde_json::Map::new();
     if !a.skip.iter().any(|s| s == "fanout") {
-        fanout(&a, false, &mut out);
+        fanout(&a, FanoutServer::Kpx { tls: false }, &mut out);
         if a.tls {
-            fanout(&a, true, &mut out);
+            fanout(&a, FanoutServer::Kpx { tls: true }, &mut out);
             compare_tls(&out);
         }
+    }
+    if !a.skip.iter().any(|s| s == "floor") {
+        fanout(&a, FanoutServer::Floor, &mut out);
     }
     if !a.skip.iter().any(|s| s == "node") {
         // nftables at every scale; iptables-legacy at the first, for the data path's
