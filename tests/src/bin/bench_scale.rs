@@ -224,6 +224,14 @@ fn control_plane_heap_kib() -> [f64; 3] {
         .map(|kind| control_plane_metric(&format!("kpx_controlplane_heap_bytes{{kind=\"{kind}\"}}")) / 1024.0)
 }
 
+/// A process's minor and major page faults so far (`/proc/PID/stat`).
+fn page_faults(pid: u32) -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
+    // Fields 10 and 12 of stat(5), counted from the state (field 3).
+    Some((fields.get(7)?.parse().ok()?, fields.get(9)?.parse().ok()?))
+}
+
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or_default().split_whitespace().collect();
@@ -1049,6 +1057,9 @@ fn node_programming(a: &Args, scale: Scale, backend: ProxyBackend, label: &str) 
     let peak_after_sync = peak_rss_kib(pid);
     // One endpoint change at a time: Service 0's last endpoint moves to another address.
     let (mut latencies, mut to_kernel) = (Vec::new(), Vec::new());
+    // Page faults taken by the agent over the changes: a major one is a page read back
+    // from disk (this machine's kernel pages cold file pages out), in a change's time.
+    let faults_before = page_faults(pid);
     for change in 1..=a.node_changes {
         let before = service_deltas(&log).len();
         write_manifests_one(&manifests, scale.endpoints, change);
@@ -1060,6 +1071,8 @@ fn node_programming(a: &Args, scale: Scale, backend: ProxyBackend, label: &str) 
         latencies.push(us("elapsed_us"));
         to_kernel.push(us("kernel_us"));
     }
+    let faults =
+        page_faults(pid).zip(faults_before).map(|((min, maj), (min0, maj0))| (min - min0, maj - maj0));
     latencies.sort();
     to_kernel.sort();
     // Steady: idle (by default through two canary checks and housekeeping).
@@ -1121,6 +1134,11 @@ fn node_programming(a: &Args, scale: Scale, backend: ProxyBackend, label: &str) 
         ms(percentile(&latencies, 0.5)),
         ms(percentile(&latencies, 0.99)),
     );
+    if let Some((minor, major)) = faults {
+        println!(
+            "page faults in the agent over those changes: {minor} minor, {major} major (read back from disk)"
+        );
+    }
     if !phases.is_empty() {
         println!("full sync, as the agent logged it: {}", phases.join(", "));
     }
@@ -1145,7 +1163,8 @@ fn node_programming(a: &Args, scale: Scale, backend: ProxyBackend, label: &str) 
         "changes": latencies.len(),
         "change_p50_ms": ms(percentile(&latencies, 0.5)), "change_p99_ms": ms(percentile(&latencies, 0.99)),
         "change_to_kernel_p50_ms": ms(percentile(&to_kernel, 0.5)), "change_to_kernel_p99_ms": ms(percentile(&to_kernel, 0.99)),
-        "agent_peak_rss_mib": peak as f64 / 1024.0, "agent_steady_rss_mib": steady as f64 / 1024.0,
+        "agent_peak_rss_mib": peak as f64 / 1024.0,
+        "agent_minor_faults_during_changes": faults.map(|f| f.0), "agent_major_faults_during_changes": faults.map(|f| f.1), "agent_steady_rss_mib": steady as f64 / 1024.0,
         "agent_steady_after_idle_s": a.node_idle_s,
         "agent_peak_rss_after_initial_sync_mib": peak_after_sync as f64 / 1024.0,
         "agent_full_sync_peak_rss_mib": restart_peak as f64 / 1024.0,
