@@ -27,7 +27,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// jemalloc reads its options from this symbol when it starts.
 #[export_name = "_rjem_malloc_conf"]
 #[used]
-static JEMALLOC_OPTIONS: &[u8; 60] = kpx_controlplane::memory::OPTIONS;
+static JEMALLOC_OPTIONS: &[u8; 60] = kpx_proto::memory::JEMALLOC_OPTIONS;
 
 fn main() -> ExitCode {
     let flags = match Flags::try_parse() {

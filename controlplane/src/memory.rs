@@ -3,51 +3,25 @@
 //!
 //! Why not glibc's: with thousands of streams, each connection's buffers (h2's 16 KiB
 //! write and 8 KiB read buffer, the stream's task) came from heap memory the first syncs
-//! had already written, so all of it was resident; jemalloc gives freed pages back
-//! within [`OPTIONS`]' decay, and later buffers come from pages not yet touched. At 1,000
-//! nodes it took the control plane from about 37 to 30 KiB per stream (`bench_scale`'s
-//! fan-out; see the README).
-
-/// jemalloc's options (its `malloc_conf`): freed pages go back to the system after about
-/// a second, from a background thread, so an idle control plane shrinks too.
-/// (A byte array, not a slice: jemalloc reads the symbol as a `const char *`.)
-pub const OPTIONS: &[u8; 60] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+//! had already written, so all of it was resident; jemalloc gives freed pages back within
+//! the decay of its options ([`kpx_proto::memory::JEMALLOC_OPTIONS`]), and later buffers
+//! come from pages not yet touched. At 1,000 nodes it took the control plane from about 37
+//! to 30 KiB per stream (`bench_scale`'s fan-out, measured against a baseline taken before
+//! loading's freed pages went back; against today's settled baseline jemalloc's figure is
+//! about 37 KiB, and glibc was not measured that way again).
 
 /// Gives every jemalloc arena's free pages back to the system now (after a wave of first
 /// syncs). Does nothing where jemalloc is not the allocator in use (the library's tests).
 pub fn release_freed() {
     // "arena.<MALLCTL_ARENAS_ALL>.purge": every arena.
-    const PURGE_ALL: &std::ffi::CStr = c"arena.4096.purge";
-    // SAFETY: a void mallctl (no value read or written) on a NUL-terminated name.
-    let rc = unsafe {
-        tikv_jemalloc_sys::mallctl(
-            PURGE_ALL.as_ptr(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            0,
-        )
-    };
-    if rc != 0 {
-        tracing::debug!(rc, "jemalloc purge refused");
+    if !write(c"arena.4096.purge", None) {
+        tracing::debug!("jemalloc purge refused");
     }
 }
 
-/// Whether jemalloc runs its background thread (that is, took [`OPTIONS`]).
+/// Whether jemalloc runs its background thread (that is, took its options).
 pub fn background_thread() -> bool {
-    let mut on = false;
-    let mut len = std::mem::size_of::<bool>();
-    // SAFETY: "background_thread" is a bool; `on` and `len` describe a bool's storage.
-    let rc = unsafe {
-        tikv_jemalloc_sys::mallctl(
-            c"background_thread".as_ptr(),
-            (&mut on as *mut bool).cast(),
-            &mut len,
-            std::ptr::null_mut(),
-            0,
-        )
-    };
-    rc == 0 && on
+    read::<bool>(c"background_thread") == Some(true)
 }
 
 /// jemalloc's own account of the heap, in bytes (its `stats.*`): what the program holds
@@ -68,21 +42,10 @@ pub struct HeapStats {
 impl HeapStats {
     /// Reads the figures as of now (jemalloc caches them until its `epoch` moves on).
     pub fn read() -> Option<HeapStats> {
-        let mut epoch: u64 = 1;
-        let mut len = std::mem::size_of::<u64>();
-        // SAFETY: "epoch" is a uint64_t, read and written through `epoch`, sized by `len`.
-        let rc = unsafe {
-            tikv_jemalloc_sys::mallctl(
-                c"epoch".as_ptr(),
-                (&mut epoch as *mut u64).cast(),
-                &mut len,
-                (&mut epoch as *mut u64).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        };
-        if rc != 0 {
+        if !write(c"epoch", Some(1)) {
             return None;
         }
+        let stat = |name| read::<usize>(name).map(|bytes| bytes as u64);
         Some(HeapStats {
             allocated: stat(c"stats.allocated")?,
             active: stat(c"stats.active")?,
@@ -104,19 +67,41 @@ impl HeapStats {
     }
 }
 
-/// One of jemalloc's `size_t` statistics.
-fn stat(name: &std::ffi::CStr) -> Option<u64> {
-    let mut value: usize = 0;
-    let mut len = std::mem::size_of::<usize>();
-    // SAFETY: every `stats.*` read here is a size_t; `value` and `len` describe one.
+/// The C types of the jemalloc controls read here (`bool`, `size_t`).
+trait Control: Copy + Default {}
+impl Control for bool {}
+impl Control for usize {}
+
+/// Reads jemalloc's control `name`, a value of C type `T`; `None` when jemalloc refuses
+/// (no such control, another type, or jemalloc not the allocator in use).
+fn read<T: Control>(name: &std::ffi::CStr) -> Option<T> {
+    let mut value = T::default();
+    let mut len = std::mem::size_of::<T>();
+    // SAFETY: `value` and `len` describe a `T`; jemalloc writes at most `len` bytes and
+    // refuses a control of another size (the value is then not read).
     let rc = unsafe {
         tikv_jemalloc_sys::mallctl(
             name.as_ptr(),
-            (&mut value as *mut usize).cast(),
+            (&mut value as *mut T).cast(),
             &mut len,
             std::ptr::null_mut(),
             0,
         )
     };
-    (rc == 0).then_some(value as u64)
+    (rc == 0).then_some(value)
+}
+
+/// Runs jemalloc's control `name`, writing `value` (a `uint64_t`) to it when there is
+/// one; whether jemalloc took it.
+fn write(name: &std::ffi::CStr, value: Option<u64>) -> bool {
+    let mut value = value;
+    let (new, len) = match value.as_mut() {
+        Some(v) => ((v as *mut u64).cast(), std::mem::size_of::<u64>()),
+        None => (std::ptr::null_mut(), 0),
+    };
+    // SAFETY: nothing is read back; `new` is null or a `uint64_t` of `len` bytes that
+    // outlives the call.
+    unsafe {
+        tikv_jemalloc_sys::mallctl(name.as_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), new, len) == 0
+    }
 }

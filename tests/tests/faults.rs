@@ -32,7 +32,7 @@ struct AckTimeoutBench {
 }
 
 impl AckTimeoutBench {
-    fn start() -> AckTimeoutBench {
+    fn start(ack_timeout: std::time::Duration) -> AckTimeoutBench {
         let dir = tempfile::tempdir().expect("temp dir");
         let services: String = (0..600)
             .map(|i| {
@@ -51,7 +51,6 @@ impl AckTimeoutBench {
                 .port()
         };
         let (port, metrics_port) = (free_port(), free_port());
-        let ack_timeout = std::time::Duration::from_secs(3);
         let mut command = std::process::Command::new(kpx_e2e::process::binary("kpx-controlplane"));
         command
             .arg(format!("--listen=127.0.0.1:{port}"))
@@ -71,10 +70,6 @@ impl AckTimeoutBench {
     /// Opens a connection with this receive window and subscribes `node` to Service views
     /// (the response's headers checked).
     async fn subscribe(&self, node: &str, window: u32) -> BareStream {
-        use envoy_types::pb::envoy::config::core::v3::Node;
-        use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
-        use prost::Message;
-
         let tcp = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.expect("connect");
         let (client, connection) = h2::client::Builder::new()
             .initial_window_size(window)
@@ -83,21 +78,12 @@ impl AckTimeoutBench {
             .expect("HTTP/2 handshake");
         let connection = tokio::spawn(connection);
         let mut client = client.ready().await.expect("ready");
-        let (response, mut body) =
+        let (response, mut requests) =
             client.send_request(Self::ads_request(self.port), false).expect("stream opened");
-        let subscribe = DeltaDiscoveryRequest {
-            node: Some(Node { id: node.into(), ..Default::default() }),
-            type_url: kpx_proto::SERVICE_VIEW_TYPE_URL.into(),
-            ..Default::default()
-        };
-        let message = subscribe.encode_to_vec();
-        let mut frame = vec![0u8];
-        frame.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
-        frame.extend_from_slice(&message);
-        body.send_data(frame.into(), false).expect("subscribe sent");
+        BareStream::send(&mut requests, node);
         let response = response.await.expect("response headers");
         assert_eq!(response.status(), 200);
-        BareStream { client, connection, _requests: body, responses: response.into_body() }
+        BareStream { client, connection, requests, responses: response.into_body() }
     }
 
     fn ads_request(port: u16) -> http::Request<()> {
@@ -116,8 +102,28 @@ impl AckTimeoutBench {
 struct BareStream {
     client: h2::client::SendRequest<bytes::Bytes>,
     connection: tokio::task::JoinHandle<Result<(), h2::Error>>,
-    _requests: h2::SendStream<bytes::Bytes>,
+    requests: h2::SendStream<bytes::Bytes>,
     responses: h2::RecvStream,
+}
+
+impl BareStream {
+    /// Sends a request of `node` for Service views, as one gRPC message.
+    fn send(requests: &mut h2::SendStream<bytes::Bytes>, node: &str) {
+        use envoy_types::pb::envoy::config::core::v3::Node;
+        use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+        use prost::Message;
+
+        let request = DeltaDiscoveryRequest {
+            node: Some(Node { id: node.into(), ..Default::default() }),
+            type_url: kpx_proto::SERVICE_VIEW_TYPE_URL.into(),
+            ..Default::default()
+        };
+        let message = request.encode_to_vec();
+        let mut frame = vec![0u8];
+        frame.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
+        frame.extend_from_slice(&message);
+        requests.send_data(frame.into(), false).expect("request sent");
+    }
 }
 
 /// A node that stops reading its stream (its HTTP/2 window full, the control plane's
@@ -129,7 +135,7 @@ struct BareStream {
 fn a_node_that_stops_reading_its_stream_is_disconnected_after_the_ack_timeout() {
     use std::time::{Duration, Instant};
 
-    let bench = AckTimeoutBench::start();
+    let bench = AckTimeoutBench::start(Duration::from_secs(3));
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let (waited, ended) = runtime.block_on(async {
         let subscribed = Instant::now();
@@ -152,7 +158,7 @@ fn a_node_that_stops_reading_its_stream_is_disconnected_after_the_ack_timeout() 
 fn a_node_that_reads_but_never_acks_gets_deadline_exceeded_and_keeps_its_connection() {
     use std::time::{Duration, Instant};
 
-    let bench = AckTimeoutBench::start();
+    let bench = AckTimeoutBench::start(Duration::from_secs(3));
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let (waited, status, read, mut stream) = runtime.block_on(async {
         let subscribed = Instant::now();
@@ -195,4 +201,29 @@ fn a_node_that_reads_but_never_acks_gets_deadline_exceeded_and_keeps_its_connect
         assert_eq!(response.expect("response headers").status(), 200);
     });
     assert!(!bench.cp.log_text().contains("its connection closed"), "{}", bench.cp.log_text());
+}
+
+/// A stream that ends with a status its node does not take closes the node's connection
+/// after the control plane's grace, whatever the status: here a protocol error (node.id
+/// changed on one stream) sent by a node that has stopped reading, long before its
+/// `--ack-timeout`. (A connection left open would hold the stream's task and memory for
+/// good: the node still answers keepalive PINGs.)
+#[test]
+fn a_status_its_node_does_not_take_closes_the_connection_whatever_ended_the_stream() {
+    use std::time::{Duration, Instant};
+
+    let bench = AckTimeoutBench::start(Duration::from_secs(600));
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let (waited, ended) = runtime.block_on(async {
+        // The response body is held, never read: the window stays full.
+        let mut stream = bench.subscribe("first-name", 1024).await;
+        let changed = Instant::now();
+        BareStream::send(&mut stream.requests, "second-name");
+        let ended = tokio::time::timeout(Duration::from_secs(60), stream.connection).await;
+        (changed.elapsed(), ended)
+    });
+    let log = bench.cp.log_text();
+    assert!(ended.is_ok(), "the connection is still open {waited:?} after the protocol error:\n{log}");
+    assert!(log.contains("node.id changed"), "{log}");
+    assert!(log.contains("the node did not take the stream's status: its connection closed"), "{log}");
 }

@@ -120,24 +120,39 @@ impl AdsServer {
     }
 }
 
-/// How a stream's task ended, other than by the node closing it.
-enum StreamEnd {
-    /// With a status for the node (a protocol error, the control plane shutting down).
-    Failed(Status),
-    /// A response went unanswered past `--ack-timeout`: the status, and if the node does
-    /// not take it within [`STATUS_GRACE`], the end of its connection.
-    Unanswered(Status),
-}
-
-impl From<Status> for StreamEnd {
-    fn from(status: Status) -> Self {
-        StreamEnd::Failed(status)
-    }
-}
-
-/// How long an unanswered stream's status may wait to be written before its node's
+/// How long a stream's closing status may wait to be written before its node's
 /// connection is closed instead.
 const STATUS_GRACE: Duration = Duration::from_secs(5);
+
+/// Ends a stream with `status`. The status goes out as the stream's trailers, and HTTP/2
+/// lets the body go once they are written. A node that stopped reading never lets them
+/// through (HTTP/2 no longer asks for more of a response that waits for its window), and
+/// the stream's task would wait for it for good: past [`STATUS_GRACE`], its connection is
+/// closed instead.
+async fn end_with(
+    status: Status,
+    tx: &mpsc::Sender<Outbound>,
+    closer: Option<&ConnectionCloser>,
+    node: &str,
+    peer: Option<SocketAddr>,
+) {
+    let delivered = async {
+        if tx.send(Err(Box::new(status))).await.is_ok() {
+            tx.closed().await;
+        }
+    };
+    if tokio::time::timeout(STATUS_GRACE, delivered).await.is_err() {
+        if let Some(closer) = closer {
+            closer.close();
+        }
+        tracing::warn!(
+            node,
+            ?peer,
+            grace_s = STATUS_GRACE.as_secs(),
+            "the node did not take the stream's status: its connection closed"
+        );
+    }
+}
 
 /// What bounds a stream's hold on the server: the walk permits shared by all streams,
 /// and how long its responses may go unanswered before the stream ends (and its node's
@@ -269,32 +284,9 @@ impl AdsServer {
             let node = state.node().unwrap_or("?").to_owned();
             match result {
                 Ok(()) => tracing::info!(node, ?peer, "stream closed"),
-                Err(StreamEnd::Failed(status)) => {
+                Err(status) => {
                     tracing::warn!(node, ?peer, error = %status.message(), "stream ended");
-                    let _ = tx.send(Err(Box::new(status))).await;
-                }
-                Err(StreamEnd::Unanswered(status)) => {
-                    tracing::warn!(node, ?peer, error = %status.message(), "stream ended");
-                    // The status goes out as the stream's trailers, and HTTP/2 lets the
-                    // body go once they are written. A node that stopped reading never
-                    // lets them through (HTTP/2 no longer asks for more of a response
-                    // that waits for its window): only closing its connection ends it.
-                    let delivered = async {
-                        if tx.send(Err(Box::new(status))).await.is_ok() {
-                            tx.closed().await;
-                        }
-                    };
-                    if tokio::time::timeout(STATUS_GRACE, delivered).await.is_err() {
-                        if let Some(closer) = &limits.closer {
-                            closer.close();
-                        }
-                        tracing::warn!(
-                            node,
-                            ?peer,
-                            grace_s = STATUS_GRACE.as_secs(),
-                            "the node did not take the stream's status either: its connection closed"
-                        );
-                    }
+                    end_with(status, &tx, limits.closer.as_ref(), &node, peer).await;
                 }
             }
         });
@@ -310,7 +302,7 @@ async fn serve_stream(
     reporter: &Reporter,
     mut queries: mpsc::Receiver<tokio::sync::oneshot::Sender<super::nodes::Versions>>,
     limits: &Limits,
-) -> Result<(), StreamEnd> {
+) -> Result<(), Status> {
     let Limits { walks, ack_timeout, syncs, .. } = limits;
     // Held while some type is in its first sync, unless a chunk of it outlived its lease
     // unanswered (a node that stopped reading does not hold the memory back).
@@ -418,10 +410,10 @@ async fn serve_stream(
             _ = &mut ack_timer, if deadline.is_some() => {
                 reporter.metrics.unresponsive_closed.inc();
                 let waited = ack_timeout.unwrap_or_default();
-                return Err(StreamEnd::Unanswered(Status::deadline_exceeded(format!(
+                return Err(Status::deadline_exceeded(format!(
                     "no ACK or NACK within {} s",
                     waited.as_secs_f64()
-                ))));
+                )));
             }
             request = inbound.next() => {
                 let Some(request) = request.transpose()? else { return Ok(()) };
@@ -463,7 +455,7 @@ async fn serve_stream(
             }
             changed = changes.next() => match changed {
                 Some(snapshot) => latest = snapshot,
-                None => return Err(Status::unavailable("control plane shutting down").into()),
+                None => return Err(Status::unavailable("control plane shutting down")),
             },
         }
     }

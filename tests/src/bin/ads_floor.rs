@@ -26,10 +26,10 @@ use tonic::{Request, Response, Status, Streaming};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// The control plane's jemalloc options (`kpx_controlplane::memory::OPTIONS`).
+/// The control plane's jemalloc options.
 #[export_name = "_rjem_malloc_conf"]
 #[used]
-static JEMALLOC_OPTIONS: &[u8; 60] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+static JEMALLOC_OPTIONS: &[u8; 60] = kpx_proto::memory::JEMALLOC_OPTIONS;
 
 /// The resource name the benchmark's nodes look for (its Service 0).
 const SERVICE0: &str = "default/bench/svc-0";

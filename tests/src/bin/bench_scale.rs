@@ -224,17 +224,22 @@ fn control_plane_heap_kib() -> [f64; 3] {
         .map(|kind| control_plane_metric(&format!("kpx_controlplane_heap_bytes{{kind=\"{kind}\"}}")) / 1024.0)
 }
 
-/// A process's minor and major page faults so far (`/proc/PID/stat`).
-fn page_faults(pid: u32) -> Option<(u64, u64)> {
+/// The numbers of `/proc/PID/stat` from its state's field on (the state is field 3 of
+/// stat(5), at index 0 here).
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let fields: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
-    // Fields 10 and 12 of stat(5), counted from the state (field 3).
+    Some(stat.rsplit(')').next()?.split_whitespace().map(str::to_owned).collect())
+}
+
+/// A process's minor and major page faults so far (fields 10 and 12 of stat(5)).
+fn page_faults(pid: u32) -> Option<(u64, u64)> {
+    let fields = stat_fields(pid)?;
     Some((fields.get(7)?.parse().ok()?, fields.get(9)?.parse().ok()?))
 }
 
+/// A process's CPU time so far, user and system (fields 14 and 15 of stat(5)).
 fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or_default().split_whitespace().collect();
+    let fields = stat_fields(pid).unwrap_or_default();
     let ticks: f64 = fields.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
         + fields.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     // SAFETY: sysconf is always safe to call.
@@ -604,7 +609,8 @@ fn fanout(a: &Args, server: FanoutServer, out: &mut serde_json::Map<String, serd
     // first streams and counted as shared state, lowering the figure per stream by a
     // fixed amount divided by the node count.
     let baseline = settled_rss_kib(pid);
-    let heap_baseline = control_plane_heap_kib();
+    // (The floor serves no metrics: it has no account to read.)
+    let heap_baseline = (!floor).then(control_plane_heap_kib);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let logs: Vec<Arc<Mutex<NodeLog>>> = (0..a.nodes).map(|_| Arc::default()).collect();
     let kind = |i: usize| node_kind(i, slow_percent, stuck_percent);
@@ -644,12 +650,10 @@ fn fanout(a: &Args, server: FanoutServer, out: &mut serde_json::Map<String, serd
     std::thread::sleep(Duration::from_secs(12));
     let after = rss_kib(pid);
     let per_stream_kib = (after.saturating_sub(baseline)) as f64 / a.nodes.max(1) as f64;
-    let heap_after = control_plane_heap_kib();
-    let heap_per_stream: Vec<f64> = heap_after
-        .iter()
-        .zip(heap_baseline)
-        .map(|(after, before)| (after - before) / a.nodes.max(1) as f64)
-        .collect();
+    let heap_per_stream = heap_baseline.map(|before| {
+        let after = control_plane_heap_kib();
+        [0, 1, 2].map(|k| (after[k] - before[k]) / a.nodes.max(1) as f64)
+    });
     println!(
         "initial sync: every fast node {:.2} s, every node {:.2} s (per node p50 {:.2} s, p99 {:.2} s; a slow node waits 2 s before each ACK of its up to {responses_per_node} responses: {} s by itself); control plane RSS {} MiB, {:.1} KiB per stream beyond the shared state",
         fast_synced.as_secs_f64(),
@@ -660,12 +664,10 @@ fn fanout(a: &Args, server: FanoutServer, out: &mut serde_json::Map<String, serd
         after / 1024,
         per_stream_kib
     );
-    // (The floor serves no metrics: it has no account to read.)
-    if !floor {
+    if let Some([allocated, active, resident]) = heap_per_stream {
         println!(
-        "control plane heap per stream, by the allocator: {:.1} KiB allocated, {:.1} KiB in active pages, {:.1} KiB resident",
-        heap_per_stream[0], heap_per_stream[1], heap_per_stream[2]
-    );
+            "control plane heap per stream, by the allocator: {allocated:.1} KiB allocated, {active:.1} KiB in active pages, {resident:.1} KiB resident"
+        );
     }
     println!(
         "bytes on the wire in the initial sync: {:.2} GB to {} nodes, {:.2} MB per node",
@@ -795,9 +797,9 @@ fn fanout(a: &Args, server: FanoutServer, out: &mut serde_json::Map<String, serd
             "write_to_first_node_p50_ms": ms(percentile(&detect, 0.5)),
             "slow_nodes_change_p50_ms": ms(percentile(&slow_lat, 0.5)),
             "controlplane_rss_mib": after / 1024, "controlplane_kib_per_stream": per_stream_kib,
-            "controlplane_heap_kib_per_stream": {
-                "allocated": heap_per_stream[0], "active": heap_per_stream[1], "resident": heap_per_stream[2],
-            },
+            "controlplane_heap_kib_per_stream": heap_per_stream.map(|[allocated, active, resident]| json!({
+                "allocated": allocated, "active": active, "resident": resident,
+            })),
             "controlplane_cpu_s_per_change": cpu_per_change,
             "controlplane_cpu_s_per_change_beyond_idle": beyond_idle,
             "controlplane_idle_cpu_s_per_s": idle_per_s,
