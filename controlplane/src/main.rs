@@ -171,10 +171,8 @@ async fn run(
         "serving delta xDS and the admin API"
     );
     let router = tonic::transport::Server::builder()
-        // A PING every 10 s, the connection dropped when one goes unanswered for 10 s: the
-        // stream of a node behind a dead link is closed and its memory freed within 20 s.
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
+        .http2_keepalive_interval(Some(kpx_proto::grpc::ads_transport::KEEPALIVE))
+        .http2_keepalive_timeout(Some(kpx_proto::grpc::ads_transport::KEEPALIVE))
         .add_routes(reflection)
         .add_service(health_service)
         .add_service(admin)

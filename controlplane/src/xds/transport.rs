@@ -11,7 +11,7 @@ use bytes::Bytes;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use http_body::Frame;
 use tokio::sync::mpsc;
-use tonic::codec::{BufferSettings, Streaming};
+use tonic::codec::Streaming;
 use tonic::server::NamedService;
 use tonic::{Code, Status};
 
@@ -20,7 +20,6 @@ use super::snapshot::Resource;
 use super::wire::Pieces;
 use crate::trust::{self, Trust};
 
-const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
 const DELTA_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 const STATE_OF_THE_WORLD_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
@@ -44,7 +43,7 @@ impl AdsService {
 }
 
 impl NamedService for AdsService {
-    const NAME: &'static str = SERVICE;
+    const NAME: &'static str = kpx_proto::grpc::ADS;
 }
 
 type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = Result<T, Infallible>> + Send>>;
@@ -93,9 +92,8 @@ impl AdsService {
                     return status.into_http();
                 }
             };
-        // Requests are small ACKs, after the first: start with a small buffer.
         let decoder = tonic_prost::ProstCodec::<DeltaDiscoveryResponse, DeltaDiscoveryRequest>::raw_decoder(
-            BufferSettings::new(1024, 32 << 10),
+            kpx_proto::grpc::ads_transport::buffers(),
         );
         let inbound = Streaming::new_request(decoder, request.into_body(), None, Some(MAX_REQUEST_BYTES));
         let responses = self.server.open(peer, closer, caller, inbound);

@@ -95,9 +95,9 @@ impl Floor {
     }
 }
 
-/// tonic's Prost codec with the control plane's small buffers (a stream's requests are
-/// small ACKs after the first; its responses here are one resource): tonic's default of
-/// 8 KiB each way per stream would count in the floor's memory and not in kpx's.
+/// tonic's Prost codec with the control plane's small buffers (its responses here are one
+/// resource): tonic's default of 8 KiB each way per stream would count in the floor's
+/// memory and not in kpx's.
 #[derive(Clone, Copy, Default)]
 struct SmallBuffers;
 
@@ -108,17 +108,15 @@ impl tonic::codec::Codec for SmallBuffers {
     type Decoder = <tonic_prost::ProstCodec<DeltaDiscoveryResponse, DeltaDiscoveryRequest> as tonic::codec::Codec>::Decoder;
 
     fn encoder(&mut self) -> Self::Encoder {
-        tonic_prost::ProstCodec::<DeltaDiscoveryResponse, DeltaDiscoveryRequest>::raw_encoder(Self::settings())
+        tonic_prost::ProstCodec::<DeltaDiscoveryResponse, DeltaDiscoveryRequest>::raw_encoder(
+            kpx_proto::grpc::ads_transport::buffers(),
+        )
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        tonic_prost::ProstCodec::<DeltaDiscoveryResponse, DeltaDiscoveryRequest>::raw_decoder(Self::settings())
-    }
-}
-
-impl SmallBuffers {
-    fn settings() -> tonic::codec::BufferSettings {
-        tonic::codec::BufferSettings::new(1024, 32 << 10)
+        tonic_prost::ProstCodec::<DeltaDiscoveryResponse, DeltaDiscoveryRequest>::raw_decoder(
+            kpx_proto::grpc::ads_transport::buffers(),
+        )
     }
 }
 
@@ -169,7 +167,7 @@ impl tonic::server::StreamingService<DeltaDiscoveryRequest> for Floor {
 struct FloorService(Floor);
 
 impl tonic::server::NamedService for FloorService {
-    const NAME: &'static str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
+    const NAME: &'static str = kpx_proto::grpc::ADS;
 }
 
 impl tonic::codegen::Service<http::Request<tonic::body::Body>> for FloorService {
@@ -218,8 +216,8 @@ fn main() -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(args.listen).await?;
         println!("ads_floor serving on {}", args.listen);
         tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(Duration::from_secs(10)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .http2_keepalive_interval(Some(kpx_proto::grpc::ads_transport::KEEPALIVE))
+            .http2_keepalive_timeout(Some(kpx_proto::grpc::ads_transport::KEEPALIVE))
             .add_service(FloorService(floor))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
             .await?;
