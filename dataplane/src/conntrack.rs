@@ -17,7 +17,7 @@
 //! the work to [`crate::exec::conntrack`].
 
 use std::collections::BTreeSet;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use kpx_proto::family::Family;
@@ -29,10 +29,11 @@ use crate::exec::conntrack::{Conntrack, FlowFilter};
 /// One `conntrack -D` filter.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum StaleFlows {
-    /// Flows to `address:port` that were NATed to `endpoint`.
-    ToAddress { address: IpAddr, port: u16, endpoint: IpAddr },
+    /// Flows to `address:port` that were NATed to `endpoint` (its address and port: a
+    /// target port that moves on the same pod leaves the flows to the old port stale).
+    ToAddress { address: IpAddr, port: u16, endpoint: SocketAddr },
     /// Flows to any local address on NodePort `port` NATed to `endpoint`.
-    ToNodePort { port: u16, endpoint: IpAddr },
+    ToNodePort { port: u16, endpoint: SocketAddr },
     /// Every flow to `address:port` (the port had no endpoint).
     AllToAddress { address: IpAddr, port: u16 },
     /// TCP attempts to `address:port` that no rule translated (the port had no endpoint).
@@ -43,8 +44,8 @@ impl StaleFlows {
     /// The IP family of the flows.
     pub fn family(&self) -> Family {
         match self {
-            StaleFlows::ToNodePort { endpoint: a, .. }
-            | StaleFlows::ToAddress { address: a, .. }
+            StaleFlows::ToNodePort { endpoint, .. } => Family::of(&endpoint.ip()),
+            StaleFlows::ToAddress { address: a, .. }
             | StaleFlows::AllToAddress { address: a, .. }
             | StaleFlows::Untranslated { address: a, .. } => Family::of(a),
         }
@@ -66,21 +67,22 @@ impl StaleFlows {
     }
 }
 
-/// The endpoints the rules send the port's traffic to.
-fn endpoints_of(port: &ServicePort) -> BTreeSet<IpAddr> {
+/// The endpoints (address and port, as kube-proxy compares them) the rules send the
+/// port's traffic to.
+fn endpoints_of(port: &ServicePort) -> BTreeSet<SocketAddr> {
     port.endpoints
         .iter()
         .chain(&port.local_endpoints)
         .chain(&port.external_endpoints)
-        .map(|e| e.address)
+        .map(|e| SocketAddr::new(e.address, e.port))
         .collect()
 }
 
 /// The endpoints whose flows stay: those in use, and those still serving (kube-proxy's
 /// conntrack reconciler deletes a flow only once its endpoint stops serving).
-fn kept_endpoints_of(port: &ServicePort) -> BTreeSet<IpAddr> {
+fn kept_endpoints_of(port: &ServicePort) -> BTreeSet<SocketAddr> {
     let mut kept = endpoints_of(port);
-    kept.extend(port.serving_endpoints.iter().map(|e| e.address));
+    kept.extend(port.serving_endpoints.iter().map(|e| SocketAddr::new(e.address, e.port)));
     kept
 }
 
@@ -103,7 +105,7 @@ pub fn stale_flows(old: Option<&ServiceView>, new: Option<&ServiceView>) -> Vec<
     if let Some(old) = old {
         for port in &old_ports {
             let kept = same(&new_ports, port).as_ref().map(kept_endpoints_of).unwrap_or_default();
-            let gone: Vec<IpAddr> = kept_endpoints_of(port).difference(&kept).copied().collect();
+            let gone: Vec<SocketAddr> = kept_endpoints_of(port).difference(&kept).copied().collect();
             for endpoint in gone {
                 for address in addresses(old) {
                     out.insert(StaleFlows::ToAddress { address, port: port.port, endpoint });
@@ -193,11 +195,36 @@ mod tests {
     use kpx_proto::types::Endpoint;
 
     fn view(endpoints: &[&str]) -> ServiceView {
+        view_on(endpoints, 53)
+    }
+
+    /// The endpoints serve on `target` (the Service's target port).
+    fn view_on(endpoints: &[&str], target: u16) -> ServiceView {
         let eps =
-            endpoints.iter().map(|a| Endpoint::new(a.parse().expect("ip"), 53, "", "", false)).collect();
+            endpoints.iter().map(|a| Endpoint::new(a.parse().expect("ip"), target, "", "", false)).collect();
         let mut port = ServicePort::new("dns", Protocol::Udp, 53, eps);
         port.node_port = Some(30053);
         ServiceView::new("c", "ns", "dns", vec!["10.96.0.53".parse().expect("ip")], vec![port])
+    }
+
+    fn at(address: &str, port: u16) -> SocketAddr {
+        SocketAddr::new(address.parse().expect("ip"), port)
+    }
+
+    #[test]
+    fn a_target_port_that_moves_on_the_same_pod_makes_the_old_ports_flows_stale() {
+        // kube-proxy compares endpoints by address and port: the pod stays, its port does not.
+        assert_eq!(
+            stale_flows(Some(&view_on(&["10.0.0.1"], 8080)), Some(&view_on(&["10.0.0.1"], 9090))),
+            vec![
+                StaleFlows::ToAddress {
+                    address: "10.96.0.53".parse().expect("ip"),
+                    port: 53,
+                    endpoint: at("10.0.0.1", 8080)
+                },
+                StaleFlows::ToNodePort { port: 30053, endpoint: at("10.0.0.1", 8080) },
+            ]
+        );
     }
 
     #[test]
@@ -206,8 +233,8 @@ mod tests {
         assert_eq!(
             stale_flows(Some(&view(&["10.0.0.1", "10.0.0.2"])), Some(&view(&["10.0.0.2"]))),
             vec![
-                StaleFlows::ToAddress { address: ip("10.96.0.53"), port: 53, endpoint: ip("10.0.0.1") },
-                StaleFlows::ToNodePort { port: 30053, endpoint: ip("10.0.0.1") },
+                StaleFlows::ToAddress { address: ip("10.96.0.53"), port: 53, endpoint: at("10.0.0.1", 53) },
+                StaleFlows::ToNodePort { port: 30053, endpoint: at("10.0.0.1", 53) },
             ]
         );
         assert_eq!(
@@ -215,15 +242,16 @@ mod tests {
             vec![StaleFlows::AllToAddress { address: ip("10.96.0.53"), port: 53 }]
         );
         assert!(stale_flows(Some(&view(&["10.0.0.1"])), Some(&view(&["10.0.0.1", "10.0.0.2"]))).is_empty());
-        let flow = StaleFlows::ToAddress { address: ip("10.96.0.53"), port: 53, endpoint: ip("10.0.0.1") };
+        let flow =
+            StaleFlows::ToAddress { address: ip("10.96.0.53"), port: 53, endpoint: at("10.0.0.1", 53) };
         assert_eq!(
             flow.filter().args().join(" "),
-            "-D -p udp -f ipv4 --orig-dst 10.96.0.53 --orig-port-dst 53 --dst-nat 10.0.0.1"
+            "-D -p udp -f ipv4 --orig-dst 10.96.0.53 --orig-port-dst 53 --dst-nat 10.0.0.1 --reply-port-src 53"
         );
-        let node_port = StaleFlows::ToNodePort { port: 30053, endpoint: ip("fd00::1") };
+        let node_port = StaleFlows::ToNodePort { port: 30053, endpoint: at("fd00::1", 53) };
         assert_eq!(
             node_port.filter().args().join(" "),
-            "-D -p udp -f ipv6 --orig-port-dst 30053 --dst-nat fd00::1"
+            "-D -p udp -f ipv6 --orig-port-dst 30053 --dst-nat fd00::1 --reply-port-src 53"
         );
         assert_eq!(stale_flows(Some(&view(&["10.0.0.1"])), None).len(), 2);
     }
@@ -243,7 +271,7 @@ mod tests {
         let gone = stale_flows(Some(&serving(&["10.0.0.2"], &["10.0.0.1"])), Some(&view(&["10.0.0.2"])));
         assert_eq!(
             gone[0],
-            StaleFlows::ToAddress { address: ip("10.96.0.53"), port: 53, endpoint: ip("10.0.0.1") }
+            StaleFlows::ToAddress { address: ip("10.96.0.53"), port: 53, endpoint: at("10.0.0.1", 53) }
         );
         // A port whose endpoints only served (none used) gaining one in use: a first endpoint.
         let first = stale_flows(Some(&serving(&[], &["10.0.0.1"])), Some(&view(&["10.0.0.1"])));

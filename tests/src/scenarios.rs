@@ -714,15 +714,16 @@ pub fn ports(backend: ProxyBackend) {
 /// endpoint (its stale conntrack entries, to the ClusterIP and the NodePort, are deleted).
 pub fn udp_conntrack(backend: ProxyBackend) {
     let spec = "  type: NodePort\n  clusterIP: 10.96.1.11\n  ports:\n  - {name: dns, protocol: UDP, port: 53, nodePort: 30054}\n";
-    let write = |t: &Topology, eps: &[Ep]| {
+    let write_on = |t: &Topology, target: u16, eps: &[Ep]| {
         t.write_manifest(
             "udp.yaml",
             &documents(&[
                 service("udp", spec, ""),
-                slice("udp", "udp-1", false, &[("dns", "UDP", 8080)], eps),
+                slice("udp", "udp-1", false, &[("dns", "UDP", target)], eps),
             ]),
         );
     };
+    let write = |t: &Topology, eps: &[Ep]| write_on(t, 8080, eps);
     let s = Scene::start(backend, 2, &[], &[], &[]);
     write(&s.t, &[ep(pod(0))]);
     for to in [sock("10.96.1.11", 53), sock(NODE_IP, 30054)] {
@@ -788,6 +789,17 @@ pub fn udp_conntrack(backend: ProxyBackend) {
             after >= before + 2.0,
             "kubeproxy_conntrack_reconciler_deleted_entries_total: {before} then {after}"
         );
+    }
+    // The Service's target port moves from 8080 to 9090 on the same pod (Kubernetes' e2e
+    // "cleanup conntrack entries when UDP service target port changes"): the kept sockets'
+    // flows to pod1:8080 are stale although pod1's address stays, and they reach :9090
+    // while pod1 still answers on 8080.
+    let _moved = Backend::start(&s.t.pods[1], "pod1-9090", 9090);
+    write_on(&s.t, 9090, &[ep(pod(1))]);
+    for (to, rx, _) in &handles {
+        wait_for(&format!("the kept socket to {to} to reach pod1's new port"), DEADLINE, || {
+            (rx.recv_timeout(Duration::from_secs(2)).ok()? == Answer::From("pod1-9090".into())).then_some(())
+        });
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for (_, _, thread) in handles {

@@ -316,10 +316,10 @@ fn an_endpoint_that_goes_away_takes_its_stale_udp_flows_with_it() {
     agent.apply(SERVICES, vec![raw(&dns(&["10.244.0.2"]))], vec![]).expect("ACK");
     let gone = node.conntrack.take();
     assert_eq!(gone.len(), 1, "{gone:?}");
-    assert_eq!(gone[0].nat_to, Some("10.244.0.1".parse().expect("ip")));
+    assert_eq!(gone[0].nat_to, Some("10.244.0.1:8080".parse().expect("ip:port")));
     assert_eq!(
         gone[0].args().join(" "),
-        "-D -p udp -f ipv4 --orig-dst 10.96.0.53 --orig-port-dst 53 --dst-nat 10.244.0.1"
+        "-D -p udp -f ipv4 --orig-dst 10.96.0.53 --orig-port-dst 53 --dst-nat 10.244.0.1 --reply-port-src 8080"
     );
     node.nft.fail_next("refused");
     agent.apply(SERVICES, vec![raw(&dns(&[]))], vec![]).expect_err("NACK");

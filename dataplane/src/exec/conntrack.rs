@@ -2,7 +2,7 @@
 //! finding the TCP connection attempts that no Service rule translated.
 
 use std::collections::BTreeSet;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use kpx_proto::types::Protocol;
@@ -10,7 +10,8 @@ use kpx_proto::types::Protocol;
 use super::{process, ExecError};
 
 /// One `conntrack -D` filter: flows of `protocol` to `destination` (any address when
-/// `None`) on `port` that were NATed to `nat_to` (any endpoint when `None`); with
+/// `None`) on `port` that were NATed to `nat_to`, address and port (any endpoint when
+/// `None`); with
 /// `untranslated`, only TCP attempts still unanswered (`SYN_SENT`) that no rule NATed
 /// (their answer would come from `destination` itself).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -19,7 +20,7 @@ pub struct FlowFilter {
     pub ipv6: bool,
     pub destination: Option<IpAddr>,
     pub port: u16,
-    pub nat_to: Option<IpAddr>,
+    pub nat_to: Option<SocketAddr>,
     pub untranslated: bool,
 }
 
@@ -34,7 +35,10 @@ impl FlowFilter {
         }
         args.extend(["--orig-port-dst".into(), self.port.to_string()]);
         if let Some(endpoint) = self.nat_to {
-            args.extend(["--dst-nat".into(), endpoint.to_string()]);
+            // The answer comes from the endpoint's port: flows NATed to another port of the
+            // same address are not these.
+            args.extend(["--dst-nat".into(), endpoint.ip().to_string()]);
+            args.extend(["--reply-port-src".into(), endpoint.port().to_string()]);
         }
         if let (true, Some(address)) = (self.untranslated, self.destination) {
             args.extend(["--reply-src".into(), address.to_string(), "--state".into(), "SYN_SENT".into()]);
@@ -141,22 +145,25 @@ mod tests {
             ipv6: false,
             destination: Some(ip("10.96.0.53")),
             port: 53,
-            nat_to: Some(ip("10.0.0.1")),
+            nat_to: Some(SocketAddr::new(ip("10.0.0.1"), 8080)),
             untranslated: false,
         };
         assert_eq!(
             to_address.args().join(" "),
-            "-D -p udp -f ipv4 --orig-dst 10.96.0.53 --orig-port-dst 53 --dst-nat 10.0.0.1"
+            "-D -p udp -f ipv4 --orig-dst 10.96.0.53 --orig-port-dst 53 --dst-nat 10.0.0.1 --reply-port-src 8080"
         );
         let node_port = FlowFilter {
             protocol: Protocol::Udp,
             ipv6: true,
             destination: None,
             port: 30053,
-            nat_to: Some(ip("fd00::1")),
+            nat_to: Some(SocketAddr::new(ip("fd00::1"), 53)),
             untranslated: false,
         };
-        assert_eq!(node_port.args().join(" "), "-D -p udp -f ipv6 --orig-port-dst 30053 --dst-nat fd00::1");
+        assert_eq!(
+            node_port.args().join(" "),
+            "-D -p udp -f ipv6 --orig-port-dst 30053 --dst-nat fd00::1 --reply-port-src 53"
+        );
         let all = FlowFilter {
             protocol: Protocol::Sctp,
             ipv6: false,
