@@ -62,6 +62,15 @@ impl Ep {
         self
     }
 
+    /// Terminating, and called ready all the same: what the EndpointSlice controller
+    /// writes for every endpoint of a Service with `publishNotReadyAddresses: true`.
+    pub fn published_terminating(mut self) -> Ep {
+        self.ready = true;
+        self.serving = false;
+        self.terminating = true;
+        self
+    }
+
     /// Neither ready nor serving.
     pub fn not_ready(mut self) -> Ep {
         self.ready = false;

@@ -504,7 +504,7 @@ pub fn session_affinity(backend: ProxyBackend) {
 }
 
 /// Terminating endpoints serve only when no ready endpoint exists, separately for the cluster set
-/// and the node's local set.
+/// and the node's local set; one its slice calls ready (publishNotReadyAddresses) is ready.
 pub fn terminating_endpoints(backend: ProxyBackend) {
     let spec = "  type: NodePort\n  clusterIP: 10.96.1.7\n  externalTrafficPolicy: Local\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30083}\n";
     let write = |t: &Topology, eps: &[Ep]| {
@@ -526,6 +526,12 @@ pub fn terminating_endpoints(backend: ProxyBackend) {
     write(&s.t, &[ep(pod(0)).terminating(), ep(pod(1)).on("node-b")]);
     wait_answered_by(&s.t.client, vip, &["pod1"]);
     wait_answered_by(&s.t.client, sock(NODE_IP, 30083), &["pod0"]);
+    // publishNotReadyAddresses: terminating endpoints the slice calls ready (serving false)
+    // are ready, as kube-proxy takes `ready` as written, beside the other ready ones
+    // (Kubernetes' e2e "should be able to connect to terminating and unready endpoints if
+    // PublishNotReadyAddresses is true").
+    write(&s.t, &[ep(pod(0)).published_terminating(), ep(pod(1)).published_terminating()]);
+    wait_answered_by(&s.t.client, vip, &["pod0", "pod1"]);
 }
 
 /// Masquerade: ClusterIP traffic from outside the cluster CIDR is masqueraded, pod traffic is not,

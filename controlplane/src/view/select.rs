@@ -24,8 +24,11 @@ pub(super) struct Candidate<'a> {
 }
 
 impl Candidate<'_> {
+    /// `ready` as the slice says it, as kube-proxy takes it: a terminating endpoint the
+    /// EndpointSlice controller calls ready (a Service with `publishNotReadyAddresses`
+    /// makes every endpoint ready, terminating or not) is used like any ready one.
     pub fn ready(&self) -> bool {
-        self.source.ready && !self.source.terminating
+        self.source.ready
     }
 
     fn serving_terminating(&self) -> bool {

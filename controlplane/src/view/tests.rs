@@ -75,6 +75,21 @@ fn terminating_serving_endpoints_only_when_none_is_ready() {
 }
 
 #[test]
+fn an_endpoint_its_slice_calls_ready_is_used_even_while_terminating() {
+    // publishNotReadyAddresses: the EndpointSlice controller writes every endpoint ready,
+    // also those of terminating pods (serving false); kube-proxy takes `ready` as written.
+    let published = "conditions: {ready: true, serving: false, terminating: true}";
+    let state = state_of(&manifests(
+        &format!("clusterIP: 10.96.0.1, publishNotReadyAddresses: true, {PORTS}"),
+        &[("IPv4", &format!("{{addresses: [10.0.0.1], {published}}}, {{addresses: [10.0.0.2]}}"))],
+    ));
+    assert_eq!(
+        addrs(&view_at(&state, Locality::UNKNOWN).ports[0].endpoints),
+        ["10.0.0.1:8080", "10.0.0.2:8080"]
+    );
+}
+
+#[test]
 fn a_udp_port_names_the_serving_endpoints_it_does_not_use() {
     let slice = "{addresses: [10.0.0.1]}, {addresses: [10.0.0.2], conditions: {ready: false, serving: true, terminating: true}}, \
                  {addresses: [10.0.0.3], conditions: {ready: false, serving: false, terminating: true}}";
