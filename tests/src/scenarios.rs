@@ -865,9 +865,19 @@ pub fn ignored_services(backend: ProxyBackend) {
     let normal = service("normal", "  clusterIP: 10.96.1.13\n  ports: [{name: http, port: 80}]\n", "");
     let labelled = "apiVersion: v1\nkind: Service\nmetadata:\n  name: labelled\n  namespace: test\n  labels: {service.kubernetes.io/headless: ''}\nspec:\n  clusterIP: 10.96.1.14\n  ports: [{name: http, port: 80}]\n".to_owned();
     let http = [("http", "TCP", 8080)];
+    // A Service whose EndpointSlice carries the headless label (Kubernetes' e2e "should
+    // implement service.kubernetes.io/headless" labels the Service, whose controller copies
+    // the label to its slices): kube-proxy never watches that slice.
+    let sliced = service("sliced", "  clusterIP: 10.96.1.17\n  ports: [{name: http, port: 80}]\n", "");
+    let sliced_slice = slice("sliced", "sliced-1", false, &http, &[ep(pod(0))]).replace(
+        "labels: {kubernetes.io/service-name: sliced}",
+        "labels: {kubernetes.io/service-name: sliced, service.kubernetes.io/headless: ''}",
+    );
     let manifests = [(
         "ignored.yaml",
         documents(&[
+            sliced,
+            sliced_slice,
             other,
             slice("other", "other-1", false, &http, &[ep(pod(0))]),
             headless,
@@ -881,6 +891,9 @@ pub fn ignored_services(backend: ProxyBackend) {
     )];
     let mut s = Scene::start(backend, 1, &manifests, &[], &[]);
     wait_answered_by(&s.t.client, sock("10.96.1.13", 80), &["pod0"]);
+    // Its Service is programmed, with no endpoint: refused, like any Service without one.
+    let sliced = s.t.client.run_in(|| tcp_request(sock("10.96.1.17", 80)));
+    assert!(matches!(sliced, Answer::Refused), "a Service whose only slice is labelled headless: {sliced:?}");
     for (vip, what) in
         [("10.96.1.12", "another proxy's Service"), ("10.96.1.14", "a Service labelled headless")]
     {

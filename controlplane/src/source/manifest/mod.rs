@@ -21,6 +21,9 @@ use service::{service, ServiceManifest};
 use service_cidr::{service_cidr, ServiceCidrManifest};
 use slice::{endpoint_slice, EndpointSliceManifest};
 
+/// The label that makes kube-proxy leave a Service, or an EndpointSlice, alone.
+const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+
 /// One object read from a manifest.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Object {

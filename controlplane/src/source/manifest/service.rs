@@ -266,7 +266,7 @@ pub(super) fn service(m: ServiceManifest) -> Result<Service, FieldError> {
         cluster_ips,
         ports,
         proxy_name: m.metadata.labels.get("service.kubernetes.io/service-proxy-name").cloned(),
-        headless_label: m.metadata.labels.contains_key("service.kubernetes.io/headless"),
+        headless_label: m.metadata.labels.contains_key(super::HEADLESS_LABEL),
         external_ips,
         load_balancer_ips,
         load_balancer_source_ranges,

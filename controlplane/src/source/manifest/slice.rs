@@ -2,8 +2,8 @@
 
 use serde::Deserialize;
 
-use super::{ip, port, protocol, FieldError, Metadata};
-use crate::model::{EndpointSlice, SliceEndpoint, SlicePort};
+use super::{ip, port, protocol, FieldError, Metadata, HEADLESS_LABEL};
+use crate::model::{EndpointSlice, ObjectKey, SliceEndpoint, SlicePort};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -67,19 +67,25 @@ pub(super) fn endpoint_slice(m: EndpointSliceManifest) -> Result<EndpointSlice, 
         m.metadata.labels.get("kubernetes.io/service-name").cloned().ok_or_else(|| {
             ("metadata.labels".to_owned(), "no kubernetes.io/service-name label".to_owned())
         })?;
+    let unused = |key: ObjectKey, service_name| {
+        Ok(EndpointSlice {
+            namespace: key.namespace,
+            name: key.name,
+            service_name,
+            ports: vec![],
+            endpoints: vec![],
+        })
+    };
+    // A slice labelled headless is one kube-proxy does not watch (it lists slices with
+    // `!service.kubernetes.io/headless`): its endpoints are used by no rule.
+    if m.metadata.labels.contains_key(HEADLESS_LABEL) {
+        return unused(key, service_name);
+    }
     let want_v4 = match m.address_type.as_str() {
         "IPv4" => true,
         "IPv6" => false,
         // FQDN slices carry no addresses a proxy can use.
-        "FQDN" => {
-            return Ok(EndpointSlice {
-                namespace: key.namespace,
-                name: key.name,
-                service_name,
-                ports: vec![],
-                endpoints: vec![],
-            })
-        }
+        "FQDN" => return unused(key, service_name),
         other => return Err(("addressType".into(), format!("unknown address type {other:?}"))),
     };
     let mut ports = Vec::new();
@@ -121,6 +127,15 @@ pub(super) fn endpoint_slice(m: EndpointSliceManifest) -> Result<EndpointSlice, 
 #[cfg(test)]
 mod tests {
     use super::super::{parse, Object};
+
+    #[test]
+    fn a_slice_labelled_headless_gives_no_endpoints() {
+        let text = "kind: EndpointSlice\nmetadata: {name: s-1, labels: {kubernetes.io/service-name: s, service.kubernetes.io/headless: ''}}\n\
+                    addressType: IPv4\nports: [{port: 80}]\nendpoints: [{addresses: [10.0.0.1]}]\n";
+        let results = parse(text);
+        let Some(Ok(Object::EndpointSlice(slice))) = results.first() else { panic!("a slice: {results:?}") };
+        assert!(slice.endpoints.is_empty() && slice.ports.is_empty(), "{slice:?}");
+    }
 
     #[test]
     fn reads_zone_and_node_hints() {
