@@ -15,6 +15,7 @@ pub mod healthcheck;
 pub mod http;
 pub mod memory;
 pub mod metrics;
+pub mod node_sysctls;
 pub mod serve;
 pub mod state;
 pub mod status;

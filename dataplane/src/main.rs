@@ -22,7 +22,7 @@ use kpx_dataplane::exec::links::IpProcess;
 use kpx_dataplane::exec::nft;
 use kpx_dataplane::exec::sysctl::ProcSys;
 use kpx_dataplane::store::Store;
-use kpx_dataplane::{serve, upkeep, xds_client};
+use kpx_dataplane::{node_sysctls, serve, upkeep, xds_client};
 use kpx_proto::node_context::ProxySettings;
 
 fn main() -> ExitCode {
@@ -48,11 +48,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    let settings = node_sysctls::wanted(&config, node_sysctls::node_cpus());
     let conntrack: SharedConntrack = Arc::new(ConntrackProcess);
     let mut backend = backend(&config.backend, &conntrack);
     let result = match config.mode {
         Mode::Cleanup { own, kube_proxy } => cleanup(backend.as_mut(), own, kube_proxy),
-        Mode::Run(run_config) => run(*run_config, config.proxy, backend, conntrack),
+        Mode::InitOnly => init_only(&settings),
+        Mode::Run(run_config) => {
+            make_settings(&settings).and_then(|()| run(*run_config, config.proxy, backend, conntrack))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -90,6 +94,25 @@ fn backend(config: &BackendConfig, conntrack: &SharedConntrack) -> Box<dyn Backe
             Box::new(IpvsBackend::new(options.clone(), kernel))
         }
     }
+}
+
+/// `--init-only`: the node's kernel settings, nothing else.
+fn init_only(settings: &[node_sysctls::Setting]) -> anyhow::Result<()> {
+    make_settings(settings)?;
+    tracing::info!(settings = settings.len(), "the node's kernel settings are made; --init-only ends here");
+    Ok(())
+}
+
+/// Makes the kernel settings the configuration asks for (only those that differ are written).
+fn make_settings(settings: &[node_sysctls::Setting]) -> anyhow::Result<()> {
+    let applied = node_sysctls::apply(&mut ProcSys, settings)?;
+    for done in applied.iter().filter(|a| a.after.is_none()) {
+        tracing::debug!(sysctl = done.name, value = %done.before, "kernel setting already made");
+    }
+    if settings.iter().any(|s| s.name == node_sysctls::ROUTE_LOCALNET) {
+        tracing::info!("NodePorts also on 127.0.0.1 ({} = 1)", node_sysctls::ROUTE_LOCALNET);
+    }
+    Ok(())
 }
 
 fn cleanup(backend: &mut dyn Backend, own: bool, kube_proxy: bool) -> anyhow::Result<()> {

@@ -40,8 +40,67 @@ pub struct PodWorld<'a> {
 
 /// A started container: its process, and where its hostPaths are on this machine.
 pub struct RunningPod {
+    // Dropped in this order: the process ends before its cgroup is removed.
     pub process: KpxProcess,
     pub host_root: PathBuf,
+    _cgroup: Option<MemoryCgroup>,
+}
+
+/// A memory cgroup (cgroup v1, this machine's) limited as a container's
+/// `resources.limits.memory`, removed when dropped (after its processes ended).
+struct MemoryCgroup {
+    path: PathBuf,
+}
+
+impl MemoryCgroup {
+    const ROOT: &'static str = "/sys/fs/cgroup/memory";
+
+    fn new(name: &str, limit: u64) -> MemoryCgroup {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        assert!(
+            Path::new(Self::ROOT).join("memory.limit_in_bytes").exists(),
+            "this runner gives a container its memory limit in a cgroup v1 memory controller at {}",
+            Self::ROOT
+        );
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = Path::new(Self::ROOT).join(format!("kpx-test-{}-{n}-{name}", std::process::id()));
+        std::fs::create_dir(&path).unwrap_or_else(|e| panic!("cgroup {}: {e}", path.display()));
+        std::fs::write(path.join("memory.limit_in_bytes"), limit.to_string())
+            .expect("the cgroup's memory limit");
+        MemoryCgroup { path }
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        // Its last process may still be on its way out.
+        for _ in 0..200 {
+            if std::fs::remove_dir(&self.path).is_ok() || !self.path.exists() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        eprintln!("cannot remove cgroup {}", self.path.display());
+    }
+}
+
+/// A Kubernetes memory quantity in bytes (`512Mi`, `1Gi`, `128M`, `1000`).
+fn quantity_bytes(text: &str) -> u64 {
+    let units: [(&str, u64); 6] = [
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("k", 1000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+    ];
+    let (digits, unit) = units
+        .iter()
+        .find_map(|(suffix, unit)| text.strip_suffix(suffix).map(|d| (d, *unit)))
+        .unwrap_or((text, 1));
+    digits.parse::<u64>().unwrap_or_else(|_| panic!("memory quantity {text:?} is not one this runner reads"))
+        * unit
 }
 
 impl RunningPod {
@@ -87,151 +146,218 @@ pub fn container<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value 
     &crate::install::object(objects, kind, name)["spec"]["template"]["spec"]["containers"][0]
 }
 
-/// Starts the first container of the workload `kind`/`name` inside `ns`.
+/// Starts the first container of the workload `kind`/`name` inside `ns`, after its init
+/// containers, each run to its end (which must be a success), as the kubelet does.
 pub fn start(ns: &Netns, world: &PodWorld<'_>, kind: &str, name: &str) -> RunningPod {
     let workload = crate::install::object(world.objects, kind, name);
     let pod = &workload["spec"]["template"]["spec"];
-    let container = &pod["containers"][0];
     let root = world.dir.join(name);
     let host_root = root.join("node");
     std::fs::create_dir_all(&host_root).expect("the pod's folder");
-
-    let mut env = BTreeMap::new();
-    if let Some((_, host, port)) = world.api_server {
-        env.insert("KUBERNETES_SERVICE_HOST".to_owned(), host.to_owned());
-        env.insert("KUBERNETES_SERVICE_PORT".to_owned(), port.to_string());
+    for init in pod["initContainers"].as_array().into_iter().flatten() {
+        let init_name = init["name"].as_str().expect("init container name");
+        let at = Launch { kind, name, pod, container: init, root: root.join(format!("init-{init_name}")) };
+        let (mut process, _cgroup) = at.launch(ns, world, &host_root, &format!("{name}-{init_name}"));
+        let status = process.wait_exit(crate::DEADLINE);
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{kind} {name}: init container {init_name} ended {status:?}:\n{}",
+            process.log_text()
+        );
+        println!("{kind} {name}: init container {init_name} ended {status:?}");
     }
-    for var in container["env"].as_array().into_iter().flatten() {
-        let name = var["name"].as_str().expect("env name").to_owned();
-        let value = if let Some(value) = var["value"].as_str() {
-            value.to_owned()
-        } else if var["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName" {
-            world.node_name.to_owned()
-        } else {
-            panic!("{kind} {name}: env {var} is not something this runner supplies");
+    let at = Launch { kind, name, pod, container: &pod["containers"][0], root };
+    let (process, cgroup) = at.launch(ns, world, &host_root, name);
+    RunningPod { process, host_root, _cgroup: cgroup }
+}
+
+/// One container of a pod, to start.
+struct Launch<'a> {
+    kind: &'a str,
+    name: &'a str,
+    pod: &'a Value,
+    container: &'a Value,
+    /// Its own folder (volumes, overlays); hostPaths are the pod's.
+    root: PathBuf,
+}
+
+impl Launch<'_> {
+    /// Starts the container, logging to `<log_name>.log`; also returns its memory cgroup.
+    fn launch(
+        &self,
+        ns: &Netns,
+        world: &PodWorld<'_>,
+        host_root: &Path,
+        log_name: &str,
+    ) -> (KpxProcess, Option<MemoryCgroup>) {
+        let Launch { kind, name, pod, container, ref root } = *self;
+
+        let mut env = BTreeMap::new();
+        if let Some((_, host, port)) = world.api_server {
+            env.insert("KUBERNETES_SERVICE_HOST".to_owned(), host.to_owned());
+            env.insert("KUBERNETES_SERVICE_PORT".to_owned(), port.to_string());
+        }
+        for var in container["env"].as_array().into_iter().flatten() {
+            let name = var["name"].as_str().expect("env name").to_owned();
+            let value = if let Some(value) = var["value"].as_str() {
+                value.to_owned()
+            } else if var["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName" {
+                world.node_name.to_owned()
+            } else {
+                panic!("{kind} {name}: env {var} is not something this runner supplies");
+            };
+            env.insert(name, value);
+        }
+        let expand = |text: &str| {
+            let mut text = text.to_owned();
+            for (name, value) in &env {
+                text = text.replace(&format!("$({name})"), value);
+            }
+            text
         };
-        env.insert(name, value);
-    }
-    let expand = |text: &str| {
-        let mut text = text.to_owned();
-        for (name, value) in &env {
-            text = text.replace(&format!("$({name})"), value);
-        }
-        text
-    };
-    let strings = |v: &Value| -> Vec<String> {
-        v.as_array().into_iter().flatten().map(|s| expand(s.as_str().expect("a string"))).collect()
-    };
-    let command = strings(&container["command"]);
-    let args = strings(&container["args"]);
-    let program = command.first().unwrap_or_else(|| panic!("{kind} {name}: no command"));
-    assert!(command.len() == 1, "{kind} {name}: one program, its flags in args: {command:?}");
+        let strings = |v: &Value| -> Vec<String> {
+            v.as_array().into_iter().flatten().map(|s| expand(s.as_str().expect("a string"))).collect()
+        };
+        let command = strings(&container["command"]);
+        let args = strings(&container["args"]);
+        let program = command.first().unwrap_or_else(|| panic!("{kind} {name}: no command"));
+        assert!(command.len() == 1, "{kind} {name}: one program, its flags in args: {command:?}");
 
-    // Volumes, made on this machine, then mounted (mountPath → source, read-only).
-    let mut mounts: Vec<(String, PathBuf, bool)> = Vec::new();
-    let volumes = pod["volumes"].as_array().cloned().unwrap_or_default();
-    for mount in container["volumeMounts"].as_array().into_iter().flatten() {
-        let volume_name = mount["name"].as_str().expect("volumeMount name");
-        let volume = volumes
-            .iter()
-            .find(|v| v["name"] == volume_name)
-            .unwrap_or_else(|| panic!("{kind} {name}: volumeMount {volume_name} has no volume"));
-        let source = materialise(world, volume, &root.join("volumes").join(volume_name), &host_root);
-        mounts.push((
-            mount["mountPath"].as_str().expect("mountPath").to_owned(),
-            source,
-            mount["readOnly"] == true,
+        // Volumes, made on this machine, then mounted (mountPath → source, read-only).
+        let mut mounts: Vec<(String, PathBuf, bool)> = Vec::new();
+        let volumes = pod["volumes"].as_array().cloned().unwrap_or_default();
+        for mount in container["volumeMounts"].as_array().into_iter().flatten() {
+            let volume_name = mount["name"].as_str().expect("volumeMount name");
+            let volume = volumes
+                .iter()
+                .find(|v| v["name"] == volume_name)
+                .unwrap_or_else(|| panic!("{kind} {name}: volumeMount {volume_name} has no volume"));
+            let source = materialise(world, volume, &root.join("volumes").join(volume_name), host_root);
+            mounts.push((
+                mount["mountPath"].as_str().expect("mountPath").to_owned(),
+                source,
+                mount["readOnly"] == true,
+            ));
+        }
+        let automount = pod["automountServiceAccountToken"] != false;
+        if automount {
+            let (ca, _, _) = world.api_server.expect("an automounted ServiceAccount needs the API server");
+            let dir = root.join("volumes").join("kube-api-access");
+            std::fs::create_dir_all(&dir).expect("volume");
+            std::fs::write(dir.join("token"), world.token).expect("token");
+            std::fs::copy(ca, dir.join("ca.crt")).expect("ca.crt");
+            std::fs::write(dir.join("namespace"), crate::install::NAMESPACE).expect("namespace");
+            mounts.push(("/var/run/secrets/kubernetes.io/serviceaccount".to_owned(), dir, true));
+        }
+
+        let security = &container["securityContext"];
+        let pod_security = &pod["securityContext"];
+        let read_only_root = security["readOnlyRootFilesystem"] == true;
+        let privileged = security["privileged"] == true;
+        let mut script = String::from("set -e\n");
+        // The memory limit, in a cgroup the container sees as its own at
+        // /sys/fs/cgroup/memory (as a cgroup v1 runtime shows it), kept at hand before /sys is
+        // mounted anew.
+        let cgroup = container["resources"]["limits"]["memory"]
+            .as_str()
+            .map(|limit| MemoryCgroup::new(log_name, quantity_bytes(limit)));
+        if let Some(cgroup) = &cgroup {
+            let held = root.join("cgroup");
+            std::fs::create_dir_all(&held).expect("cgroup mount point");
+            script.push_str(&format!(
+                "echo $$ > '{}/cgroup.procs'\nmount --bind '{}' '{}'\n",
+                cgroup.path.display(),
+                cgroup.path.display(),
+                held.display()
+            ));
+        }
+        for dir in ["etc", "var"] {
+            let upper = root.join("overlay").join(dir);
+            std::fs::create_dir_all(upper.join("up")).expect("overlay");
+            std::fs::create_dir_all(upper.join("work")).expect("overlay");
+            script.push_str(&format!(
+                "mount -t overlay kpx-pod -o lowerdir=/{dir},upperdir='{}',workdir='{}' /{dir}\n",
+                upper.join("up").display(),
+                upper.join("work").display()
+            ));
+        }
+        // As runc: an unprivileged container's /sys and /proc/sys are read-only.
+        let ro = if privileged { "rw" } else { "ro" };
+        script
+            .push_str(&format!("mount -t tmpfs kpx-pod-run /run\nmount -t sysfs -o {ro} kpx-pod-sys /sys\n"));
+        if cgroup.is_some() {
+            script.push_str(&format!(
+            "mount -t tmpfs kpx-pod-cgroup /sys/fs/cgroup\nmkdir /sys/fs/cgroup/memory\nmount --bind '{}' /sys/fs/cgroup/memory\n",
+            root.join("cgroup").display()
         ));
-    }
-    let automount = pod["automountServiceAccountToken"] != false;
-    if automount {
-        let (ca, _, _) = world.api_server.expect("an automounted ServiceAccount needs the API server");
-        let dir = root.join("volumes").join("kube-api-access");
-        std::fs::create_dir_all(&dir).expect("volume");
-        std::fs::write(dir.join("token"), world.token).expect("token");
-        std::fs::copy(ca, dir.join("ca.crt")).expect("ca.crt");
-        std::fs::write(dir.join("namespace"), crate::install::NAMESPACE).expect("namespace");
-        mounts.push(("/var/run/secrets/kubernetes.io/serviceaccount".to_owned(), dir, true));
-    }
-
-    let security = &container["securityContext"];
-    let pod_security = &pod["securityContext"];
-    let read_only_root = security["readOnlyRootFilesystem"] == true;
-    let mut script = String::from("set -e\n");
-    for dir in ["etc", "var"] {
-        let upper = root.join("overlay").join(dir);
-        std::fs::create_dir_all(upper.join("up")).expect("overlay");
-        std::fs::create_dir_all(upper.join("work")).expect("overlay");
-        script.push_str(&format!(
-            "mount -t overlay kpx-pod -o lowerdir=/{dir},upperdir='{}',workdir='{}' /{dir}\n",
-            upper.join("up").display(),
-            upper.join("work").display()
-        ));
-    }
-    script.push_str("mount -t tmpfs kpx-pod-run /run\nmount -t sysfs kpx-pod-sys /sys\n");
-    for (ip, host) in world.hosts {
-        script.push_str(&format!("echo '{ip} {host}' >> /etc/hosts\n"));
-    }
-    for (target, source, read_only) in &mounts {
-        let target = target.replace("/var/run/", "/run/");
-        if source.is_dir() {
-            script.push_str(&format!("mkdir -p '{target}'\n"));
-        } else {
-            script.push_str(&format!("mkdir -p \"$(dirname '{target}')\" && touch '{target}'\n"));
         }
-        script.push_str(&format!("mount --bind '{}' '{target}'\n", source.display()));
-        if *read_only {
-            script.push_str(&format!("mount -o remount,bind,ro '{target}'\n"));
+        if !privileged {
+            script.push_str("mount --bind /proc/sys /proc/sys\nmount -o remount,bind,ro /proc/sys\n");
         }
-    }
-    if read_only_root {
-        script.push_str("mount -o remount,bind,ro /\nmount -o remount,bind,ro /etc\nmount -o remount,bind,ro /var\nmount -o remount,bind,ro /run\n");
-    }
-    script.push_str("exec \"$@\"\n");
-
-    let mut setpriv = vec!["setpriv".to_owned()];
-    let user = security["runAsUser"].as_u64().or(pod_security["runAsUser"].as_u64());
-    let group = security["runAsGroup"].as_u64().or(pod_security["runAsGroup"].as_u64());
-    if let Some(user) = user {
-        setpriv.push(format!("--reuid={user}"));
-        setpriv.push(format!("--regid={}", group.unwrap_or(user)));
-        setpriv.push("--clear-groups".to_owned());
-    }
-    if security["allowPrivilegeEscalation"] == false {
-        setpriv.push("--no-new-privs".to_owned());
-    }
-    if security["privileged"] != true {
-        let drop_all =
-            security["capabilities"]["drop"].as_array().is_some_and(|d| d.iter().any(|c| c == "ALL"));
-        assert!(drop_all, "{kind} {name}: unprivileged containers here drop ALL and add what they need");
-        let added: Vec<String> = security["capabilities"]["add"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|c| format!("+{}", c.as_str().expect("capability").to_lowercase()))
-            .collect();
-        let set = std::iter::once("-all".to_owned()).chain(added).collect::<Vec<_>>().join(",");
-        setpriv.push(format!("--bounding-set={set}"));
-        setpriv.push(format!("--inh-caps={set}"));
-        if user.is_some_and(|u| u != 0) {
-            setpriv.push(format!("--ambient-caps={set}"));
+        for (ip, host) in world.hosts {
+            script.push_str(&format!("echo '{ip} {host}' >> /etc/hosts\n"));
         }
-    }
+        for (target, source, read_only) in &mounts {
+            let target = target.replace("/var/run/", "/run/");
+            if source.is_dir() {
+                script.push_str(&format!("mkdir -p '{target}'\n"));
+            } else {
+                script.push_str(&format!("mkdir -p \"$(dirname '{target}')\" && touch '{target}'\n"));
+            }
+            script.push_str(&format!("mount --bind '{}' '{target}'\n", source.display()));
+            if *read_only {
+                script.push_str(&format!("mount -o remount,bind,ro '{target}'\n"));
+            }
+        }
+        if read_only_root {
+            script.push_str("mount -o remount,bind,ro /\nmount -o remount,bind,ro /etc\nmount -o remount,bind,ro /var\nmount -o remount,bind,ro /run\n");
+        }
+        script.push_str("exec \"$@\"\n");
 
-    let mut process = Command::new("nsenter");
-    process
-        .arg(format!("--net=/run/netns/{}", ns.name))
-        .args(["--", "unshare", "--mount", "--propagation", "private", "sh", "-c", &script, "sh"])
-        .args(&setpriv)
-        .arg("--")
-        .arg(binary(program))
-        .args(&args)
-        .env_clear()
-        .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-        .envs(&env);
-    let log = world.dir.join(format!("{name}.log"));
-    println!("{kind} {name}: {program} {}", args.join(" "));
-    RunningPod { process: KpxProcess::start_command(process, program, log), host_root }
+        let mut setpriv = vec!["setpriv".to_owned()];
+        let user = security["runAsUser"].as_u64().or(pod_security["runAsUser"].as_u64());
+        let group = security["runAsGroup"].as_u64().or(pod_security["runAsGroup"].as_u64());
+        if let Some(user) = user {
+            setpriv.push(format!("--reuid={user}"));
+            setpriv.push(format!("--regid={}", group.unwrap_or(user)));
+            setpriv.push("--clear-groups".to_owned());
+        }
+        if security["allowPrivilegeEscalation"] == false {
+            setpriv.push("--no-new-privs".to_owned());
+        }
+        if !privileged {
+            let drop_all =
+                security["capabilities"]["drop"].as_array().is_some_and(|d| d.iter().any(|c| c == "ALL"));
+            assert!(drop_all, "{kind} {name}: unprivileged containers here drop ALL and add what they need");
+            let added: Vec<String> = security["capabilities"]["add"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| format!("+{}", c.as_str().expect("capability").to_lowercase()))
+                .collect();
+            let set = std::iter::once("-all".to_owned()).chain(added).collect::<Vec<_>>().join(",");
+            setpriv.push(format!("--bounding-set={set}"));
+            setpriv.push(format!("--inh-caps={set}"));
+            if user.is_some_and(|u| u != 0) {
+                setpriv.push(format!("--ambient-caps={set}"));
+            }
+        }
+
+        let mut process = Command::new("nsenter");
+        process
+            .arg(format!("--net=/run/netns/{}", ns.name))
+            .args(["--", "unshare", "--mount", "--propagation", "private", "sh", "-c", &script, "sh"])
+            .args(&setpriv)
+            .arg("--")
+            .arg(binary(program))
+            .args(&args)
+            .env_clear()
+            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+            .envs(&env);
+        let log = world.dir.join(format!("{log_name}.log"));
+        println!("{kind} {name}: {program} {}", args.join(" "));
+        (KpxProcess::start_command(process, program, log), cgroup)
+    }
 }
 
 /// Makes `volume`'s files under `at` (hostPaths under `host_root`); the path to mount.

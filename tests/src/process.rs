@@ -201,6 +201,20 @@ impl KpxProcess {
         None
     }
 
+    /// Waits up to `within` for the process to end by itself; how it ended (`None`: it was
+    /// still running, and is killed).
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let started = std::time::Instant::now();
+        while started.elapsed() < within {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        self.kill();
+        None
+    }
+
     /// Kills the process at once (a crash).
     pub fn kill(&mut self) {
         let _ = self.child.kill();

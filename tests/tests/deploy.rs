@@ -119,6 +119,17 @@ fn the_overlays_change_only_what_they_say() {
     let iptables = agent(&documents(&kustomize("overlays/iptables")));
     assert!(iptables["args"].as_array().is_some_and(|a| a.iter().any(|a| a == "--backend=iptables")));
     assert!(!iptables["args"].as_array().is_some_and(|a| a.iter().any(|a| a == "--backend=nftables")));
+    // The init container makes the settings of the same backend.
+    for (overlay, backend) in [("", "nftables"), ("overlays/iptables", "iptables"), ("overlays/ipvs", "ipvs")]
+    {
+        let objects = documents(&kustomize(overlay));
+        let init = &install::object(&objects, "DaemonSet", "kpx-dataplane")["spec"]["template"]["spec"]
+            ["initContainers"][0];
+        let args = init["args"].as_array().expect("init args");
+        assert!(args.iter().any(|a| a == "--init-only"), "{init}");
+        assert!(args.iter().any(|a| *a == format!("--backend={backend}")), "{overlay}: {init}");
+        assert_eq!(init["securityContext"]["privileged"], true, "{init}");
+    }
 }
 
 #[test]
@@ -228,6 +239,11 @@ fn rendered_pods_serve(objects: Vec<serde_json::Value>, backend: ProxyBackend) {
         dir: &pods,
     };
 
+    // The kernel's conntrack timeouts, before kpx.
+    let sysctl = |name: &str| t.node.exec("sysctl", &["-n", name]).trim().to_owned();
+    let close_wait = "net.netfilter.nf_conntrack_tcp_timeout_close_wait";
+    assert_ne!(sysctl(close_wait), "3600", "a new namespace has the kernel's default");
+
     let cp = pod::start(&t.node, &world, "Deployment", "kpx-controlplane");
     let cp_container = pod::container(&objects, "Deployment", "kpx-controlplane");
     wait_probe(&t, &cp, cp_container, "readinessProbe", "127.0.0.1");
@@ -253,7 +269,15 @@ fn rendered_pods_serve(objects: Vec<serde_json::Value>, backend: ProxyBackend) {
     assert_eq!(agent.status("CapEff"), "0000000000003000");
     assert_eq!(agent.status("CapBnd"), "0000000000003000");
     assert!(agent.read_only("/") && agent.read_only("/etc"), "the agent's root is read-only");
+    assert!(agent.read_only("/proc/sys"), "and so is its /proc/sys, as in an unprivileged container");
     assert!(!agent.read_only("/var/lib/kpx"), "its state directory is writable");
+    // kube-proxy's conntrack settings, made by the privileged init container, as
+    // kube-proxy's defaults have them; with iptables' localhost NodePorts, route_localnet.
+    assert_eq!(sysctl(close_wait), "3600");
+    assert_eq!(sysctl("net.netfilter.nf_conntrack_tcp_timeout_established"), "86400");
+    if backend != ProxyBackend::Nftables {
+        assert_eq!(sysctl("net.ipv4.conf.all.route_localnet"), "1", "iptables' localhost NodePorts");
+    }
     let iptables = t.node.exec("iptables-nft-save", &["-t", "nat"]);
     match backend {
         ProxyBackend::Nftables => {

@@ -17,6 +17,8 @@
 //! nftables: {masqueradeAll: false, syncPeriod: 1h, minSyncPeriod: 0s}   # likewise iptables:, ipvs:
 //! ipvs: {scheduler: rr}               # rr, wrr, lc, wlc, sh, dh, mh
 //! iptables: {localhostNodePorts: true} # NodePorts on 127.0.0.1 too (iptables' default)
+//! conntrack: {maxPerCore: 32768, min: 131072, tcpEstablishedTimeout: 24h, tcpCloseWaitTimeout: 1h,
+//!             tcpBeLiberal: false, udpTimeout: 0s, udpStreamTimeout: 0s}   # kube-proxy's defaults
 //! kpx: {controlPlane: https://cp:18000, stateDir: /var/lib/kpx, adminBindAddress: 127.0.0.1:18001, iptablesMode: auto,
 //!       ipvsDrainGrace: 15m, tlsCA: /etc/kpx/ca.crt, tlsCert: /etc/kpx/tls.crt, tlsKey: /etc/kpx/tls.key,
 //!       nodeTokenFile: /var/run/secrets/kpx/token, insecure: false, serviceProxyName: kpx}
@@ -47,7 +49,21 @@ pub struct KubeProxyConfiguration {
     pub iptables: Option<ModeSection>,
     pub nftables: Option<ModeSection>,
     pub ipvs: Option<ModeSection>,
+    pub conntrack: Option<ConntrackSection>,
     pub kpx: Option<KpxSection>,
+}
+
+/// `conntrack:` (kube-proxy's; a field left out takes kube-proxy's default).
+#[derive(Debug, Default, Deserialize, Clone)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ConntrackSection {
+    pub max_per_core: Option<u64>,
+    pub min: Option<u64>,
+    pub tcp_established_timeout: Option<String>,
+    pub tcp_close_wait_timeout: Option<String>,
+    pub tcp_be_liberal: Option<bool>,
+    pub udp_timeout: Option<String>,
+    pub udp_stream_timeout: Option<String>,
 }
 
 /// `iptables:`, `nftables:` or `ipvs:`.

@@ -113,6 +113,32 @@ pub struct Flags {
     /// Allow plaintext gRPC on a non-loopback address (the control plane URL, --admin-listen).
     #[arg(long)]
     pub insecure: bool,
+    /// `nf_conntrack_max` is at least this times the CPUs (0: left alone) [default: 32768].
+    #[arg(long)]
+    pub conntrack_max_per_core: Option<u64>,
+    /// `nf_conntrack_max` is at least this [default: 131072].
+    #[arg(long)]
+    pub conntrack_min: Option<u64>,
+    /// conntrack's timeout of established TCP connections (0s: left alone) [default: 24h].
+    #[arg(long, value_parser = parse_duration)]
+    pub conntrack_tcp_timeout_established: Option<Duration>,
+    /// conntrack's timeout of TCP connections in CLOSE_WAIT (0s: left alone) [default: 1h].
+    #[arg(long, value_parser = parse_duration)]
+    pub conntrack_tcp_timeout_close_wait: Option<Duration>,
+    /// conntrack's TCP liberal mode (packets outside the window are not INVALID).
+    #[arg(long)]
+    pub conntrack_tcp_be_liberal: bool,
+    /// conntrack's UDP timeout (0s: left alone) [default: 0s].
+    #[arg(long, value_parser = parse_duration)]
+    pub conntrack_udp_timeout: Option<Duration>,
+    /// conntrack's UDP stream timeout (0s: left alone) [default: 0s].
+    #[arg(long, value_parser = parse_duration)]
+    pub conntrack_udp_timeout_stream: Option<Duration>,
+    /// Make the node's kernel settings (conntrack's, and what the backend needs), then
+    /// exit (kube-proxy's `--init-only`): run privileged, before the agent, which then
+    /// needs no write access to /proc/sys.
+    #[arg(long, conflicts_with = "cleanup")]
+    pub init_only: bool,
     /// Remove everything kpx programmed, then exit.
     #[arg(long)]
     pub cleanup: bool,

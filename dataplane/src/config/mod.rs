@@ -19,6 +19,7 @@ pub use flags::{BackendKind, Flags, IptablesMode};
 
 use crate::backend::ipvs::IpvsOptions;
 use crate::connection::{ClientIdentity, ClientTls, ControlPlane};
+use crate::node_sysctls::ConntrackSettings;
 use crate::serve::Listen;
 use file::{KubeProxyConfiguration, ModeSection};
 
@@ -54,6 +55,8 @@ impl ConfigError {
 pub struct AgentConfig {
     pub backend: BackendConfig,
     pub proxy: ProxySettings,
+    /// kube-proxy's `conntrack` settings, made on the node at start (or by `--init-only`).
+    pub conntrack: ConntrackSettings,
     pub mode: Mode,
 }
 
@@ -90,6 +93,8 @@ pub enum Mode {
     /// `--cleanup`: remove what kpx programmed with the backend (`own`) and what kube-proxy
     /// left (`kube_proxy`), then exit.
     Cleanup { own: bool, kube_proxy: bool },
+    /// `--init-only`: make the node's kernel settings, then exit.
+    InitOnly,
     /// Follow a control plane and program the kernel.
     Run(Box<RunConfig>),
 }
@@ -290,12 +295,16 @@ impl AgentConfig {
             service_proxy_name,
         };
         let backend = Self::backend(&flags, kind, &kpx, &file, &proxy.nodeport_addresses)?;
+        let conntrack = conntrack(&flags, file.conntrack.clone().unwrap_or_default())?;
         if flags.cleanup {
             let mode = Mode::Cleanup {
                 own: !flags.kube_proxy_only,
                 kube_proxy: flags.kube_proxy || flags.kube_proxy_only,
             };
-            return Ok(AgentConfig { backend, proxy, mode });
+            return Ok(AgentConfig { backend, proxy, conntrack, mode });
+        }
+        if flags.init_only {
+            return Ok(AgentConfig { backend, proxy, conntrack, mode: Mode::InitOnly });
         }
         let listen = Listen {
             admin: flags
@@ -357,7 +366,7 @@ impl AgentConfig {
             return Err(ConfigError::Plaintext { flag: "--admin-listen", address: listen.admin.to_string() });
         }
         let run = RunConfig { node_name, control_planes, state_dir, sync, listen };
-        Ok(AgentConfig { backend, proxy, mode: Mode::Run(Box::new(run)) })
+        Ok(AgentConfig { backend, proxy, conntrack, mode: Mode::Run(Box::new(run)) })
     }
 
     fn backend(
@@ -419,6 +428,43 @@ impl AgentConfig {
             }
         })
     }
+}
+
+/// kube-proxy's `--conntrack-*` flags over the file's `conntrack:` over kube-proxy's defaults.
+fn conntrack(flags: &Flags, file: file::ConntrackSection) -> Result<ConntrackSettings, ConfigError> {
+    let defaults = ConntrackSettings::default();
+    let timeout = |flag: Option<Duration>, field: &str, text: Option<String>, default: Option<Duration>| {
+        let given = match flag {
+            Some(d) => Some(d),
+            None => duration(&format!("conntrack.{field}"), text.as_deref())?,
+        };
+        // Zero leaves the kernel's value, as in kube-proxy.
+        Ok::<_, ConfigError>(given.or(default).filter(|d| !d.is_zero()))
+    };
+    Ok(ConntrackSettings {
+        max_per_core: flags.conntrack_max_per_core.or(file.max_per_core).unwrap_or(defaults.max_per_core),
+        min: flags.conntrack_min.or(file.min).unwrap_or(defaults.min),
+        tcp_established_timeout: timeout(
+            flags.conntrack_tcp_timeout_established,
+            "tcpEstablishedTimeout",
+            file.tcp_established_timeout,
+            defaults.tcp_established_timeout,
+        )?,
+        tcp_close_wait_timeout: timeout(
+            flags.conntrack_tcp_timeout_close_wait,
+            "tcpCloseWaitTimeout",
+            file.tcp_close_wait_timeout,
+            defaults.tcp_close_wait_timeout,
+        )?,
+        tcp_be_liberal: flags.conntrack_tcp_be_liberal || file.tcp_be_liberal.unwrap_or(false),
+        udp_timeout: timeout(flags.conntrack_udp_timeout, "udpTimeout", file.udp_timeout, None)?,
+        udp_stream_timeout: timeout(
+            flags.conntrack_udp_timeout_stream,
+            "udpStreamTimeout",
+            file.udp_stream_timeout,
+            None,
+        )?,
+    })
 }
 
 fn client_tls(
@@ -522,7 +568,7 @@ mod tests {
     fn run(config: &AgentConfig) -> &RunConfig {
         match &config.mode {
             Mode::Run(run) => run,
-            Mode::Cleanup { .. } => panic!("not a run"),
+            Mode::Cleanup { .. } | Mode::InitOnly => panic!("not a run"),
         }
     }
 
@@ -561,23 +607,21 @@ mod tests {
         std::fs::write(&path, text).expect("write");
         let (file, ignored) = file::read(&path).expect("kubeadm's defaults are accepted");
         assert_eq!(file.mode, None, "empty strings are unset");
-        for field in [
-            "bindAddress",
-            "clientConnection",
-            "configSyncPeriod",
-            "logging",
-            "oomScoreAdj",
-            "winkernel",
-            "conntrack.maxPerCore (kube-proxy would size the conntrack table",
-            "conntrack.udpTimeout",
-        ] {
+        for field in
+            ["bindAddress", "clientConnection", "configSyncPeriod", "logging", "oomScoreAdj", "winkernel"]
+        {
             assert!(ignored.iter().any(|i| i.starts_with(field)), "{field} in {ignored:?}");
         }
         assert!(
-            !ignored.iter().any(|i| i.starts_with("iptables.masqueradeAll")),
-            "honoured fields are not ignored"
+            !ignored.iter().any(|i| i.starts_with("iptables.masqueradeAll") || i.starts_with("conntrack")),
+            "honoured fields are not ignored: {ignored:?}"
         );
         let c = with_file(text, running()).expect("valid");
+        assert_eq!(
+            c.conntrack,
+            ConntrackSettings::default(),
+            "kubeadm's nulls and zeros: kube-proxy's defaults"
+        );
         assert_eq!(c.backend.kind(), BackendKind::Nftables);
         assert_eq!(
             run(&c).sync.full,
@@ -671,12 +715,43 @@ mod tests {
     }
 
     #[test]
+    fn conntrack_settings_are_kube_proxys_flags_over_the_file_over_its_defaults() {
+        let text = "conntrack: {maxPerCore: 0, tcpCloseWaitTimeout: 2h, tcpEstablishedTimeout: 0s, udpTimeout: 30s}\n";
+        let c = with_file(text, cleanup()).expect("valid");
+        assert_eq!(
+            c.conntrack,
+            ConntrackSettings {
+                max_per_core: 0,
+                tcp_established_timeout: None,
+                tcp_close_wait_timeout: Some(Duration::from_secs(7200)),
+                udp_timeout: Some(Duration::from_secs(30)),
+                ..ConntrackSettings::default()
+            }
+        );
+        let flagged = with_file(
+            text,
+            Flags {
+                conntrack_tcp_timeout_close_wait: Some(Duration::from_secs(60)),
+                conntrack_tcp_be_liberal: true,
+                ..cleanup()
+            },
+        )
+        .expect("valid");
+        assert_eq!(flagged.conntrack.tcp_close_wait_timeout, Some(Duration::from_secs(60)));
+        assert!(flagged.conntrack.tcp_be_liberal);
+        let init =
+            AgentConfig::resolve(Flags { init_only: true, ..Flags::default() }).expect("no more needed");
+        assert!(matches!(init.mode, Mode::InitOnly));
+    }
+
+    #[test]
     fn unknown_or_bad_fields_are_named() {
         let message = |text: &str| with_file(text, cleanup()).expect_err("refused").to_string();
         let err = message("nftables: {localhostNodePorts: true}\n");
         assert!(err.contains("nftables.localhostNodePorts") && err.contains("only the iptables"), "{err}");
-        let err = message("conntrack: {maxPerCore: 65536}\n");
-        assert!(err.contains("conntrack.maxPerCore") && err.contains("nf_conntrack_max"), "{err}");
+        let err = message("conntrack: {tcpCloseWaitTimeout: 1 hour}\n");
+        assert!(err.contains("conntrack.tcpCloseWaitTimeout"), "{err}");
+        assert!(message("conntrack: {maxPerCore: -1}\n").contains("conntrack.maxPerCore"));
         assert!(message("nftables: {strictARP: true}\n").contains("nftables.strictARP"));
         assert!(message("ipvs: {tcpTimeout: 15m}\n").contains("ipvs.tcpTimeout"));
         assert!(message("nftables: {masqueradeBit: 14}\n").contains("nftables.masqueradeBit"));

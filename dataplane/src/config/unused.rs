@@ -4,8 +4,8 @@
 //!
 //! - fields that have nothing to do with proxying Services on a Linux node (the API client,
 //!   logging, profiling, Windows) are ignored, and named in one warning;
-//! - fields that ask for something kpx does not do (conntrack sysctls, IPVS timeouts, a
-//!   masquerade bit of one's choosing, …) are ignored at their defaults, and named in the
+//! - fields that ask for something kpx does not do (IPVS timeouts, a masquerade bit of
+//!   one's choosing, …) are ignored at their defaults, and named in the
 //!   warning with what kube-proxy would have done; set to anything else they are an error
 //!   naming the field, since kpx would behave differently from kube-proxy without saying so.
 //!
@@ -25,10 +25,6 @@ enum Unused {
     NotDone(&'static str),
 }
 
-const CONNTRACK_SIZE: &str =
-    "kube-proxy would size the conntrack table (nf_conntrack_max); kpx leaves it as it is";
-const CONNTRACK_TIMEOUTS: &str =
-    "kube-proxy would set conntrack's timeouts and TCP liberal mode; kpx leaves them as they are";
 const MASQUERADE_BIT: &str = "kpx marks packets for masquerading with its own bit";
 const IPVS_TIMEOUTS: &str = "kube-proxy would set IPVS's connection timeouts; kpx leaves them as they are";
 
@@ -46,13 +42,6 @@ const FIELDS: &[(&str, Unused)] = &[
     ("showHiddenMetricsForVersion", Unused::Harmless),
     ("windowsRunAsService", Unused::Harmless),
     ("winkernel", Unused::Harmless),
-    ("conntrack.maxPerCore", Unused::NotDone(CONNTRACK_SIZE)),
-    ("conntrack.min", Unused::NotDone(CONNTRACK_SIZE)),
-    ("conntrack.tcpBeLiberal", Unused::NotDone(CONNTRACK_TIMEOUTS)),
-    ("conntrack.tcpCloseWaitTimeout", Unused::NotDone(CONNTRACK_TIMEOUTS)),
-    ("conntrack.tcpEstablishedTimeout", Unused::NotDone(CONNTRACK_TIMEOUTS)),
-    ("conntrack.udpStreamTimeout", Unused::NotDone(CONNTRACK_TIMEOUTS)),
-    ("conntrack.udpTimeout", Unused::NotDone(CONNTRACK_TIMEOUTS)),
     ("iptables.masqueradeBit", Unused::NotDone(MASQUERADE_BIT)),
     ("nftables.masqueradeBit", Unused::NotDone(MASQUERADE_BIT)),
     ("ipvs.excludeCIDRs", Unused::NotDone("kpx's IPVS backend removes only the virtual services it made")),

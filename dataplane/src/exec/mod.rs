@@ -43,6 +43,10 @@ pub enum ExecError {
     Spawn { tool: &'static str, source: std::io::Error },
     #[error("ipvs refused the update: {0}")]
     Ipvs(#[from] ipvs::IpvsError),
+    /// A kernel setting that cannot be read or written (`/proc/sys` read-only in an
+    /// unprivileged container, a setting this kernel lacks).
+    #[error("sysctl {name} cannot be {action}: {source}")]
+    Sysctl { name: String, action: String, source: std::io::Error },
 }
 
 impl ExecError {

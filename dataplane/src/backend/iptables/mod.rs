@@ -32,7 +32,7 @@ pub struct IptablesBackend {
 }
 
 /// What lets packets to and from 127.0.0.0/8 be routed beyond loopback.
-const ROUTE_LOCALNET: &str = "net.ipv4.conf.all.route_localnet";
+use crate::node_sysctls::ROUTE_LOCALNET;
 
 impl IptablesBackend {
     pub fn new(iptables: Box<dyn Iptables>) -> Self {
@@ -43,7 +43,6 @@ impl IptablesBackend {
     /// fixed chains then drop packets to 127.0.0.0/8 from elsewhere that no NodePort
     /// translated (as kube-proxy does, so loopback-only listeners stay loopback-only).
     pub fn with_localhost_nodeports(mut self, sysctl: Box<dyn Sysctl>) -> Self {
-        tracing::info!("NodePorts also on 127.0.0.1 ({ROUTE_LOCALNET} = 1)");
         self.localhost_nodeports = Some(sysctl);
         self
     }

@@ -48,10 +48,13 @@ impl Conntrack for FakeConntrack {
     }
 }
 
-/// Keeps the settings written; clones share them.
+/// Keeps the settings written (an unknown one reads "0"); clones share them. Read-only,
+/// it refuses every write of another value, as `/proc/sys` in an unprivileged container.
 #[derive(Clone, Default)]
 pub struct FakeSysctl {
     values: Arc<Mutex<BTreeMap<String, String>>>,
+    read_only: Arc<std::sync::atomic::AtomicBool>,
+    writes: Arc<Mutex<Vec<String>>>,
 }
 
 impl FakeSysctl {
@@ -62,11 +65,41 @@ impl FakeSysctl {
     pub fn get(&self, name: &str) -> Option<String> {
         self.values.lock().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
     }
+
+    /// Gives `name` a value, as the kernel had it.
+    pub fn preset(&self, name: &str, value: &str) {
+        self.values.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_owned(), value.to_owned());
+    }
+
+    pub fn make_read_only(&self) {
+        self.read_only.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The names written so far (a value it had already is no write).
+    pub fn writes(&self) -> Vec<String> {
+        self.writes.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 impl Sysctl for FakeSysctl {
+    fn read(&self, name: &str) -> Result<String, ExecError> {
+        Ok(self.get(name).unwrap_or_else(|| "0".to_owned()))
+    }
+
     fn set(&mut self, name: &str, value: &str) -> Result<(), ExecError> {
-        self.values.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_owned(), value.to_owned());
+        let current = self.read(name)?;
+        if current == value {
+            return Ok(());
+        }
+        if self.read_only.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(ExecError::Sysctl {
+                name: name.to_owned(),
+                action: format!("set to {value} (it is {current})"),
+                source: std::io::Error::from_raw_os_error(libc::EROFS),
+            });
+        }
+        self.writes.lock().unwrap_or_else(|p| p.into_inner()).push(name.to_owned());
+        self.preset(name, value);
         Ok(())
     }
 }
