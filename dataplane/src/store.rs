@@ -23,6 +23,10 @@ const FORMAT_KEY: &[u8] = b"format";
 const MANIFEST_KEY: &[u8] = b"manifest";
 const FORMAT: &[u8] = b"kpx-state-v2";
 const DB: &str = "state.sled";
+/// sled's page cache. sled's own default is 1 GiB, which it lowers to a container's memory
+/// limit with an ERROR in the log (the chart's 512 MiB limit did); the whole store of
+/// 50,000 Services is tens of MB, and kpx reads it once at start.
+const CACHE_BYTES: u64 = 64 * 1024 * 1024;
 /// How long opening waits for the database's lock (see [`Store::open_unlocked`]).
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -154,7 +158,7 @@ impl Store {
 
     fn open_db(path: &Path) -> Result<Open, StoreError> {
         let open_error = |source| StoreError::Open { path: path.display().to_string(), source };
-        let db = sled::open(path).map_err(open_error)?;
+        let db = sled::Config::new().path(path).cache_capacity(CACHE_BYTES).open().map_err(open_error)?;
         let tree = db.open_tree("resources").map_err(open_error)?;
         Ok(Open { db, tree })
     }

@@ -278,6 +278,9 @@ fn rendered_pods_serve(objects: Vec<serde_json::Value>, backend: ProxyBackend) {
     if backend != ProxyBackend::Nftables {
         assert_eq!(sysctl("net.ipv4.conf.all.route_localnet"), "1", "iptables' localhost NodePorts");
     }
+    // Nothing logged at ERROR that is not one (sled once complained of the memory limit).
+    let errors: Vec<_> = agent.process.events().into_iter().filter(|e| e["level"] == "ERROR").collect();
+    assert!(errors.is_empty(), "the agent logged at ERROR: {errors:?}");
     let iptables = t.node.exec("iptables-nft-save", &["-t", "nat"]);
     match backend {
         ProxyBackend::Nftables => {
