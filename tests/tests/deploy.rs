@@ -239,6 +239,12 @@ fn rendered_pods_serve(objects: Vec<serde_json::Value>, backend: ProxyBackend) {
         dir: &pods,
     };
 
+    // A kube-proxy runs on the node (a migration's first step): its healthz and metrics
+    // ports are taken, as kube-proxy takes them.
+    let _kube_proxys_ports = t.node.run_in(|| {
+        ["0.0.0.0:10256", "127.0.0.1:10249"]
+            .map(|a| std::net::TcpListener::bind(a).expect("kube-proxy's port"))
+    });
     // The kernel's conntrack timeouts, before kpx.
     let sysctl = |name: &str| t.node.exec("sysctl", &["-n", name]).trim().to_owned();
     let close_wait = "net.netfilter.nf_conntrack_tcp_timeout_close_wait";
