@@ -64,7 +64,8 @@ fn a_kube_proxy_configuration_file_drives_the_agent_and_bad_fields_are_named() {
 
 /// kubeadm's kube-proxy ConfigMap (`config.conf`, as `kubeadm init` writes it) given
 /// unchanged, with the node's name and the control plane as flags: the agent starts,
-/// programs its Services, and warns once, naming the fields it does not act on.
+/// programs its Services, makes kube-proxy's default conntrack settings, and warns once,
+/// naming the fields it does not act on.
 #[test]
 fn kubeadms_kube_proxy_configuration_is_taken_unchanged() {
     use kpx_e2e::DEADLINE;
@@ -88,9 +89,14 @@ fn kubeadms_kube_proxy_configuration_is_taken_unchanged() {
         e["level"] == "WARN" && e["message"].as_str().is_some_and(|m| m.contains("does not act on"))
     });
     let fields = warning["fields"].as_str().unwrap_or_default().to_owned();
-    for field in ["clientConnection", "oomScoreAdj", "conntrack.maxPerCore", "winkernel"] {
+    for field in ["clientConnection", "oomScoreAdj", "winkernel"] {
         assert!(fields.contains(field), "{field} named in {fields}");
     }
+    assert!(!fields.contains("conntrack"), "conntrack's fields are honoured: {fields}");
     t.wait_answered_by("10.96.4.2", 80, "pod0");
+    // kubeadm leaves conntrack's fields null: kube-proxy's defaults, made in the node's kernel.
+    let sysctl = |name: &str| t.node.exec("sysctl", &["-n", name]).trim().to_owned();
+    assert_eq!(sysctl("net.netfilter.nf_conntrack_tcp_timeout_close_wait"), "3600");
+    assert_eq!(sysctl("net.netfilter.nf_conntrack_tcp_timeout_established"), "86400");
     assert!(t.ruleset().contains("table inet kpx"), "mode \"\": kpx's default backend, nftables");
 }
