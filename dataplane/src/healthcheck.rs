@@ -97,8 +97,12 @@ pub async fn serve(
 ) {
     let mut servers: HashMap<u16, (watch::Sender<ServiceHealth>, tokio::task::JoinHandle<()>)> =
         HashMap::new();
+    // Ports another process holds (kube-proxy's servers, beside it during a migration):
+    // tried again until they are free.
+    let mut held: BTreeSet<u16> = BTreeSet::new();
     loop {
         let wanted = desired.borrow_and_update().clone();
+        held.retain(|port| wanted.contains_key(port));
         servers.retain(|port, (_, task)| {
             let keep = wanted.contains_key(port);
             if !keep {
@@ -118,18 +122,33 @@ pub async fn serve(
             }
             match listen(port) {
                 Ok(listener) => {
+                    held.remove(&port);
                     tracing::info!(port, service = %format!("{}/{}", health.namespace, health.name), "health-check server listening");
                     let (tx, rx) = watch::channel(health);
                     servers.insert(port, (tx, tokio::spawn(accept_loop(listener, rx, proxy_health.clone()))));
                 }
-                Err(e) => tracing::error!(port, error = %e, "cannot open health-check port"),
+                Err(e) => {
+                    if held.insert(port) {
+                        tracing::warn!(port, error = %e, retry_in_s = RETRY.as_secs(), "cannot open health-check port (another process holds it: kube-proxy, beside kpx during a migration?); trying again until it is free");
+                    }
+                }
             }
         }
-        if desired.changed().await.is_err() {
-            return;
+        let retry = async {
+            if held.is_empty() {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(RETRY).await;
+        };
+        tokio::select! {
+            changed = desired.changed() => if changed.is_err() { return },
+            () = retry => {}
         }
     }
 }
+
+/// How often a health-check port another process holds is tried again.
+const RETRY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A listener on `port` of both families: `[::]` taking IPv4 too, or `0.0.0.0` where the
 /// node has no IPv6.

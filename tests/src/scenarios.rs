@@ -345,7 +345,9 @@ pub fn external_and_load_balancer_ips(backend: ProxyBackend) {
 }
 
 /// externalTrafficPolicy Local: external traffic only to this node's endpoints, client address kept,
-/// dropped without local endpoints; the health-check node port counts them; pods are short-circuited.
+/// dropped without local endpoints; the health-check node port counts them (its server takes
+/// the port once another process, kube-proxy beside kpx, lets go of it); pods are
+/// short-circuited.
 pub fn external_traffic_policy_local(backend: ProxyBackend) {
     let spec = "  type: LoadBalancer\n  clusterIP: 10.96.1.3\n  externalIPs: [192.0.2.11]\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 32000\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30082}\n";
     let write = |t: &Topology, eps: &[Ep]| {
@@ -358,11 +360,19 @@ pub fn external_traffic_policy_local(backend: ProxyBackend) {
         );
     };
     let s = Scene::start(backend, 2, &[], &[&format!("--cluster-cidr={CLUSTER_CIDR}")], &[]);
+    // Another process holds the health-check port at first, as kube-proxy holds it while
+    // kpx runs beside it during a migration.
+    let held = s.t.node.run_in(|| std::net::TcpListener::bind("0.0.0.0:32000").expect("port 32000"));
     write(&s.t, &[ep(pod(0)), ep(pod(1)).on("node-b")]);
     wait_answered_by(&s.t.client, sock(NODE_IP, 30082), &["pod0"]);
     wait_answered_by(&s.t.client, sock("192.0.2.11", 80), &["pod0"]);
     assert!(s.peers(0).contains(&ip(CLIENT_IP)), "the client address is kept: {:?}", s.peers(0));
     wait_answered_by(&s.t.client, sock("10.96.1.3", 80), &["pod0", "pod1"]);
+    // It lets go (kube-proxy removed): the agent takes the port.
+    drop(held);
+    wait_for("the health-check server to take the port once free", DEADLINE, || {
+        s.t.client.run_in(|| http_get(sock(NODE_IP, 32000))).ok()
+    });
     // kube-proxy's answer, on both families: 200, the endpoint weight, nosniff.
     for addr in [NODE_IP, crate::topology::NODE_IP6] {
         let health = s.t.client.run_in(move || http_get_with_headers(sock(addr, 32000), "/"));
