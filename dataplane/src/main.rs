@@ -21,8 +21,9 @@ use kpx_dataplane::exec::ipvs::NetlinkIpvs;
 use kpx_dataplane::exec::links::IpProcess;
 use kpx_dataplane::exec::nft;
 use kpx_dataplane::exec::sysctl::ProcSys;
+use kpx_dataplane::node_sysctls::{self, Keeper};
 use kpx_dataplane::store::Store;
-use kpx_dataplane::{node_sysctls, serve, upkeep, xds_client};
+use kpx_dataplane::{serve, upkeep, xds_client};
 use kpx_proto::node_context::ProxySettings;
 
 fn main() -> ExitCode {
@@ -48,15 +49,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    let proc_sys = || ProcSys::with_net(&config.proc_sys_net);
     let settings = node_sysctls::wanted(&config, node_sysctls::node_cpus());
+    let mut keeper = Keeper::new(Box::new(proc_sys()), settings);
     let conntrack: SharedConntrack = Arc::new(ConntrackProcess);
-    let mut backend = backend(&config.backend, &conntrack);
+    let mut backend = backend(&config.backend, &conntrack, proc_sys);
     let result = match config.mode {
         Mode::Cleanup { own, kube_proxy } => cleanup(backend.as_mut(), own, kube_proxy),
-        Mode::InitOnly => init_only(&settings),
-        Mode::Run(run_config) => {
-            make_settings(&settings).and_then(|()| run(*run_config, config.proxy, backend, conntrack))
-        }
+        Mode::InitOnly => make_settings(&mut keeper).map(|()| {
+            tracing::info!("the node's kernel settings are made; --init-only ends here");
+        }),
+        Mode::Run(run_config) => make_settings(&mut keeper)
+            .and_then(|()| run(*run_config, config.proxy, backend, conntrack, keeper)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -78,13 +82,17 @@ fn flavour(mode: IptablesMode) -> Flavour {
 }
 
 /// The configured backend over the kernel's own facilities.
-fn backend(config: &BackendConfig, conntrack: &SharedConntrack) -> Box<dyn Backend> {
+fn backend(
+    config: &BackendConfig,
+    conntrack: &SharedConntrack,
+    proc_sys: impl Fn() -> ProcSys,
+) -> Box<dyn Backend> {
     match config {
         BackendConfig::Nftables => Box::new(NftablesBackend::new(nft::system())),
         BackendConfig::Iptables { mode, localhost_nodeports } => {
             let backend = IptablesBackend::new(Box::new(IptablesProcess { flavour: flavour(*mode) }));
             if *localhost_nodeports {
-                Box::new(backend.with_localhost_nodeports(Box::new(ProcSys)))
+                Box::new(backend.with_localhost_nodeports(Box::new(proc_sys())))
             } else {
                 Box::new(backend)
             }
@@ -96,20 +104,13 @@ fn backend(config: &BackendConfig, conntrack: &SharedConntrack) -> Box<dyn Backe
     }
 }
 
-/// `--init-only`: the node's kernel settings, nothing else.
-fn init_only(settings: &[node_sysctls::Setting]) -> anyhow::Result<()> {
-    make_settings(settings)?;
-    tracing::info!(settings = settings.len(), "the node's kernel settings are made; --init-only ends here");
-    Ok(())
-}
-
 /// Makes the kernel settings the configuration asks for (only those that differ are written).
-fn make_settings(settings: &[node_sysctls::Setting]) -> anyhow::Result<()> {
-    let applied = node_sysctls::apply(&mut ProcSys, settings)?;
+fn make_settings(keeper: &mut Keeper) -> anyhow::Result<()> {
+    let applied = keeper.make()?;
     for done in applied.iter().filter(|a| a.after.is_none()) {
         tracing::debug!(sysctl = done.name, value = %done.before, "kernel setting already made");
     }
-    if settings.iter().any(|s| s.name == node_sysctls::ROUTE_LOCALNET) {
+    if applied.iter().any(|a| a.name == node_sysctls::ROUTE_LOCALNET) {
         tracing::info!("NodePorts also on 127.0.0.1 ({} = 1)", node_sysctls::ROUTE_LOCALNET);
     }
     Ok(())
@@ -150,6 +151,7 @@ fn run(
     settings: ProxySettings,
     backend: Box<dyn Backend>,
     conntrack: SharedConntrack,
+    keeper: Keeper,
 ) -> anyhow::Result<()> {
     let store = Store::open(&config.state_dir)?;
     let agent = Agent::start(
@@ -166,7 +168,7 @@ fn run(
         serve::start(&agent, config.listen).await?;
         tokio::select! {
             _ = xds_client::run(config.control_planes, agent.clone(), config.sync.min) => {},
-            _ = upkeep::run(agent, config.sync.full) => {},
+            _ = upkeep::run(agent, config.sync.full, keeper) => {},
             _ = kpx_proto::cli::shutdown_signal() => {
                 tracing::info!("shutting down; rules stay in place (use --cleanup to remove them)");
             },

@@ -132,10 +132,53 @@ pub fn node_cpus() -> u64 {
 
 /// A setting that could not be made.
 #[derive(Debug, thiserror::Error)]
-#[error("{source} (wanted for {why}; `kpx-dataplane --init-only`, run privileged before the agent, sets it — the chart's init container does)")]
+#[error("{cause} (wanted for {why}; `kpx-dataplane --init-only`, run privileged before the agent, sets it — the chart's init container does)")]
 pub struct SettingError {
     pub why: &'static str,
-    pub source: ExecError,
+    pub cause: ExecError,
+}
+
+/// Keeps the settings made: the agent checks them with its canary, and makes again one
+/// changed behind its back (with `/proc/sys/net` writable to it, see [`crate::exec::sysctl::ProcSys`]).
+pub struct Keeper {
+    sysctl: Box<dyn Sysctl>,
+    settings: Vec<Setting>,
+    /// The last failure logged (not logged again while it lasts).
+    failing: Option<String>,
+}
+
+impl Keeper {
+    pub fn new(sysctl: Box<dyn Sysctl>, settings: Vec<Setting>) -> Keeper {
+        Keeper { sysctl, settings, failing: None }
+    }
+
+    /// Makes the settings now; fails naming one that cannot be made.
+    pub fn make(&mut self) -> Result<Vec<Applied>, SettingError> {
+        apply(self.sysctl.as_mut(), &self.settings)
+    }
+
+    /// Checks the settings and makes again those changed behind kpx's back; returns them.
+    pub fn keep(&mut self) -> Vec<&'static str> {
+        match self.make() {
+            Ok(applied) => {
+                self.failing = None;
+                let changed: Vec<&'static str> =
+                    applied.iter().filter(|a| a.after.is_some()).map(|a| a.name).collect();
+                if !changed.is_empty() {
+                    tracing::warn!(settings = ?changed, "kernel settings changed behind kpx's back: made again");
+                }
+                changed
+            }
+            Err(e) => {
+                let message = e.to_string();
+                if self.failing.as_deref() != Some(message.as_str()) {
+                    tracing::warn!(error = %message, "a kernel setting changed behind kpx's back and cannot be made again");
+                    self.failing = Some(message);
+                }
+                Vec::new()
+            }
+        }
+    }
 }
 
 /// What [`apply`] did to one setting.
@@ -151,7 +194,7 @@ pub struct Applied {
 pub fn apply(sysctl: &mut dyn Sysctl, settings: &[Setting]) -> Result<Vec<Applied>, SettingError> {
     let mut done = Vec::new();
     for setting in settings {
-        let failed = |source| SettingError { why: setting.why, source };
+        let failed = |cause| SettingError { why: setting.why, cause };
         let before = sysctl.read(setting.name).map_err(failed)?;
         let enough = match setting.wanted {
             Wanted::Exactly => before == setting.value.to_string(),
@@ -206,6 +249,18 @@ mod tests {
         sysctl.make_read_only();
         let again = apply(&mut sysctl.clone(), &settings).expect("nothing to write");
         assert!(again.iter().all(|a| a.after.is_none()), "{again:?}");
+
+        // Changed behind kpx's back: made again by the keeper.
+        let writable = FakeSysctl::new();
+        let mut keeper = Keeper::new(Box::new(writable.clone()), settings.clone());
+        assert!(!keeper.keep().is_empty(), "first made");
+        writable.preset("net.netfilter.nf_conntrack_tcp_timeout_close_wait", "60");
+        assert_eq!(keeper.keep(), ["net.netfilter.nf_conntrack_tcp_timeout_close_wait"]);
+        assert_eq!(
+            writable.get("net.netfilter.nf_conntrack_tcp_timeout_close_wait").as_deref(),
+            Some("3600")
+        );
+        assert!(keeper.keep().is_empty(), "nothing changed since");
 
         let more = [localhost_nodeports()];
         let err = apply(&mut sysctl.clone(), &more).expect_err("read-only").to_string();

@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::time::{interval_at, Instant, MissedTickBehavior};
 
 use crate::agent::SharedAgent;
+use crate::node_sysctls::Keeper;
 
 /// How often the backend's timed work runs (drained IPVS destinations are removed).
 const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(5);
@@ -19,8 +20,9 @@ const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(5);
 /// next `--full-sync-period`. Cheap: one chain listed per table and family.
 const CANARY_PERIOD: Duration = Duration::from_secs(10);
 
-/// Runs forever: housekeeping, the canary, and a full resync every `full_sync_period`.
-pub async fn run(agent: SharedAgent, full_sync_period: Option<Duration>) {
+/// Runs forever: housekeeping, the canary (and with it the node's kernel settings, kept by
+/// `settings`), and a full resync every `full_sync_period`.
+pub async fn run(agent: SharedAgent, full_sync_period: Option<Duration>, mut settings: Keeper) {
     let every = |period: Duration| {
         let mut timer = interval_at(Instant::now() + period, period);
         timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -32,7 +34,10 @@ pub async fn run(agent: SharedAgent, full_sync_period: Option<Duration>) {
     loop {
         tokio::select! {
             _ = housekeeping.tick() => tokio::task::block_in_place(|| agent.lock().housekeeping()),
-            _ = canary.tick() => tokio::task::block_in_place(|| agent.lock().check_rules()),
+            _ = canary.tick() => tokio::task::block_in_place(|| {
+                settings.keep();
+                agent.lock().check_rules()
+            }),
             _ = resync.tick(), if full_sync_period.is_some() => {
                 tokio::task::block_in_place(|| agent.lock().resync())
             }

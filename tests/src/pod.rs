@@ -291,9 +291,6 @@ impl Launch<'_> {
             root.join("cgroup").display()
         ));
         }
-        if !privileged {
-            script.push_str("mount --bind /proc/sys /proc/sys\nmount -o remount,bind,ro /proc/sys\n");
-        }
         for (ip, host) in world.hosts {
             script.push_str(&format!("echo '{ip} {host}' >> /etc/hosts\n"));
         }
@@ -308,6 +305,11 @@ impl Launch<'_> {
             if *read_only {
                 script.push_str(&format!("mount -o remount,bind,ro '{target}'\n"));
             }
+        }
+        // After the volumes, which come from the node's own mounts (a hostPath of
+        // /proc/sys/net stays writable).
+        if !privileged {
+            script.push_str("mount --bind /proc/sys /proc/sys\nmount -o remount,bind,ro /proc/sys\n");
         }
         if read_only_root {
             script.push_str("mount -o remount,bind,ro /\nmount -o remount,bind,ro /etc\nmount -o remount,bind,ro /var\nmount -o remount,bind,ro /run\n");
@@ -371,8 +373,8 @@ fn materialise(world: &PodWorld<'_>, volume: &Value, at: &Path, host_root: &Path
                 std::fs::create_dir_all(on_node.parent().expect("parent")).expect("hostPath parent");
                 std::fs::write(&on_node, b"").expect("hostPath file");
             }
-            // The node's own, read as it is (e.g. /lib/modules).
-            "" if Path::new(path).exists() => return PathBuf::from(path),
+            // The node's own, read as it is (e.g. /lib/modules, /proc/sys/net).
+            "" | "Directory" if Path::new(path).exists() => return PathBuf::from(path),
             "" => std::fs::create_dir_all(&on_node).expect("hostPath directory"),
             other => panic!("hostPath type {other} is not something this runner makes"),
         }

@@ -284,6 +284,12 @@ fn rendered_pods_serve(objects: Vec<serde_json::Value>, backend: ProxyBackend) {
     if backend != ProxyBackend::Nftables {
         assert_eq!(sysctl("net.ipv4.conf.all.route_localnet"), "1", "iptables' localhost NodePorts");
     }
+    // Set back behind its back (as a node's other software may): the agent, unprivileged,
+    // makes it again through the node's /proc/sys/net mounted for it.
+    t.node.exec("sysctl", &["-qw", &format!("{close_wait}=60")]);
+    wait_for("the agent to make the CLOSE_WAIT timeout again", DEADLINE, || {
+        (sysctl(close_wait) == "3600").then_some(())
+    });
     // Nothing logged at ERROR that is not one (sled once complained of the memory limit).
     let errors: Vec<_> = agent.process.events().into_iter().filter(|e| e["level"] == "ERROR").collect();
     assert!(errors.is_empty(), "the agent logged at ERROR: {errors:?}");

@@ -21,7 +21,8 @@
 //!             tcpBeLiberal: false, udpTimeout: 0s, udpStreamTimeout: 0s}   # kube-proxy's defaults
 //! kpx: {controlPlane: https://cp:18000, stateDir: /var/lib/kpx, adminBindAddress: 127.0.0.1:18001, iptablesMode: auto,
 //!       ipvsDrainGrace: 15m, tlsCA: /etc/kpx/ca.crt, tlsCert: /etc/kpx/tls.crt, tlsKey: /etc/kpx/tls.key,
-//!       nodeTokenFile: /var/run/secrets/kpx/token, insecure: false, serviceProxyName: kpx}
+//!       nodeTokenFile: /var/run/secrets/kpx/token, insecure: false, serviceProxyName: kpx,
+//!       procSysNet: /host/proc/sys/net}
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -106,6 +107,7 @@ pub struct KpxSection {
     pub iptables_mode: Option<String>,
     pub ipvs_drain_grace: Option<String>,
     pub service_proxy_name: Option<String>,
+    pub proc_sys_net: Option<PathBuf>,
 }
 
 /// Reads and checks the file at `path`; also returns the kube-proxy fields it ignored

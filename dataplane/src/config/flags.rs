@@ -134,6 +134,11 @@ pub struct Flags {
     /// conntrack's UDP stream timeout (0s: left alone) [default: 0s].
     #[arg(long, value_parser = parse_duration)]
     pub conntrack_udp_timeout_stream: Option<Duration>,
+    /// Where the node's /proc/sys/net is (an unprivileged container's own is read-only:
+    /// the node's mounted writable elsewhere lets the agent keep its settings)
+    /// [default: /proc/sys/net].
+    #[arg(long)]
+    pub proc_sys_net: Option<PathBuf>,
     /// Make the node's kernel settings (conntrack's, and what the backend needs), then
     /// exit (kube-proxy's `--init-only`): run privileged, before the agent, which then
     /// needs no write access to /proc/sys.

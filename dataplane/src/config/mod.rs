@@ -57,6 +57,8 @@ pub struct AgentConfig {
     pub proxy: ProxySettings,
     /// kube-proxy's `conntrack` settings, made on the node at start (or by `--init-only`).
     pub conntrack: ConntrackSettings,
+    /// Where the node's `/proc/sys/net` is.
+    pub proc_sys_net: PathBuf,
     pub mode: Mode,
 }
 
@@ -296,15 +298,20 @@ impl AgentConfig {
         };
         let backend = Self::backend(&flags, kind, &kpx, &file, &proxy.nodeport_addresses)?;
         let conntrack = conntrack(&flags, file.conntrack.clone().unwrap_or_default())?;
+        let proc_sys_net = flags
+            .proc_sys_net
+            .clone()
+            .or(kpx.proc_sys_net.clone())
+            .unwrap_or_else(|| PathBuf::from(crate::exec::sysctl::PROC_SYS_NET));
         if flags.cleanup {
             let mode = Mode::Cleanup {
                 own: !flags.kube_proxy_only,
                 kube_proxy: flags.kube_proxy || flags.kube_proxy_only,
             };
-            return Ok(AgentConfig { backend, proxy, conntrack, mode });
+            return Ok(AgentConfig { backend, proxy, conntrack, proc_sys_net, mode });
         }
         if flags.init_only {
-            return Ok(AgentConfig { backend, proxy, conntrack, mode: Mode::InitOnly });
+            return Ok(AgentConfig { backend, proxy, conntrack, proc_sys_net, mode: Mode::InitOnly });
         }
         let listen = Listen {
             admin: flags
@@ -366,7 +373,7 @@ impl AgentConfig {
             return Err(ConfigError::Plaintext { flag: "--admin-listen", address: listen.admin.to_string() });
         }
         let run = RunConfig { node_name, control_planes, state_dir, sync, listen };
-        Ok(AgentConfig { backend, proxy, conntrack, mode: Mode::Run(Box::new(run)) })
+        Ok(AgentConfig { backend, proxy, conntrack, proc_sys_net, mode: Mode::Run(Box::new(run)) })
     }
 
     fn backend(

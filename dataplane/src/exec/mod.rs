@@ -45,8 +45,8 @@ pub enum ExecError {
     Ipvs(#[from] ipvs::IpvsError),
     /// A kernel setting that cannot be read or written (`/proc/sys` read-only in an
     /// unprivileged container, a setting this kernel lacks).
-    #[error("sysctl {name} cannot be {action}: {source}")]
-    Sysctl { name: String, action: String, source: std::io::Error },
+    #[error("sysctl {name} cannot be {action}: {error}")]
+    Sysctl { name: String, action: String, error: std::io::Error },
 }
 
 impl ExecError {

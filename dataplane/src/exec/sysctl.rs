@@ -1,5 +1,7 @@
 //! Kernel settings under `/proc/sys` of the node's network namespace.
 
+use std::path::{Path, PathBuf};
+
 use super::ExecError;
 
 /// What kpx asks of sysctl.
@@ -13,20 +15,41 @@ pub trait Sysctl: Send {
     fn set(&mut self, name: &str, value: &str) -> Result<(), ExecError>;
 }
 
-/// `/proc/sys` itself.
-pub struct ProcSys;
+/// `/proc/sys` itself; its `net` part where `net` says (the node's `/proc/sys/net` mounted
+/// writable into an unprivileged container, whose own `/proc/sys` is read-only).
+pub struct ProcSys {
+    net: PathBuf,
+}
 
-fn path(name: &str) -> String {
-    format!("/proc/sys/{}", name.replace('.', "/"))
+impl Default for ProcSys {
+    fn default() -> Self {
+        ProcSys { net: PathBuf::from(PROC_SYS_NET) }
+    }
+}
+
+/// Where the kernel shows the network namespace's settings.
+pub const PROC_SYS_NET: &str = "/proc/sys/net";
+
+impl ProcSys {
+    /// `net.*` settings under `net` (a folder showing `/proc/sys/net`).
+    pub fn with_net(net: &Path) -> Self {
+        ProcSys { net: net.to_owned() }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        let relative = name.replace('.', "/");
+        match relative.strip_prefix("net/") {
+            Some(rest) => self.net.join(rest),
+            None => Path::new("/proc/sys").join(relative),
+        }
+    }
 }
 
 impl Sysctl for ProcSys {
     fn read(&self, name: &str) -> Result<String, ExecError> {
-        std::fs::read_to_string(path(name)).map(|v| v.trim().to_owned()).map_err(|source| ExecError::Sysctl {
-            name: name.to_owned(),
-            action: "read".into(),
-            source,
-        })
+        std::fs::read_to_string(self.path(name))
+            .map(|v| v.trim().to_owned())
+            .map_err(|error| ExecError::Sysctl { name: name.to_owned(), action: "read".into(), error })
     }
 
     fn set(&mut self, name: &str, value: &str) -> Result<(), ExecError> {
@@ -34,10 +57,28 @@ impl Sysctl for ProcSys {
         if current == value {
             return Ok(());
         }
-        std::fs::write(path(name), value).map_err(|source| ExecError::Sysctl {
+        std::fs::write(self.path(name), value).map_err(|error| ExecError::Sysctl {
             name: name.to_owned(),
             action: format!("set to {value} (it is {current})"),
-            source,
+            error,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn net_settings_are_read_where_the_nodes_proc_sys_net_is_mounted() {
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::create_dir_all(dir.path().join("netfilter")).expect("dir");
+        let file = dir.path().join("netfilter/nf_conntrack_tcp_timeout_close_wait");
+        std::fs::write(&file, "60\n").expect("write");
+        let mut sysctl = ProcSys::with_net(dir.path());
+        assert_eq!(sysctl.read("net.netfilter.nf_conntrack_tcp_timeout_close_wait").expect("read"), "60");
+        sysctl.set("net.netfilter.nf_conntrack_tcp_timeout_close_wait", "3600").expect("set");
+        assert_eq!(std::fs::read_to_string(&file).expect("read"), "3600");
+        assert_eq!(ProcSys::default().path("kernel.pid_max"), Path::new("/proc/sys/kernel/pid_max"));
     }
 }

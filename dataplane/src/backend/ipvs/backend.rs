@@ -70,7 +70,7 @@ impl IpvsKernel {
             ipset: Box::new(IpsetNetlink::default()),
             iptables: Box::new(IptablesProcess { flavour }),
             links: Box::new(IpProcess),
-            sysctl: Box::new(ProcSys),
+            sysctl: Box::new(ProcSys::default()),
             conntrack,
         }
     }

@@ -95,7 +95,7 @@ impl Sysctl for FakeSysctl {
             return Err(ExecError::Sysctl {
                 name: name.to_owned(),
                 action: format!("set to {value} (it is {current})"),
-                source: std::io::Error::from_raw_os_error(libc::EROFS),
+                error: std::io::Error::from_raw_os_error(libc::EROFS),
             });
         }
         self.writes.lock().unwrap_or_else(|p| p.into_inner()).push(name.to_owned());
