@@ -7,11 +7,13 @@
 
 use std::time::Duration;
 
+use kpx_e2e::fake_apiserver::FakeApiServer;
 use kpx_e2e::http_traffic::{Client, HttpPod, Load};
 use kpx_e2e::manifests::{documents, ep, service, slice};
 use kpx_e2e::netns::Netns;
-use kpx_e2e::process::binary;
-use kpx_e2e::topology::{sock, Topology};
+use kpx_e2e::process::{binary, KpxProcess};
+use kpx_e2e::topology::{node_yaml, sock, ProxyBackend, Topology, CLUSTER_CIDR, NODE_NAME};
+use kpx_e2e::traffic::http_get_path;
 use kpx_e2e::{wait_for, DEADLINE};
 
 const VIP: &str = "10.96.3.30";
@@ -172,4 +174,113 @@ fn from_kube_proxy_iptables_mode_and_back_without_a_failed_request() {
 #[test]
 fn from_kube_proxy_nftables_mode_and_back_without_a_failed_request() {
     migrate_and_back(KubeProxyMode::Nftables);
+}
+
+/// A real kube-proxy v1.36 process (nftables mode) serves the Service from an API server;
+/// kpx is installed beside it with the chart's ports while it runs, then it is stopped and
+/// its rules removed; then back. Every request of the load must be answered. It needs the
+/// kube-proxy binary the kit (`../shared/kit`) builds, named by `KPX_KUBE_PROXY`; without
+/// it the test says it skipped and passes, as CI has none.
+#[test]
+fn beside_a_running_kube_proxy_process_and_back_without_a_failed_request() {
+    let Some(kube_proxy) = std::env::var_os("KPX_KUBE_PROXY").map(std::path::PathBuf::from) else {
+        println!("skipped: no kube-proxy binary (KPX_KUBE_PROXY names the kit's bin/kube-proxy)");
+        return;
+    };
+    assert!(kube_proxy.exists(), "KPX_KUBE_PROXY={}: no such file", kube_proxy.display());
+    let t = Topology::new(2);
+    let _pods: Vec<HttpPod> = (0..2).map(|i| HttpPod::start(&t.pods[i], &format!("pod{i}"), PORT)).collect();
+    let api = FakeApiServer::start(&t.node, sock("127.0.0.1", 16443));
+    let kubeconfig = t.dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    api.apply_yaml(&node_yaml(NODE_NAME, "zone-a"));
+    let spec = format!("  clusterIP: {VIP}\n  ports:\n  - {{name: http, protocol: TCP, port: 80}}\n");
+    let eps = [ep(Topology::pod_ip(0)), ep(Topology::pod_ip(1))];
+    api.apply_yaml(&documents(&[
+        service("web", &spec, ""),
+        slice("web", "web-1", false, &[("http", "TCP", PORT)], &eps),
+    ]));
+    // WatchListClient off: the test API server answers lists, not the streaming lists
+    // client-go asks for by default.
+    let config = t.dir.path().join("kube-proxy.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n\
+             clientConnection: {{kubeconfig: {}, contentType: application/json}}\nhostnameOverride: {NODE_NAME}\n\
+             clusterCIDR: {CLUSTER_CIDR}\nconntrack: {{maxPerCore: 0}}\n\
+             featureGates: {{WatchListClient: false}}\n",
+            kubeconfig.display()
+        ),
+    )
+    .expect("kube-proxy's configuration");
+    let start_kube_proxy = || {
+        let args = [format!("--config={}", config.display()), "--v=2".to_owned()];
+        let log = t.dir.path().join("kube-proxy.log");
+        KpxProcess::start_path(&t.node, &kube_proxy, "kube-proxy", &args, log)
+    };
+    let mut kp = start_kube_proxy();
+    let vip = sock(VIP, 80);
+    wait_for("kube-proxy's rules", DEADLINE, || {
+        t.node.exec("nft", &["list", "tables"]).contains("kube-proxy").then_some(())
+    });
+    let load = Load::start(
+        &t.client,
+        Client::HttpPerRequest,
+        vip,
+        Duration::from_millis(1),
+        Duration::from_secs(600),
+    );
+    let answered = |at_least: usize| {
+        wait_for("requests answered", DEADLINE, || {
+            (load.result().answered_by.values().sum::<usize>() >= at_least).then_some(())
+        });
+    };
+    answered(50);
+    // kube-proxy's ports are taken: the agent runs beside it on the chart's.
+    let healthz = |port: u16| t.node.run_in(move || http_get_path(sock("127.0.0.1", port), "/healthz")).ok();
+    assert!(healthz(10256).is_some(), "kube-proxy's own healthz answers on 10256");
+    let cp = t.start_control_plane_from(&[format!("kubeconfig:{}", kubeconfig.display())], &[]);
+    let mut dp = t.start_dataplane_with(
+        ProxyBackend::Nftables,
+        &["--healthz-listen=0.0.0.0:10356", "--metrics-listen=127.0.0.1:10349"],
+    );
+    t.wait_rules_contain(VIP);
+    wait_for("the agent's own healthz on 10356", DEADLINE, || {
+        healthz(10356).filter(|(code, _)| *code == 200)
+    });
+    answered(load.sent() + 50);
+
+    // kube-proxy goes (its DaemonSet deleted), its rules stay until kpx removes them.
+    let status = kp.terminate();
+    println!("kube-proxy ended: {status:?}");
+    kpx_dataplane(&t.node, &["--cleanup", "--kube-proxy-only", "--log-format=json"]);
+    assert!(
+        !kube_proxy_present(&t.node),
+        "kube-proxy's rules are gone: {}",
+        t.node.exec("nft", &["list", "tables"])
+    );
+    let sent = load.sent();
+    answered(sent + 200);
+    let by_kpx = load.sent() - sent;
+
+    // And back: kube-proxy again, kpx stopped (its rules stay) and cleaned up.
+    let mut kp = start_kube_proxy();
+    wait_for("kube-proxy's rules again", DEADLINE, || kube_proxy_present(&t.node).then_some(()));
+    dp.stop();
+    answered(load.sent() + 50);
+    kpx_dataplane(&t.node, &["--cleanup", "--log-format=json"]);
+    assert!(!t.ruleset().contains("table inet kpx"), "kpx's rules are gone");
+    answered(load.sent() + 200);
+    let result = load.finish();
+    println!(
+        "a running kube-proxy ({}): {} requests, {by_kpx} through kpx's rules alone, {} failed, answered by {:?}",
+        kube_proxy.display(),
+        result.sent,
+        result.failed,
+        result.answered_by
+    );
+    assert_eq!(result.failed, 0, "{:?}", result.failures);
+    kp.stop();
+    drop(cp);
 }
