@@ -53,14 +53,15 @@ fn main() -> ExitCode {
     let settings = node_sysctls::wanted(&config, node_sysctls::node_cpus());
     let mut keeper = Keeper::new(Box::new(proc_sys()), settings);
     let conntrack: SharedConntrack = Arc::new(ConntrackProcess);
-    let mut backend = backend(&config.backend, &conntrack, proc_sys);
+    // --init-only touches no rules: no backend.
+    let backend = || backend(&config.backend, &conntrack, proc_sys);
     let result = match config.mode {
-        Mode::Cleanup { own, kube_proxy } => cleanup(backend.as_mut(), own, kube_proxy),
+        Mode::Cleanup { own, kube_proxy } => cleanup(backend().as_mut(), own, kube_proxy),
         Mode::InitOnly => make_settings(&mut keeper).map(|()| {
             tracing::info!("the node's kernel settings are made; --init-only ends here");
         }),
         Mode::Run(run_config) => make_settings(&mut keeper)
-            .and_then(|()| run(*run_config, config.proxy, backend, conntrack, keeper)),
+            .and_then(|()| run(*run_config, config.proxy, backend(), Arc::clone(&conntrack), keeper)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
