@@ -91,6 +91,18 @@ fn kube_proxy_present(node: &Netns) -> bool {
     iptables.contains("KUBE-SVC-") || iptables.contains("KUBE-SERVICES") || tables.contains("kube-proxy")
 }
 
+/// A per-request HTTP load from the client to `vip`, one request a millisecond at most.
+fn load_to(t: &Topology, vip: std::net::SocketAddr) -> Load {
+    Load::start(&t.client, Client::HttpPerRequest, vip, Duration::from_millis(1), Duration::from_secs(600))
+}
+
+/// Waits until `load` has had at least `at_least` requests answered.
+fn wait_answered(load: &Load, at_least: usize) {
+    wait_for("requests answered", DEADLINE, || {
+        (load.result().answered_by.values().sum::<usize>() >= at_least).then_some(())
+    });
+}
+
 /// `kpx-dataplane ARGS` in the node's namespace; it must succeed.
 fn kpx_dataplane(node: &Netns, args: &[&str]) {
     let out = node.try_exec(&binary("kpx-dataplane").display().to_string(), args);
@@ -103,18 +115,8 @@ fn migrate_and_back(mode: KubeProxyMode) {
     let _pods: Vec<HttpPod> = (0..2).map(|i| HttpPod::start(&t.pods[i], &format!("pod{i}"), PORT)).collect();
     install_kube_proxy(&t.node, mode);
     let vip = sock(VIP, 80);
-    let load = Load::start(
-        &t.client,
-        Client::HttpPerRequest,
-        vip,
-        Duration::from_millis(1),
-        Duration::from_secs(600),
-    );
-    let answered = |at_least: usize| {
-        wait_for("requests answered", DEADLINE, || {
-            (load.result().answered_by.values().sum::<usize>() >= at_least).then_some(())
-        });
-    };
+    let load = load_to(&t, vip);
+    let answered = |at_least: usize| wait_answered(&load, at_least);
     answered(50);
     let by_kube_proxy = load.sent();
 
@@ -224,18 +226,8 @@ fn beside_a_running_kube_proxy_process_and_back_without_a_failed_request() {
     wait_for("kube-proxy's rules", DEADLINE, || {
         t.node.exec("nft", &["list", "tables"]).contains("kube-proxy").then_some(())
     });
-    let load = Load::start(
-        &t.client,
-        Client::HttpPerRequest,
-        vip,
-        Duration::from_millis(1),
-        Duration::from_secs(600),
-    );
-    let answered = |at_least: usize| {
-        wait_for("requests answered", DEADLINE, || {
-            (load.result().answered_by.values().sum::<usize>() >= at_least).then_some(())
-        });
-    };
+    let load = load_to(&t, vip);
+    let answered = |at_least: usize| wait_answered(&load, at_least);
     answered(50);
     // kube-proxy's ports are taken: the agent runs beside it on the chart's.
     let healthz = |port: u16| t.node.run_in(move || http_get_path(sock("127.0.0.1", port), "/healthz")).ok();
