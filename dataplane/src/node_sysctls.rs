@@ -190,12 +190,20 @@ pub struct Applied {
     pub after: Option<u64>,
 }
 
-/// Makes every setting, in order; stops at the first that cannot be made.
+/// Makes every setting, in order; stops at the first that cannot be made. A setting the
+/// kernel does not show yet (conntrack's, before its module is loaded: the first rules
+/// load it) is left out of what is returned, to be made at a later call.
 pub fn apply(sysctl: &mut dyn Sysctl, settings: &[Setting]) -> Result<Vec<Applied>, SettingError> {
     let mut done = Vec::new();
     for setting in settings {
         let failed = |cause| SettingError { why: setting.why, cause };
-        let before = sysctl.read(setting.name).map_err(failed)?;
+        let before = match sysctl.read(setting.name) {
+            Err(ExecError::Sysctl { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {
+                tracing::debug!(sysctl = setting.name, "not in this kernel yet; made once it is");
+                continue;
+            }
+            other => other.map_err(failed)?,
+        };
         let enough = match setting.wanted {
             Wanted::Exactly => before == setting.value.to_string(),
             Wanted::AtLeast => before.parse::<u64>().is_ok_and(|v| v >= setting.value),
@@ -261,6 +269,13 @@ mod tests {
             Some("3600")
         );
         assert!(keeper.keep().is_empty(), "nothing changed since");
+
+        // Not shown yet (a module not loaded): left for later, no error.
+        let absent = FakeSysctl::new();
+        absent.hide("net.netfilter.nf_conntrack_max");
+        let done = apply(&mut absent.clone(), &settings).expect("the others made");
+        assert!(done.iter().all(|a| a.name != "net.netfilter.nf_conntrack_max"), "{done:?}");
+        assert_eq!(done.len(), 2);
 
         let more = [localhost_nodeports()];
         let err = apply(&mut sysctl.clone(), &more).expect_err("read-only").to_string();

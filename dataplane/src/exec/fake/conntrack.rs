@@ -55,6 +55,7 @@ pub struct FakeSysctl {
     values: Arc<Mutex<BTreeMap<String, String>>>,
     read_only: Arc<std::sync::atomic::AtomicBool>,
     writes: Arc<Mutex<Vec<String>>>,
+    hidden: Arc<Mutex<Vec<String>>>,
 }
 
 impl FakeSysctl {
@@ -71,6 +72,11 @@ impl FakeSysctl {
         self.values.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_owned(), value.to_owned());
     }
 
+    /// Makes `name` absent, as a setting of a module not loaded.
+    pub fn hide(&self, name: &str) {
+        self.hidden.lock().unwrap_or_else(|p| p.into_inner()).push(name.to_owned());
+    }
+
     pub fn make_read_only(&self) {
         self.read_only.store(true, std::sync::atomic::Ordering::Relaxed);
     }
@@ -83,6 +89,13 @@ impl FakeSysctl {
 
 impl Sysctl for FakeSysctl {
     fn read(&self, name: &str) -> Result<String, ExecError> {
+        if self.hidden.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|h| h == name) {
+            return Err(ExecError::Sysctl {
+                name: name.to_owned(),
+                action: "read".into(),
+                error: std::io::Error::from(std::io::ErrorKind::NotFound),
+            });
+        }
         Ok(self.get(name).unwrap_or_else(|| "0".to_owned()))
     }
 
