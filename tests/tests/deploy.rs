@@ -368,6 +368,17 @@ fn the_rendered_pods_serve_with_the_charts_settings() {
         config.contains("nodePortAddresses: [\"10.0.0.0/24\"]") && config.contains("masqueradeAll: true"),
         "{config}"
     );
+    // iptables' localhost NodePorts can be turned off (no route_localnet then).
+    let iptables = documents(&install::helm_template_with(
+        None,
+        &["backend=iptables", "iptables.localhostNodePorts=false"],
+    ));
+    let iptables_config =
+        install::object(&iptables, "ConfigMap", "kpx-dataplane")["data"]["config.yaml"].clone();
+    assert!(
+        iptables_config.as_str().is_some_and(|c| c.contains("iptables:\n  localhostNodePorts: false")),
+        "{iptables_config}"
+    );
     let args = &pod::container(&objects, "Deployment", "kpx-controlplane")["args"];
     assert!(args.as_array().is_some_and(|a| a.iter().any(|a| a == "--cluster-cidr=10.244.0.0/16")), "{args}");
     rendered_pods_serve(objects, ProxyBackend::Nftables);

@@ -83,10 +83,16 @@ fn runs_beside_kube_proxy_and_cleans_up_only_its_own(backend: ProxyBackend, flav
     }
 
     dp.stop();
-    t.node.exec(
+    // A cleanup sets nothing and says nothing of localhost NodePorts.
+    t.node.exec("sysctl", &["-qw", "net.ipv4.conf.all.route_localnet=0"]);
+    let cleanup = t.node.try_exec(
         &binary("kpx-dataplane").display().to_string(),
         &["--cleanup", "--backend=iptables", &format!("--iptables-mode={flavour}")],
     );
+    let said = String::from_utf8_lossy(&cleanup.stderr).into_owned();
+    assert!(cleanup.status.success(), "{said}");
+    assert!(!said.contains("127.0.0.1") && !said.contains("route_localnet"), "{said}");
+    assert_eq!(t.node.exec("sysctl", &["-n", "net.ipv4.conf.all.route_localnet"]).trim(), "0");
     let after = saved(&t, flavour);
     assert!(!after.contains("KPX-"), "{after}");
     assert_eq!(after, before, "cleanup leaves exactly what was there before");
