@@ -56,7 +56,9 @@ fn main() -> ExitCode {
     // --init-only touches no rules: no backend.
     let backend = || backend(&config.backend, &conntrack, proc_sys);
     let result = match config.mode {
-        Mode::Cleanup { own, kube_proxy } => cleanup(backend().as_mut(), own, kube_proxy),
+        Mode::Cleanup { own, kube_proxy, state_dir } => {
+            cleanup(backend().as_mut(), own.then_some(state_dir.as_path()), kube_proxy)
+        }
         Mode::InitOnly => make_settings(&mut keeper).map(|()| {
             tracing::info!("the node's kernel settings are made; --init-only ends here");
         }),
@@ -117,7 +119,9 @@ fn make_settings(keeper: &mut Keeper) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn cleanup(backend: &mut dyn Backend, own: bool, kube_proxy: bool) -> anyhow::Result<()> {
+/// Removes kube-proxy's leftovers (`kube_proxy`), and kpx's rules and the state stored in
+/// `own` (its state directory).
+fn cleanup(backend: &mut dyn Backend, own: Option<&std::path::Path>, kube_proxy: bool) -> anyhow::Result<()> {
     if kube_proxy {
         let mut kernel = KubeProxyKernel {
             nft: nft::system(),
@@ -140,9 +144,13 @@ fn cleanup(backend: &mut dyn Backend, own: bool, kube_proxy: bool) -> anyhow::Re
             "removed what kube-proxy left behind"
         );
     }
-    if own {
+    if let Some(state_dir) = own {
         backend.cleanup().context("cleanup failed")?;
         tracing::info!(backend = backend.name(), "removed everything kpx programmed");
+        // The next agent there is a new install: it must not program this one's state.
+        if Store::remove(state_dir).context("removing the stored state failed")? {
+            tracing::info!(state_dir = %state_dir.display(), "removed the stored state");
+        }
     }
     Ok(())
 }

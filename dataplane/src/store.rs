@@ -41,6 +41,8 @@ pub enum StoreError {
     Open { path: String, source: sled::Error },
     #[error("state store {path}: cannot move the damaged store aside: {source}")]
     MoveAside { path: String, source: std::io::Error },
+    #[error("state store {path}: cannot remove it: {source}")]
+    Remove { path: String, source: std::io::Error },
     #[error("state store: {0}")]
     Sled(#[from] sled::Error),
     #[error("state store {path}: closed after a failed write, and not open again yet")]
@@ -122,6 +124,28 @@ impl Store {
                 other => return other,
             }
         }
+    }
+
+    /// Removes the store kept in `dir` (and any damaged one moved aside there); whether
+    /// there was one. Nothing else in `dir` is touched. The agent must not be running.
+    pub fn remove(dir: &Path) -> Result<bool, StoreError> {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(source) => return Err(StoreError::Remove { path: dir.display().to_string(), source }),
+        };
+        let mut removed = false;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            if name.to_string_lossy().starts_with(DB) {
+                let path = entry.path();
+                let result =
+                    if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+                result.map_err(|source| StoreError::Remove { path: path.display().to_string(), source })?;
+                removed = true;
+            }
+        }
+        Ok(removed)
     }
 
     pub fn open(dir: &Path) -> Result<Store, StoreError> {

@@ -75,6 +75,6 @@ ip netns exec "$node" target/debug/kpxctl trace 10.96.0.10:80 --source 10.0.0.2
 echo
 echo "== control plane log";  tail -n 5 "$work/controlplane.log"
 echo "== node agent log";     tail -n 4 "$work/dataplane.log"
-ip netns exec "$node" target/debug/kpx-dataplane --cleanup 2>/dev/null
+ip netns exec "$node" target/debug/kpx-dataplane --cleanup --state-dir "$work/state" 2>/dev/null
 echo
 echo "demo done: processes stopped, namespaces and rules removed"

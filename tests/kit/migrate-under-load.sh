@@ -41,7 +41,8 @@ kc -n $NS rollout status deploy/web --timeout=180s
 VIP=$(kc -n $NS get svc web -o jsonpath='{.spec.clusterIP}')
 NODE=$(kc get node -o jsonpath='{.items[1].status.addresses[?(@.type=="InternalIP")].address}')
 kc -n $NS delete pod client --ignore-not-found --wait=true >/dev/null
-# One request after the other to each target, 2 s timeout each; a line per request.
+# One request after the other to each target, 2 s timeout each; a line per request (a
+# failure with curl's exit status: 7 refused, 28 timed out, 56 reset).
 kc apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: Pod
@@ -51,7 +52,7 @@ spec:
   containers:
   - name: client
     image: registry.k8s.io/e2e-test-images/agnhost:2.55
-    command: [sh, -c, 'while true; do for u in http://$VIP/hostname http://$NODE:30880/hostname; do if curl -sf -m 2 -o /dev/null \$u; then echo "ok \$u"; else echo "FAIL \$u \$(date +%T)"; fi; done; done']
+    command: [sh, -c, 'while true; do for u in http://$VIP/hostname http://$NODE:30880/hostname; do curl -sf -m 2 -o /dev/null \$u; rc=\$?; if [ \$rc = 0 ]; then echo "ok \$u"; else echo "FAIL \$u curl-exit=\$rc \$(date +%T.%N)"; fi; done; done']
 YAML
 kc -n $NS wait --for=condition=Ready pod/client --timeout=120s >/dev/null
 mark() { kc -n $NS exec client -- sh -c "echo phase $1 > /proc/1/fd/1"; echo "== $1 ($(date +%T))"; }

@@ -250,7 +250,7 @@ fn traffic_survives_the_control_plane_and_the_agent_restarts_from_its_store() {
 
     // The agent dies and its rules are wiped; it comes back while the control plane is still down.
     dp.kill();
-    t.node.exec(&kpx_e2e::process::binary("kpx-dataplane").display().to_string(), &["--cleanup"]);
+    t.node.exec("nft", &["delete", "table", "inet", "kpx"]);
     assert!(!t.ruleset().contains(VIP), "cleanup removed the rules");
     let dp = t.start_dataplane();
     dp.wait_event("the stored state programmed", DEADLINE, |e| {
@@ -383,8 +383,15 @@ fn cleanup_removes_only_what_kpx_owns() {
     dp.stop();
     t.node.exec("nft", &["add", "table", "inet", "user"]);
     t.node.exec("nft", &["add", "chain", "inet", "user", "mine", "{ type filter hook input priority 0 ; }"]);
-    t.node.exec(&kpx_e2e::process::binary("kpx-dataplane").display().to_string(), &["--cleanup"]);
+    // The state it kept goes too (the next agent there is a new install), and only that.
+    let state = t.dir.path().join("state");
+    assert!(state.join("state.sled").exists(), "the agent kept its state in {}", state.display());
+    std::fs::write(state.join("mine.txt"), "not kpx's").expect("a file of the user's");
+    let cleanup = format!("--state-dir={}", state.display());
+    t.node.exec(&kpx_e2e::process::binary("kpx-dataplane").display().to_string(), &["--cleanup", &cleanup]);
     let all = t.node.exec("nft", &["list", "ruleset"]);
     assert!(!all.contains("table inet kpx"), "{all}");
     assert!(all.contains("table inet user") && all.contains("chain mine"), "{all}");
+    assert!(!state.join("state.sled").exists(), "the stored state is removed");
+    assert!(state.join("mine.txt").exists(), "nothing else in the state directory is");
 }

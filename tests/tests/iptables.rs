@@ -87,7 +87,12 @@ fn runs_beside_kube_proxy_and_cleans_up_only_its_own(backend: ProxyBackend, flav
     t.node.exec("sysctl", &["-qw", "net.ipv4.conf.all.route_localnet=0"]);
     let cleanup = t.node.try_exec(
         &binary("kpx-dataplane").display().to_string(),
-        &["--cleanup", "--backend=iptables", &format!("--iptables-mode={flavour}")],
+        &[
+            "--cleanup",
+            "--backend=iptables",
+            &format!("--iptables-mode={flavour}"),
+            &format!("--state-dir={}", t.dir.path().join("state").display()),
+        ],
     );
     let said = String::from_utf8_lossy(&cleanup.stderr).into_owned();
     assert!(cleanup.status.success(), "{said}");

@@ -154,7 +154,8 @@ fn migrate_and_back(mode: KubeProxyMode) {
     install_kube_proxy(&t.node, mode);
     dp.stop();
     answered(load.sent() + 50);
-    kpx_dataplane(&t.node, &["--cleanup", "--log-format=json"]);
+    let state = format!("--state-dir={}", t.dir.path().join("state").display());
+    kpx_dataplane(&t.node, &["--cleanup", &state, "--log-format=json"]);
     assert!(!t.ruleset().contains("table inet kpx"), "kpx's rules are gone: {}", t.ruleset());
     assert!(kube_proxy_present(&t.node), "kube-proxy's stay");
     let sent = load.sent();
@@ -261,7 +262,8 @@ fn beside_a_running_kube_proxy_process_and_back_without_a_failed_request() {
     wait_for("kube-proxy's rules again", DEADLINE, || kube_proxy_present(&t.node).then_some(()));
     dp.stop();
     answered(load.sent() + 50);
-    kpx_dataplane(&t.node, &["--cleanup", "--log-format=json"]);
+    let state = format!("--state-dir={}", t.dir.path().join("state").display());
+    kpx_dataplane(&t.node, &["--cleanup", &state, "--log-format=json"]);
     assert!(!t.ruleset().contains("table inet kpx"), "kpx's rules are gone");
     answered(load.sent() + 200);
     let result = load.finish();

@@ -50,6 +50,10 @@ impl ConfigError {
     }
 }
 
+/// Where the chart and the systemd unit keep the agent's state; what `--cleanup` clears
+/// when no `--state-dir` is given.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/kpx";
+
 /// Everything the agent runs with.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -92,9 +96,9 @@ impl BackendConfig {
 /// What the agent is to do.
 #[derive(Debug, Clone)]
 pub enum Mode {
-    /// `--cleanup`: remove what kpx programmed with the backend (`own`) and what kube-proxy
-    /// left (`kube_proxy`), then exit.
-    Cleanup { own: bool, kube_proxy: bool },
+    /// `--cleanup`: remove what kpx programmed with the backend and its stored state in
+    /// `state_dir` (`own`), and what kube-proxy left (`kube_proxy`), then exit.
+    Cleanup { own: bool, kube_proxy: bool, state_dir: PathBuf },
     /// `--init-only`: make the node's kernel settings, then exit.
     InitOnly,
     /// Follow a control plane and program the kernel.
@@ -307,6 +311,11 @@ impl AgentConfig {
             let mode = Mode::Cleanup {
                 own: !flags.kube_proxy_only,
                 kube_proxy: flags.kube_proxy || flags.kube_proxy_only,
+                state_dir: flags
+                    .state_dir
+                    .clone()
+                    .or(kpx.state_dir.clone())
+                    .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
             };
             return Ok(AgentConfig { backend, proxy, conntrack, proc_sys_net, mode });
         }
@@ -800,11 +809,13 @@ mod tests {
         let err = AgentConfig::resolve(one_bad).expect_err("an empty replica").to_string();
         assert!(err.starts_with("--control-plane \"\""), "{err}");
         let cleaning = AgentConfig::resolve(cleanup()).expect("cleanup needs none of them");
-        assert!(matches!(cleaning.mode, Mode::Cleanup { own: true, kube_proxy: false }));
+        assert!(
+            matches!(&cleaning.mode, Mode::Cleanup { own: true, kube_proxy: false, state_dir } if state_dir.as_path() == std::path::Path::new(DEFAULT_STATE_DIR))
+        );
         let both = AgentConfig::resolve(Flags { kube_proxy: true, ..cleanup() }).expect("both");
-        assert!(matches!(both.mode, Mode::Cleanup { own: true, kube_proxy: true }));
+        assert!(matches!(both.mode, Mode::Cleanup { own: true, kube_proxy: true, .. }));
         let theirs = AgentConfig::resolve(Flags { kube_proxy_only: true, ..cleanup() }).expect("theirs");
-        assert!(matches!(theirs.mode, Mode::Cleanup { own: false, kube_proxy: true }));
+        assert!(matches!(theirs.mode, Mode::Cleanup { own: false, kube_proxy: true, .. }));
     }
 
     #[test]
