@@ -22,7 +22,7 @@ use kpx_dataplane::exec::links::IpProcess;
 use kpx_dataplane::exec::nft;
 use kpx_dataplane::exec::sysctl::ProcSys;
 use kpx_dataplane::node_sysctls::{self, Keeper};
-use kpx_dataplane::store::Store;
+use kpx_dataplane::store::{Removal, Store};
 use kpx_dataplane::{serve, upkeep, xds_client};
 use kpx_proto::node_context::ProxySettings;
 
@@ -148,8 +148,13 @@ fn cleanup(backend: &mut dyn Backend, own: Option<&std::path::Path>, kube_proxy:
         backend.cleanup().context("cleanup failed")?;
         tracing::info!(backend = backend.name(), "removed everything kpx programmed");
         // The next agent there is a new install: it must not program this one's state.
-        if Store::remove(state_dir).context("removing the stored state failed")? {
-            tracing::info!(state_dir = %state_dir.display(), "removed the stored state");
+        match Store::remove(state_dir).context("removing the stored state failed")? {
+            Removal::Removed => tracing::info!(state_dir = %state_dir.display(), "removed the stored state"),
+            Removal::InUse => tracing::warn!(
+                state_dir = %state_dir.display(),
+                "the stored state is kept: a running agent holds it (stop it first to remove it)"
+            ),
+            Removal::Absent => {}
         }
     }
     Ok(())

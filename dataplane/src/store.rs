@@ -105,6 +105,16 @@ struct Open {
     tree: sled::Tree,
 }
 
+/// What [`Store::remove`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    Removed,
+    /// There was none.
+    Absent,
+    /// A running agent holds it: kept.
+    InUse,
+}
+
 impl Store {
     /// Opens the store in `dir`. A database sled cannot open is moved aside
     /// (`state.sled.damaged-<unix seconds>`) and replaced by an empty one; [`Store::load`]
@@ -126,26 +136,36 @@ impl Store {
         }
     }
 
-    /// Removes the store kept in `dir` (and any damaged one moved aside there); whether
-    /// there was one. Nothing else in `dir` is touched. The agent must not be running.
-    pub fn remove(dir: &Path) -> Result<bool, StoreError> {
+    /// Removes the store kept in `dir` (and any damaged one moved aside there), unless an
+    /// agent holds it (its lock): that one is running and its state is current. Nothing
+    /// else in `dir` is touched.
+    pub fn remove(dir: &Path) -> Result<Removal, StoreError> {
+        let path = dir.join(DB);
+        if path.exists() {
+            match Self::open_db(&path) {
+                Err(StoreError::Open { source: sled::Error::Io(e), .. }) if locked(&e) => {
+                    return Ok(Removal::InUse)
+                }
+                // Opened (and closed again), or damaged: either way, not in use.
+                _ => {}
+            }
+        }
         let entries = match std::fs::read_dir(dir) {
             Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Removal::Absent),
             Err(source) => return Err(StoreError::Remove { path: dir.display().to_string(), source }),
         };
-        let mut removed = false;
+        let mut removal = Removal::Absent;
         for entry in entries.flatten() {
-            let name = entry.file_name();
-            if name.to_string_lossy().starts_with(DB) {
+            if entry.file_name().to_string_lossy().starts_with(DB) {
                 let path = entry.path();
                 let result =
                     if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
                 result.map_err(|source| StoreError::Remove { path: path.display().to_string(), source })?;
-                removed = true;
+                removal = Removal::Removed;
             }
         }
-        Ok(removed)
+        Ok(removal)
     }
 
     pub fn open(dir: &Path) -> Result<Store, StoreError> {

@@ -12,6 +12,7 @@ B=${1:-nftables}
 export KPX_SRC=${KPX_SRC:-$(cd "$(dirname "$0")/../.." && pwd)}
 kc() { "$KIT/kubectl.sh" "$@"; }
 NS=kpx-migration
+kc delete namespace $NS --ignore-not-found --wait=true --timeout=180s >/dev/null   # an earlier run's
 kc create namespace $NS --dry-run=client -o yaml | kc apply -f - >/dev/null
 kc apply -f - >/dev/null <<YAML
 apiVersion: apps/v1

@@ -380,15 +380,21 @@ fn cleanup_removes_only_what_kpx_owns() {
     let _cp = t.start_control_plane();
     let mut dp = t.start_dataplane();
     t.wait_rules_contain("goto pick-v4-1");
+    let state = t.dir.path().join("state");
+    let state_dir = format!("--state-dir={}", state.display());
+    let kpx_dataplane = kpx_e2e::process::binary("kpx-dataplane").display().to_string();
+    // Another backend's rules cleaned up while the agent runs (a half-done switch of
+    // backends): the running agent's state is kept.
+    let out = t.node.try_exec(&kpx_dataplane, &["--cleanup", "--backend=iptables", &state_dir]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("a running agent holds it"), "{out:?}");
+    assert!(state.join("state.sled").exists(), "the running agent's state is kept");
     dp.stop();
     t.node.exec("nft", &["add", "table", "inet", "user"]);
     t.node.exec("nft", &["add", "chain", "inet", "user", "mine", "{ type filter hook input priority 0 ; }"]);
     // The state it kept goes too (the next agent there is a new install), and only that.
-    let state = t.dir.path().join("state");
-    assert!(state.join("state.sled").exists(), "the agent kept its state in {}", state.display());
     std::fs::write(state.join("mine.txt"), "not kpx's").expect("a file of the user's");
-    let cleanup = format!("--state-dir={}", state.display());
-    t.node.exec(&kpx_e2e::process::binary("kpx-dataplane").display().to_string(), &["--cleanup", &cleanup]);
+    t.node.exec(&kpx_dataplane, &["--cleanup", &state_dir]);
     let all = t.node.exec("nft", &["list", "ruleset"]);
     assert!(!all.contains("table inet kpx"), "{all}");
     assert!(all.contains("table inet user") && all.contains("chain mine"), "{all}");
