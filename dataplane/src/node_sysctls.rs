@@ -56,7 +56,9 @@ impl ConntrackSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wanted {
     Exactly,
-    /// A larger value is kept (a table someone made bigger is not shrunk).
+    /// A larger value is kept (a table someone made bigger is not shrunk); one that cannot
+    /// be raised is warned about, not an error: the conntrack table's size is the host's,
+    /// read-only from a network namespace (kube-proxy fails there; kind sets maxPerCore 0).
     AtLeast,
 }
 
@@ -145,16 +147,25 @@ pub struct Keeper {
     settings: Vec<Setting>,
     /// The last failure logged (not logged again while it lasts).
     failing: Option<String>,
+    /// The settings whose refusal was warned about (once each).
+    warned: std::collections::BTreeSet<&'static str>,
 }
 
 impl Keeper {
     pub fn new(sysctl: Box<dyn Sysctl>, settings: Vec<Setting>) -> Keeper {
-        Keeper { sysctl, settings, failing: None }
+        Keeper { sysctl, settings, failing: None, warned: Default::default() }
     }
 
-    /// Makes the settings now; fails naming one that cannot be made.
+    /// Makes the settings now; fails naming one that cannot be made (a table size that
+    /// cannot be raised is warned about, once).
     pub fn make(&mut self) -> Result<Vec<Applied>, SettingError> {
-        apply(self.sysctl.as_mut(), &self.settings)
+        let applied = apply(self.sysctl.as_mut(), &self.settings)?;
+        for (done, refusal) in applied.iter().filter_map(|a| Some((a, a.refused.as_ref()?))) {
+            if self.warned.insert(done.name) {
+                tracing::warn!(sysctl = done.name, value = %done.before, error = %refusal, "kept as it is: it cannot be raised from here (set conntrack.maxPerCore: 0 to leave it alone)");
+            }
+        }
+        Ok(applied)
     }
 
     /// Checks the settings and makes again those changed behind kpx's back; returns them.
@@ -186,8 +197,10 @@ impl Keeper {
 pub struct Applied {
     pub name: &'static str,
     pub before: String,
-    /// `None`: left as it was (it had the value, or more of it).
+    /// `None`: left as it was (it had the value, or more of it, or see `refused`).
     pub after: Option<u64>,
+    /// Why an [`Wanted::AtLeast`] setting could not be raised.
+    pub refused: Option<String>,
 }
 
 /// Makes every setting, in order; stops at the first that cannot be made. A setting the
@@ -208,14 +221,18 @@ pub fn apply(sysctl: &mut dyn Sysctl, settings: &[Setting]) -> Result<Vec<Applie
             Wanted::Exactly => before == setting.value.to_string(),
             Wanted::AtLeast => before.parse::<u64>().is_ok_and(|v| v >= setting.value),
         };
-        let after = if enough {
-            None
-        } else {
-            sysctl.set(setting.name, &setting.value.to_string()).map_err(failed)?;
-            tracing::info!(sysctl = setting.name, before = %before, value = setting.value, why = setting.why, "kernel setting made");
-            Some(setting.value)
-        };
-        done.push(Applied { name: setting.name, before, after });
+        let (mut after, mut refused) = (None, None);
+        if !enough {
+            match sysctl.set(setting.name, &setting.value.to_string()) {
+                Ok(()) => {
+                    tracing::info!(sysctl = setting.name, before = %before, value = setting.value, why = setting.why, "kernel setting made");
+                    after = Some(setting.value);
+                }
+                Err(e) if setting.wanted == Wanted::AtLeast => refused = Some(e.to_string()),
+                Err(e) => return Err(failed(e)),
+            }
+        }
+        done.push(Applied { name: setting.name, before, after, refused });
     }
     Ok(done)
 }
@@ -276,6 +293,13 @@ mod tests {
         let done = apply(&mut absent.clone(), &settings).expect("the others made");
         assert!(done.iter().all(|a| a.name != "net.netfilter.nf_conntrack_max"), "{done:?}");
         assert_eq!(done.len(), 2);
+
+        // A table that cannot be raised (read-only from a network namespace) is kept.
+        let small = FakeSysctl::new();
+        small.preset("net.netfilter.nf_conntrack_max", "65536");
+        small.make_read_only();
+        let done = apply(&mut small.clone(), &settings[..1]).expect("a warning, not an error");
+        assert!(done[0].refused.as_deref().is_some_and(|r| r.contains("Read-only")), "{done:?}");
 
         let more = [localhost_nodeports()];
         let err = apply(&mut sysctl.clone(), &more).expect_err("read-only").to_string();
