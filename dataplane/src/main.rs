@@ -54,7 +54,7 @@ fn main() -> ExitCode {
     let mut keeper = Keeper::new(Box::new(proc_sys()), settings);
     let conntrack: SharedConntrack = Arc::new(ConntrackProcess);
     // --init-only touches no rules: no backend.
-    let backend = || backend(&config.backend, &conntrack, proc_sys);
+    let backend = || backend(&config.backend, &conntrack);
     let result = match config.mode {
         Mode::Cleanup { own, kube_proxy, state_dir } => {
             cleanup(backend().as_mut(), own.then_some(state_dir.as_path()), kube_proxy)
@@ -85,17 +85,13 @@ fn flavour(mode: IptablesMode) -> Flavour {
 }
 
 /// The configured backend over the kernel's own facilities.
-fn backend(
-    config: &BackendConfig,
-    conntrack: &SharedConntrack,
-    proc_sys: impl Fn() -> ProcSys,
-) -> Box<dyn Backend> {
+fn backend(config: &BackendConfig, conntrack: &SharedConntrack) -> Box<dyn Backend> {
     match config {
         BackendConfig::Nftables => Box::new(NftablesBackend::new(nft::system())),
         BackendConfig::Iptables { mode, localhost_nodeports } => {
             let backend = IptablesBackend::new(Box::new(IptablesProcess { flavour: flavour(*mode) }));
             if *localhost_nodeports {
-                Box::new(backend.with_localhost_nodeports(Box::new(proc_sys())))
+                Box::new(backend.with_localhost_nodeports())
             } else {
                 Box::new(backend)
             }

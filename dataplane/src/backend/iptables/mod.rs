@@ -17,7 +17,6 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use crate::backend::{xtables, Backend, BackendError, Family, NodeContext};
 use crate::exec::iptables::Iptables;
-use crate::exec::sysctl::Sysctl;
 use crate::state::{ChangeSet, NodeState};
 
 use ruleset::Programmed;
@@ -26,24 +25,22 @@ pub struct IptablesBackend {
     iptables: Box<dyn Iptables>,
     /// What the kernel holds, as far as we know; `None` after a failure or before the first sync.
     programmed: Option<Programmed>,
-    /// With NodePorts on 127.0.0.1 (kube-proxy's `localhostNodePorts`): where
-    /// `route_localnet` is set, which lets the kernel route packets from 127.0.0.1 out.
-    localhost_nodeports: Option<Box<dyn Sysctl>>,
+    /// With NodePorts on 127.0.0.1 (kube-proxy's `localhostNodePorts`). The
+    /// `route_localnet` they need is one of the node's settings (`crate::node_sysctls`),
+    /// made and kept by the agent, not here.
+    localhost_nodeports: bool,
 }
-
-/// What lets packets to and from 127.0.0.0/8 be routed beyond loopback.
-use crate::node_sysctls::ROUTE_LOCALNET;
 
 impl IptablesBackend {
     pub fn new(iptables: Box<dyn Iptables>) -> Self {
-        IptablesBackend { iptables, programmed: None, localhost_nodeports: None }
+        IptablesBackend { iptables, programmed: None, localhost_nodeports: false }
     }
 
-    /// Also opens NodePorts on 127.0.0.1, setting `route_localnet` through `sysctl`; the
-    /// fixed chains then drop packets to 127.0.0.0/8 from elsewhere that no NodePort
-    /// translated (as kube-proxy does, so loopback-only listeners stay loopback-only).
-    pub fn with_localhost_nodeports(mut self, sysctl: Box<dyn Sysctl>) -> Self {
-        self.localhost_nodeports = Some(sysctl);
+    /// Also opens NodePorts on 127.0.0.1; the fixed chains then drop packets to
+    /// 127.0.0.0/8 from elsewhere that no NodePort translated (as kube-proxy does, so
+    /// loopback-only listeners stay loopback-only).
+    pub fn with_localhost_nodeports(mut self) -> Self {
+        self.localhost_nodeports = true;
         self
     }
 
@@ -51,7 +48,7 @@ impl IptablesBackend {
     /// NodePort addresses.
     fn rendered<'c>(&self, context: &'c NodeContext) -> Cow<'c, NodeContext> {
         let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
-        if self.localhost_nodeports.is_none() || context.nodeport_addresses.contains(&loopback) {
+        if !self.localhost_nodeports || context.nodeport_addresses.contains(&loopback) {
             return Cow::Borrowed(context);
         }
         let mut with = context.clone();
@@ -106,9 +103,6 @@ impl Backend for IptablesBackend {
 
     fn full_sync(&mut self, desired: &NodeState, context: &NodeContext) -> Result<(), BackendError> {
         self.programmed = None;
-        if let Some(sysctl) = self.localhost_nodeports.as_mut() {
-            sysctl.set(ROUTE_LOCALNET, "1")?;
-        }
         let mut saved = BTreeMap::new();
         for family in Family::ALL {
             saved.insert(family, self.iptables.save(family)?);
