@@ -82,6 +82,8 @@ impl NodeAdmin for NodeAdminService {
                     last_nack_type_url: s.last_nack.as_ref().map(|n| n.0.clone()).unwrap_or_default(),
                     last_nack: s.last_nack.as_ref().map(|n| n.1.clone()).unwrap_or_default(),
                     last_nack_unix_ms: unix_ms(s.last_nack.as_ref().map(|n| n.2)),
+                    seconds_since_contact: s.since_contact(std::time::SystemTime::now()).as_secs_f64(),
+                    last_contact_unix_ms: unix_ms(s.last_contact),
                 }
             })
             .await?;

@@ -4,6 +4,7 @@
 //! again for every connection, so certificates and tokens that kubelet or cert-manager
 //! rotate are picked up by the next connection while an open stream keeps its own.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -49,6 +50,8 @@ pub enum ConnectError {
     #[error("{}: the token file is empty", path.display())]
     EmptyToken { path: PathBuf },
     #[error("{0}")]
+    Url(String),
+    #[error("{0}")]
     Transport(#[from] tonic::transport::Error),
 }
 
@@ -64,19 +67,45 @@ impl ControlPlane {
 
     /// Opens a connection, with the TLS files as they are now.
     pub async fn connect(&self) -> Result<Channel, ConnectError> {
-        let mut endpoint = Endpoint::from_shared(self.url.clone())?
+        self.connect_via(None).await
+    }
+
+    /// Opens a connection to `address` instead of the URL's host (`None`: the URL as
+    /// written), the control plane's certificate still checked against the URL's host.
+    pub async fn connect_via(&self, address: Option<SocketAddr>) -> Result<Channel, ConnectError> {
+        let url = match address {
+            None => self.url.clone(),
+            Some(address) => {
+                let uri: tonic::codegen::http::Uri =
+                    self.url.parse().map_err(|e: tonic::codegen::http::uri::InvalidUri| {
+                        ConnectError::Url(format!("{}: {e}", self.url))
+                    })?;
+                format!("{}://{address}", uri.scheme_str().unwrap_or("http"))
+            }
+        };
+        let mut endpoint = Endpoint::from_shared(url)?
             .connect_timeout(self.keepalive)
             .http2_keep_alive_interval(self.keepalive)
             .keep_alive_timeout(self.keepalive)
             .keep_alive_while_idle(true);
         if let Some(tls) = &self.tls {
             let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(&tls.ca)?));
+            if address.is_some() {
+                config = config.domain_name(self.host());
+            }
             if let Some(identity) = &tls.identity {
                 config = config.identity(Identity::from_pem(read(&identity.cert)?, read(&identity.key)?));
             }
             endpoint = endpoint.tls_config(config)?;
         }
         Ok(endpoint.connect().await?)
+    }
+
+    /// The URL's host, as its certificate must name it.
+    pub fn host(&self) -> String {
+        let uri: Option<tonic::codegen::http::Uri> = self.url.parse().ok();
+        uri.and_then(|u| u.host().map(|h| h.trim_start_matches('[').trim_end_matches(']').to_owned()))
+            .unwrap_or_default()
     }
 
     /// The `authorization` header value for the next stream (`None` without a token file).

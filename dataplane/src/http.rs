@@ -22,26 +22,51 @@ fn health(health: &watch::Receiver<ProxyHealth>, probe: Probe, metrics: &AgentMe
     let answers = match probe {
         Probe::Healthz => &metrics.healthz_answers,
         Probe::Livez => &metrics.livez_answers,
+        Probe::Readyz => return json(code, body),
     };
     answers.get_or_create(&labels(&[("code", &code.to_string())])).inc();
+    json(code, body)
+}
+
+fn json(code: u16, body: String) -> Response {
     let code = StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     (code, [(header::CONTENT_TYPE, "application/json"), (header::X_CONTENT_TYPE_OPTIONS, "nosniff")], body)
         .into_response()
 }
 
-/// `/healthz` and `/livez`, each answer counted in `kubeproxy_proxy_{healthz,livez}_total{code}`.
-pub fn health_router(proxy_health: watch::Receiver<ProxyHealth>, metrics: Arc<AgentMetrics>) -> Router {
+/// `/healthz` and `/livez`, each answer counted in `kubeproxy_proxy_{healthz,livez}_total{code}`,
+/// and kpx's `/readyz`, whose body also names the agent's pod (`pod`: `instance`), so that
+/// a probe can tell this agent's answer from another process's on the same port.
+pub fn health_router(
+    proxy_health: watch::Receiver<ProxyHealth>,
+    metrics: Arc<AgentMetrics>,
+    instance: Option<String>,
+) -> Router {
     let (livez, livez_metrics) = (proxy_health.clone(), Arc::clone(&metrics));
+    let readyz = proxy_health.clone();
+    let pod = format!(",\"pod\":\"{}\"}}", instance.unwrap_or_default().escape_default());
     Router::new()
         .route("/healthz", get(move || async move { health(&proxy_health, Probe::Healthz, &metrics) }))
         .route("/livez", get(move || async move { health(&livez, Probe::Livez, &livez_metrics) }))
+        .route(
+            "/readyz",
+            get(move || async move {
+                let (code, body) = readyz.borrow().answer(Probe::Readyz, SystemTime::now());
+                json(code, format!("{}{pod}", body.trim_end_matches('}')))
+            }),
+        )
 }
 
 pub fn metrics_router(agent: SharedAgent) -> Router {
     Router::new().route(
         "/metrics",
         get(move || async move {
-            let text = agent.lock().metrics().render();
+            let text = {
+                let agent = agent.lock();
+                let since = agent.status.since_contact(SystemTime::now());
+                agent.metrics().xds_since_contact.set(since.as_secs_f64());
+                agent.metrics().render()
+            };
             ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text)
         }),
     )

@@ -6,16 +6,20 @@
 
 pub mod admin;
 pub mod agent;
+pub mod apiserver;
 pub mod backend;
 pub mod config;
 pub mod connection;
 pub mod conntrack;
 pub mod exec;
 pub mod healthcheck;
+pub mod home;
 pub mod http;
 pub mod memory;
 pub mod metrics;
 pub mod node_sysctls;
+pub mod outage;
+pub mod probe;
 pub mod serve;
 pub mod state;
 pub mod status;

@@ -4,6 +4,7 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
@@ -23,7 +24,7 @@ use kpx_dataplane::exec::nft;
 use kpx_dataplane::exec::sysctl::ProcSys;
 use kpx_dataplane::node_sysctls::{self, Keeper};
 use kpx_dataplane::store::{Removal, Store};
-use kpx_dataplane::{serve, upkeep, xds_client};
+use kpx_dataplane::{home, outage, serve, upkeep, xds_client};
 use kpx_proto::node_context::ProxySettings;
 
 fn main() -> ExitCode {
@@ -58,6 +59,15 @@ fn main() -> ExitCode {
     let result = match config.mode {
         Mode::Cleanup { own, kube_proxy, state_dir } => {
             cleanup(backend().as_mut(), own.then_some(state_dir.as_path()), kube_proxy)
+        }
+        Mode::Probe { kind, healthz, pod_uid } => {
+            return match kpx_dataplane::probe::probe(kind, healthz, pod_uid.as_deref()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("kpx-dataplane --probe: {e}");
+                    ExitCode::from(1)
+                }
+            };
         }
         Mode::InitOnly => make_settings(&mut keeper).map(|()| {
             tracing::info!("the node's kernel settings are made; --init-only ends here");
@@ -164,20 +174,30 @@ fn run(
     keeper: Keeper,
 ) -> anyhow::Result<()> {
     let store = Store::open(&config.state_dir)?;
-    let agent = Agent::start(
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let api = config.api.clone();
+    let services =
+        config.control_planes.iter().filter_map(|c| home::service_of_url(&c.url)).collect::<Vec<_>>();
+    let current_install = |state: &kpx_dataplane::state::NodeState| {
+        runtime.block_on(home::current_install(&api, state, &services))
+    };
+    let agent = Agent::start_checking_install(
         config.node_name,
         settings,
         backend,
         store,
         conntrack,
         config.control_planes.iter().map(|c| c.url.as_str()).collect::<Vec<_>>().join(","),
+        current_install,
     )?;
     let agent = SharedAgent::new(agent);
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let unreachable_after =
+        config.control_planes.first().map_or(Duration::from_secs(30), |c| c.keepalive * 3);
     runtime.block_on(async {
-        serve::start(&agent, config.listen).await?;
+        serve::start(&agent, config.listen, config.pod_uid).await?;
         tokio::select! {
-            _ = xds_client::run(config.control_planes, agent.clone(), config.sync.min) => {},
+            _ = xds_client::run(config.control_planes, config.api.clone(), agent.clone(), config.sync.min) => {},
+            _ = outage::report(agent.clone(), config.api, unreachable_after) => {},
             _ = upkeep::run(agent, config.sync.full, keeper) => {},
             _ = kpx_proto::cli::shutdown_signal() => {
                 tracing::info!("shutting down; rules stay in place (use --cleanup to remove them)");

@@ -64,6 +64,8 @@ pub struct AgentMetrics {
     pub healthz_answers: Family<Labels, Counter>,
     pub livez_answers: Family<Labels, Counter>,
     pub xds_connected: Gauge,
+    /// Seconds since a control plane last answered, set at each scrape.
+    pub xds_since_contact: Gauge<f64, AtomicU64>,
     /// Responses applied (`result="ack"`) or refused (`result="nack"`).
     pub xds_responses: Family<Labels, Counter>,
     pub services: Gauge,
@@ -95,6 +97,7 @@ impl AgentMetrics {
             healthz_answers: Family::default(),
             livez_answers: Family::default(),
             xds_connected: Gauge::default(),
+            xds_since_contact: Gauge::default(),
             xds_responses: Family::default(),
             services: Gauge::default(),
             rules_repaired: Counter::default(),
@@ -200,6 +203,11 @@ impl AgentMetrics {
             "kpx_xds_connected",
             "1 while the stream to the control plane is open",
             m.xds_connected.clone(),
+        );
+        registry.register(
+            "kpx_xds_seconds_since_contact",
+            "Seconds since a control plane last answered this node (since the agent started if none has)",
+            m.xds_since_contact.clone(),
         );
         registry.register(
             "kpx_xds_responses",

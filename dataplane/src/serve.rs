@@ -25,7 +25,8 @@ async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<tokio::net::TcpLis
 }
 
 /// Binds every listener (so a taken port is an error at start) and serves in the background.
-pub async fn start(agent: &SharedAgent, listen: Listen) -> anyhow::Result<()> {
+/// `/readyz` names `pod_uid`.
+pub async fn start(agent: &SharedAgent, listen: Listen, pod_uid: Option<String>) -> anyhow::Result<()> {
     let admin = bind(listen.admin, "--admin-listen").await?;
     let healthz = bind(listen.healthz, "--healthz-listen").await?;
     let metrics = bind(listen.metrics, "--metrics-listen").await?;
@@ -34,7 +35,7 @@ pub async fn start(agent: &SharedAgent, listen: Listen) -> anyhow::Result<()> {
         (agent.health_checks(), agent.proxy_health(), Arc::clone(agent.metrics()))
     };
     tokio::spawn(healthcheck::serve(checks, proxy_health.clone()));
-    tokio::spawn(http::serve(healthz, http::health_router(proxy_health, metrics_of_agent)));
+    tokio::spawn(http::serve(healthz, http::health_router(proxy_health, metrics_of_agent, pod_uid)));
     tokio::spawn(http::serve(metrics, http::metrics_router(agent.clone())));
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<NodeAdminServer<NodeAdminService>>().await;

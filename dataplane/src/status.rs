@@ -20,6 +20,10 @@ pub struct AgentStatus {
     pub out_of_sync: bool,
     pub applies: u64,
     pub nacks: u64,
+    /// When the agent started.
+    pub started_at: Option<SystemTime>,
+    /// The last time a control plane answered (a stream opened or a response came).
+    pub last_contact: Option<SystemTime>,
 }
 
 pub fn unix_ms(t: Option<SystemTime>) -> i64 {
@@ -63,6 +67,8 @@ pub struct ProxyHealth {
     pub out_of_sync: bool,
     /// The Node has a deletion timestamp or the `ToBeDeletedByClusterAutoscaler` taint.
     pub node_being_deleted: bool,
+    /// A control plane has answered since the agent started.
+    pub reached_control_plane: bool,
 }
 
 /// Which of kube-proxy's two health answers.
@@ -72,6 +78,10 @@ pub enum Probe {
     Healthz,
     /// `/livez`: healthy, whatever becomes of the Node.
     Livez,
+    /// `/readyz` (kpx's own, the pod's readiness): healthy, and a control plane has
+    /// answered since the agent started (a fresh install whose agents never reached one
+    /// does not roll out as a success).
+    Readyz,
 }
 
 impl ProxyHealth {
@@ -97,6 +107,11 @@ impl ProxyHealth {
                 (code, format!("{{{times},\"nodeEligible\":{eligible}}}"))
             }
             Probe::Livez => (if self.healthy() { 200 } else { 503 }, format!("{{{times}}}")),
+            Probe::Readyz => {
+                let reached = self.reached_control_plane;
+                let code = if self.healthy() && reached { 200 } else { 503 };
+                (code, format!("{{{times},\"controlPlaneReached\":{reached}}}"))
+            }
         }
     }
 }
@@ -104,7 +119,21 @@ impl ProxyHealth {
 impl AgentStatus {
     /// What the health answers read, for a node whose Node is (or is not) being deleted.
     pub fn proxy_health(&self, node_being_deleted: bool) -> ProxyHealth {
-        ProxyHealth { last_synced_at: self.last_synced_at, out_of_sync: self.out_of_sync, node_being_deleted }
+        ProxyHealth {
+            last_synced_at: self.last_synced_at,
+            out_of_sync: self.out_of_sync,
+            node_being_deleted,
+            reached_control_plane: self.last_contact.is_some(),
+        }
+    }
+
+    /// How long since a control plane last answered (since the start if none has): 0 while
+    /// a stream is open.
+    pub fn since_contact(&self, now: SystemTime) -> Duration {
+        if self.connected {
+            return Duration::ZERO;
+        }
+        self.last_contact.or(self.started_at).and_then(|t| now.duration_since(t).ok()).unwrap_or_default()
     }
 }
 
@@ -127,7 +156,18 @@ mod tests {
         assert_eq!(answer(&s, false, Probe::Livez), (200, format!("{{{times}}}")));
         assert_eq!(answer(&s, true, Probe::Healthz), (503, format!("{{{times},\"nodeEligible\":false}}")));
         assert_eq!(answer(&s, true, Probe::Livez).0, 200, "a leaving node is still alive");
+        assert_eq!(
+            answer(&s, false, Probe::Readyz),
+            (503, format!("{{{times},\"controlPlaneReached\":false}}")),
+            "synced from the store, no control plane yet"
+        );
+        s.last_contact = Some(t);
+        assert_eq!(
+            answer(&s, false, Probe::Readyz),
+            (200, format!("{{{times},\"controlPlaneReached\":true}}"))
+        );
         s.out_of_sync = true;
+        assert_eq!(answer(&s, false, Probe::Readyz).0, 503);
         assert_eq!(answer(&s, false, Probe::Healthz).0, 503);
         assert_eq!(answer(&s, false, Probe::Livez).0, 503);
     }

@@ -21,6 +21,7 @@ const SERVICE_PREFIX: &[u8] = b"svc/";
 const NODE_KEY: &[u8] = b"node";
 const FORMAT_KEY: &[u8] = b"format";
 const MANIFEST_KEY: &[u8] = b"manifest";
+const INSTALL_KEY: &[u8] = b"control-plane-service-uid";
 const FORMAT: &[u8] = b"kpx-state-v2";
 const DB: &str = "state.sled";
 /// sled's page cache. sled's own default is 1 GiB, which it lowers to a container's memory
@@ -103,6 +104,9 @@ pub struct Store {
 struct Open {
     db: sled::Db,
     tree: sled::Tree,
+    /// Which install the state is from (see [`Store::install`]), apart from the records
+    /// and their manifest.
+    install: sled::Tree,
 }
 
 /// What [`Store::remove`] did.
@@ -204,7 +208,8 @@ impl Store {
         let open_error = |source| StoreError::Open { path: path.display().to_string(), source };
         let db = sled::Config::new().path(path).cache_capacity(CACHE_BYTES).open().map_err(open_error)?;
         let tree = db.open_tree("resources").map_err(open_error)?;
-        Ok(Open { db, tree })
+        let install = db.open_tree("install").map_err(open_error)?;
+        Ok(Open { db, tree, install })
     }
 
     fn opened(&self) -> Result<&Open, StoreError> {
@@ -318,7 +323,7 @@ impl Store {
     }
 
     fn write(&mut self, state: &NodeState, changes: &ChangeSet) -> Result<(), StoreError> {
-        let Open { db, tree } = self.opened()?;
+        let Open { db, tree, .. } = self.opened()?;
         let mut batch = sled::Batch::default();
         let mut manifest = self.manifest;
         batch.insert(FORMAT_KEY, FORMAT);
@@ -351,6 +356,21 @@ impl Store {
         tree.apply_batch(batch)?;
         db.flush()?;
         self.manifest = manifest;
+        Ok(())
+    }
+
+    /// The install the stored state came from: the UID of its control plane's Service, if
+    /// the agent ever learned it.
+    pub fn install(&self) -> Result<Option<String>, StoreError> {
+        let value = self.opened()?.install.get(INSTALL_KEY)?;
+        Ok(value.map(|v| String::from_utf8_lossy(&v).into_owned()))
+    }
+
+    /// Records the install the state is from now, flushed.
+    pub fn set_install(&mut self, uid: &str) -> Result<(), StoreError> {
+        let Open { db, install, .. } = self.opened()?;
+        install.insert(INSTALL_KEY, uid.as_bytes())?;
+        db.flush()?;
         Ok(())
     }
 

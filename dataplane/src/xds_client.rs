@@ -16,6 +16,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::agent::{Agent, SharedAgent};
 use crate::connection::ControlPlane;
+use crate::home::{ApiAccess, Home};
 use crate::state::RawResource;
 use kpx_proto::ResourceType;
 
@@ -30,11 +31,28 @@ const INVALID_ARGUMENT: i32 = 3;
 /// At least `min_sync_period` passes between two applies: a delta that comes sooner
 /// waits, and the control plane (which sends nothing new before the ACK) coalesces
 /// changes meanwhile.
-pub async fn run(control_planes: Vec<ControlPlane>, agent: SharedAgent, min_sync_period: Duration) {
+/// Each is reached as [`Home::dial`] finds it: never only through the Services kpx programs.
+pub async fn run(
+    control_planes: Vec<ControlPlane>,
+    api: ApiAccess,
+    agent: SharedAgent,
+    min_sync_period: Duration,
+) {
     let mut backoff = INITIAL_BACKOFF;
-    for control_plane in control_planes.iter().cycle() {
-        let url = control_plane.url.as_str();
-        match stream_once(control_plane, &agent, min_sync_period).await {
+    let mut homes: Vec<Home> = control_planes.into_iter().map(Home::new).collect();
+    for i in (0..homes.len()).cycle() {
+        let home = &mut homes[i];
+        let url = home.control_plane().url.clone();
+        let url = url.as_str();
+        let streamed = match home.dial(&agent, &api).await {
+            Ok((channel, via)) => {
+                stream_once(home.control_plane(), channel, via, &agent, min_sync_period).await
+            }
+            Err(error) => {
+                Err(StreamEnd { error: error.context("connect"), established: false, local_failure: false })
+            }
+        };
+        match streamed {
             Ok(()) => {
                 tracing::warn!(control_plane = url, "control plane closed the stream");
                 agent.lock().set_connected(false, Some("control plane closed the stream".into()));
@@ -92,13 +110,13 @@ const RECOVERY_QUIET: Duration = Duration::from_secs(2);
 
 async fn stream_once(
     control_plane: &ControlPlane,
+    channel: tonic::transport::Channel,
+    via: Option<std::net::SocketAddr>,
     agent: &SharedAgent,
     min_sync_period: Duration,
 ) -> Result<(), StreamEnd> {
     let fail =
         |established: bool| move |e: anyhow::Error| StreamEnd { error: e, established, local_failure: false };
-    let channel =
-        control_plane.connect().await.map_err(|e| fail(false)(anyhow::anyhow!("connect: {}", causes(&e))))?;
     let mut client = AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(256 << 20);
     let (tx, rx) = mpsc::channel(16);
     for ty in ResourceType::ALL {
@@ -126,6 +144,7 @@ async fn stream_once(
     };
     tracing::info!(
         control_plane = control_plane.url,
+        address = via.map(|a| a.to_string()),
         services,
         "stream open; resuming with the versions this node has"
     );
@@ -180,7 +199,7 @@ fn code_name(code: tonic::Code) -> String {
 
 /// An error and its causes, each once (transport errors say little at the top: the
 /// reason — a refused certificate, a closed connection — is further down).
-fn causes(error: &dyn std::error::Error) -> String {
+pub(crate) fn causes(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut cause = error.source();
     while let Some(e) = cause {

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{RawQuery, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -84,6 +84,11 @@ struct ApiState {
     reviews: usize,
     /// What a ServiceCIDR request gets.
     service_cidrs: ServiceCidrs,
+    /// The namespaced requests a node agent makes: "GET service ns/name",
+    /// "LIST endpointslices ns service-name", "POST event".
+    agent_requests: Vec<String>,
+    /// The Events created.
+    events: Vec<Value>,
 }
 
 /// How the fake API server answers for ServiceCIDRs.
@@ -189,6 +194,9 @@ impl FakeApiServer {
             .route("/api/v1/nodes", get(|s, q| serve(s, q, Kind::Node)))
             .route("/apis/networking.k8s.io/v1/servicecidrs", get(|s, q| serve(s, q, Kind::ServiceCidr)))
             .route("/apis/authentication.k8s.io/v1/tokenreviews", post(token_review))
+            .route("/api/v1/namespaces/{namespace}/services/{name}", get(get_service))
+            .route("/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices", get(list_slices_of))
+            .route("/api/v1/namespaces/{namespace}/events", post(create_event))
             .with_state(Arc::clone(&self.state));
         let tls = self.tls.clone();
         self.runtime.spawn(async move {
@@ -287,6 +295,16 @@ impl FakeApiServer {
     /// How many lists and watches of `kind` were asked for.
     pub fn requests(&self, what: &str, kind: Kind) -> usize {
         self.lock().requests.iter().filter(|(w, k)| *w == what && *k == kind).count()
+    }
+
+    /// The namespaced requests a node agent made, in order (see `ApiState::agent_requests`).
+    pub fn agent_requests(&self) -> Vec<String> {
+        self.lock().agent_requests.clone()
+    }
+
+    /// The Events created so far.
+    pub fn events(&self) -> Vec<Value> {
+        self.lock().events.clone()
     }
 
     /// Registers a token for TokenReviews.
@@ -441,6 +459,75 @@ async fn serve(State(state): State<Arc<Mutex<ApiState>>>, RawQuery(query): RawQu
         .header("content-type", "application/json")
         .body(body)
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+fn not_found(what: &str) -> Response {
+    let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": format!("{what} not found"), "reason": "NotFound", "code": 404});
+    (StatusCode::NOT_FOUND, status.to_string()).into_response()
+}
+
+/// `GET /api/v1/namespaces/NS/services/NAME`.
+async fn get_service(
+    State(state): State<Arc<Mutex<ApiState>>>,
+    Path((namespace, name)): Path<(String, String)>,
+) -> Response {
+    let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+    s.agent_requests.push(format!("GET service {namespace}/{name}"));
+    match s.objects.get(&(Kind::Service, format!("{namespace}/{name}"))) {
+        Some(object) => json_response(object),
+        None => not_found(&format!("services \"{name}\"")),
+    }
+}
+
+/// `GET /apis/discovery.k8s.io/v1/namespaces/NS/endpointslices?labelSelector=kubernetes.io/service-name=NAME`.
+async fn list_slices_of(
+    State(state): State<Arc<Mutex<ApiState>>>,
+    Path(namespace): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let query = query
+        .unwrap_or_default()
+        .replace("%2F", "/")
+        .replace("%2f", "/")
+        .replace("%3D", "=")
+        .replace("%3d", "=");
+    let service = param(&query, "labelSelector")
+        .and_then(|l| l.strip_prefix("kubernetes.io/service-name="))
+        .unwrap_or_default()
+        .to_owned();
+    let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+    s.agent_requests.push(format!("LIST endpointslices {namespace} {service}"));
+    let items: Vec<Value> = s
+        .objects
+        .iter()
+        .filter(|((k, _), o)| {
+            *k == Kind::EndpointSlice
+                && o["metadata"]["namespace"] == namespace.as_str()
+                && o["metadata"]["labels"]["kubernetes.io/service-name"] == service.as_str()
+        })
+        .map(|(_, o)| o.clone())
+        .collect();
+    json_response(&json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList",
+        "metadata": {"resourceVersion": s.revision.to_string()}, "items": items,
+    }))
+}
+
+/// `POST /api/v1/namespaces/NS/events`: kept for the test to read.
+async fn create_event(
+    State(state): State<Arc<Mutex<ApiState>>>,
+    Path(namespace): Path<String>,
+    body: Bytes,
+) -> Response {
+    let Ok(mut event) = serde_json::from_slice::<Value>(&body) else {
+        return (StatusCode::BAD_REQUEST, "not JSON").into_response();
+    };
+    let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+    s.agent_requests.push("POST event".to_owned());
+    event["metadata"]["namespace"] = json!(namespace);
+    s.events.push(event.clone());
+    (StatusCode::CREATED, [("content-type", "application/json")], event.to_string()).into_response()
 }
 
 /// `POST tokenreviews`: what a real API server answers for the registered tokens.

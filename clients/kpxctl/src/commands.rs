@@ -282,7 +282,7 @@ pub async fn run(cli: &Cli) -> anyhow::Result<String> {
         Command::Status => {
             let mut c = NodeAdminClient::new(connect(cli, &cli.agent, AGENT).await?);
             let s = c.get_status(GetStatusRequest {}).await.map_err(call_error(AGENT))?.into_inner();
-            let v = json!({"node": s.node, "backend": s.backend, "controlPlane": s.control_plane, "connected": s.connected, "connectedSinceUnixMs": s.connected_since_unix_ms, "lastError": s.last_error, "lastApplySeconds": s.last_apply_seconds, "lastApplyUnixMs": s.last_apply_unix_ms, "applies": s.applies, "nacks": s.nacks, "lastNackTypeUrl": s.last_nack_type_url, "lastNack": s.last_nack, "lastNackUnixMs": s.last_nack_unix_ms});
+            let v = json!({"node": s.node, "backend": s.backend, "controlPlane": s.control_plane, "connected": s.connected, "connectedSinceUnixMs": s.connected_since_unix_ms, "lastError": s.last_error, "lastApplySeconds": s.last_apply_seconds, "lastApplyUnixMs": s.last_apply_unix_ms, "applies": s.applies, "nacks": s.nacks, "lastNackTypeUrl": s.last_nack_type_url, "lastNack": s.last_nack, "lastNackUnixMs": s.last_nack_unix_ms, "secondsSinceContact": s.seconds_since_contact, "lastContactUnixMs": s.last_contact_unix_ms});
             if json {
                 return pretty(v);
             }
@@ -296,6 +296,14 @@ pub async fn run(cli: &Cli) -> anyhow::Result<String> {
                         s.control_plane,
                         if s.connected { "connected" } else { "not connected" }
                     ),
+                ],
+                vec![
+                    "last contact".into(),
+                    if s.last_contact_unix_ms == 0 {
+                        format!("none since the agent started {:.0}s ago", s.seconds_since_contact)
+                    } else {
+                        format!("{:.0}s ago", s.seconds_since_contact)
+                    },
                 ],
                 vec!["applies / NACKs".into(), format!("{} / {}", s.applies, s.nacks)],
                 vec!["last apply".into(), format!("{:.1} ms", s.last_apply_seconds * 1e3)],

@@ -120,10 +120,27 @@ impl Agent {
     pub fn start(
         node_name: String,
         settings: ProxySettings,
+        backend: Box<dyn Backend>,
+        store: Store,
+        conntrack: SharedConntrack,
+        control_plane: String,
+    ) -> anyhow::Result<Agent> {
+        Self::start_checking_install(node_name, settings, backend, store, conntrack, control_plane, |_| None)
+    }
+
+    /// [`Agent::start`], with the stored state's install checked first: `current_install`
+    /// gives, from the stored state (it may read the API server's addresses there), the
+    /// UID of the control plane's Service now, if it can be learned. A stored state
+    /// recorded under another UID is an earlier install's (uninstalled, its Service
+    /// deleted): it is not programmed, and the agent starts as a new one.
+    pub fn start_checking_install(
+        node_name: String,
+        settings: ProxySettings,
         mut backend: Box<dyn Backend>,
         mut store: Store,
         conntrack: SharedConntrack,
         control_plane: String,
+        current_install: impl FnOnce(&NodeState) -> Option<String>,
     ) -> anyhow::Result<Agent> {
         let (mut state, damaged) = match store.load()? {
             Ok(state) => (state, None),
@@ -140,6 +157,26 @@ impl Agent {
             );
             store.replace_all(&state)?;
         }
+        let stored_something = !state.services.is_empty() || state.node.is_some();
+        if let Some(current) = stored_something.then(|| current_install(&state)).flatten() {
+            match store.install()? {
+                Some(stored) if stored != current => {
+                    tracing::warn!(
+                        stored_install = stored,
+                        current_install = current,
+                        services = state.services.len(),
+                        "the stored state is an earlier install's (its control plane's Service is gone): not programmed; starting as a new node"
+                    );
+                    state = NodeState::default();
+                    store.replace_all(&state)?;
+                }
+                Some(_) => {}
+                None => {
+                    tracing::info!(install = current, "the control plane's install recorded beside the state")
+                }
+            }
+            store.set_install(&current)?;
+        }
         let nothing_stored = damaged.is_none() && state.services.is_empty() && state.node.is_none();
         let kernel_has_rules = nothing_stored && backend.holds_rules()?;
         let damaged = match damaged {
@@ -153,7 +190,7 @@ impl Agent {
         let context = NodeContext::derive(&settings, state.node.as_ref().map(|n| &n.value));
         let (health, _) = watch::channel(healthcheck::desired(&state));
         let (proxy_health, _) = watch::channel(ProxyHealth::default());
-        let status = AgentStatus { control_plane, ..Default::default() };
+        let status = AgentStatus { control_plane, started_at: Some(SystemTime::now()), ..Default::default() };
         let mut agent = Agent {
             node_name,
             state,
@@ -426,11 +463,45 @@ impl Agent {
         if connected && !self.status.connected {
             self.status.connected_since = Some(SystemTime::now());
         }
+        // An open stream is contact; so was the moment it ended.
+        if connected || self.status.connected {
+            self.heard_from_control_plane();
+        }
         self.status.connected = connected;
         if let Some(e) = error {
             self.status.last_error = e;
         }
         self.metrics.xds_connected.set(i64::from(connected));
+    }
+
+    /// A control plane answered: the time of last contact moves (and the first contact
+    /// since the start makes the agent ready).
+    pub fn heard_from_control_plane(&mut self) {
+        let first = self.status.last_contact.is_none();
+        self.status.last_contact = Some(SystemTime::now());
+        if first {
+            self.publish_health();
+        }
+    }
+
+    /// The install the control plane's Service belongs to now (its UID, from the API
+    /// server): recorded beside the state, which from now on is this install's.
+    pub fn note_install(&mut self, uid: &str) {
+        match self.store.install() {
+            Ok(Some(stored)) if stored == uid => return,
+            Ok(Some(stored)) => tracing::warn!(
+                was = stored,
+                now = uid,
+                "the control plane's Service is of another install now; the state will be its"
+            ),
+            Ok(None) => {
+                tracing::info!(install = uid, "the control plane's install recorded beside the state")
+            }
+            Err(e) => tracing::warn!(error = %e, "reading the stored install failed"),
+        }
+        if let Err(e) = self.store.set_install(uid) {
+            tracing::warn!(error = %e, "recording the control plane's install failed");
+        }
     }
 
     /// Applies one response of `type_url`.
@@ -440,6 +511,7 @@ impl Agent {
         resources: Vec<RawResource>,
         removed: Vec<String>,
     ) -> Result<Applied, ApplyError> {
+        self.heard_from_control_plane();
         let started = Instant::now();
         self.metrics.queued(self.families(), unix_seconds(SystemTime::now()));
         let result = self.apply_delta(type_url, resources, removed, started);

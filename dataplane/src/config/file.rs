@@ -108,6 +108,10 @@ pub struct KpxSection {
     pub ipvs_drain_grace: Option<String>,
     pub service_proxy_name: Option<String>,
     pub proc_sys_net: Option<PathBuf>,
+    pub api_server: Option<String>,
+    pub api_server_token_file: Option<PathBuf>,
+    #[serde(rename = "apiServerCA")]
+    pub api_server_ca: Option<PathBuf>,
 }
 
 /// Reads and checks the file at `path`; also returns the kube-proxy fields it ignored

@@ -155,9 +155,38 @@ pub struct Flags {
     /// serving (the step of a migration from kube-proxy to kpx).
     #[arg(long, requires = "cleanup", conflicts_with = "kube_proxy")]
     pub kube_proxy_only: bool,
+    /// The API server's real address (`https://HOST:PORT`), never a Service kpx programs:
+    /// where the agent asks for the control plane's endpoints when none it knows answers,
+    /// and posts Events on its Node. Without it, the API server's addresses the stored
+    /// state has (the `kubernetes` Service's endpoints) are used.
+    #[arg(long)]
+    pub api_server: Option<String>,
+    /// A ServiceAccount token for the API server (re-read at every request).
+    #[arg(long)]
+    pub api_server_token_file: Option<PathBuf>,
+    /// The CA (PEM) of the API server's certificate, which must name the URL's host, or
+    /// `kubernetes.default.svc` when it is dialled by address.
+    #[arg(long = "api-server-ca")]
+    pub api_server_ca: Option<PathBuf>,
+    /// This agent's pod UID (a pod sets it from the downward API): `/readyz` names it, and
+    /// `--probe` takes only an answer that names it.
+    #[arg(long, env = "POD_UID")]
+    pub pod_uid: Option<String>,
+    /// Probe the agent running on this node (its `--healthz-listen`) and exit 0 when it
+    /// answers as it should: `ready` (synced, and a control plane reached since it started)
+    /// or `live` (synced); with `--pod-uid`, only an answer from that pod's agent counts.
+    #[arg(long, value_enum, conflicts_with_all = ["cleanup", "init_only"])]
+    pub probe: Option<ProbeKind>,
     /// Log format: human or json.
     #[arg(long, default_value = "human", value_parser = str::parse::<LogFormat>)]
     pub log_format: LogFormat,
+}
+
+/// What `--probe` asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProbeKind {
+    Ready,
+    Live,
 }
 
 /// The backends a node agent can drive.

@@ -15,10 +15,12 @@ use ipnet::IpNet;
 use kpx_proto::cli::parse_duration;
 use kpx_proto::node_context::{LocalMode, NodePortAddresses, ProxySettings};
 
-pub use flags::{BackendKind, Flags, IptablesMode};
+pub use flags::{BackendKind, Flags, IptablesMode, ProbeKind};
 
+use crate::apiserver::{ApiCredentials, ApiServer};
 use crate::backend::ipvs::IpvsOptions;
 use crate::connection::{ClientIdentity, ClientTls, ControlPlane};
+use crate::home::ApiAccess;
 use crate::node_sysctls::ConntrackSettings;
 use crate::serve::Listen;
 use file::{KubeProxyConfiguration, ModeSection};
@@ -101,6 +103,8 @@ pub enum Mode {
     Cleanup { own: bool, kube_proxy: bool, state_dir: PathBuf },
     /// `--init-only`: make the node's kernel settings, then exit.
     InitOnly,
+    /// `--probe`: ask the agent on `healthz` whether it is ready (or live), then exit.
+    Probe { kind: ProbeKind, healthz: SocketAddr, pod_uid: Option<String> },
     /// Follow a control plane and program the kernel.
     Run(Box<RunConfig>),
 }
@@ -125,6 +129,10 @@ pub struct RunConfig {
     pub state_dir: PathBuf,
     pub sync: SyncPeriods,
     pub listen: Listen,
+    /// How the API server is reached (see [`crate::home`]).
+    pub api: ApiAccess,
+    /// This agent's pod, named by `/readyz`.
+    pub pod_uid: Option<String>,
 }
 
 fn cidrs(field: &str, texts: &[String]) -> Result<Vec<IpNet>, ConfigError> {
@@ -307,6 +315,32 @@ impl AgentConfig {
             .clone()
             .or(kpx.proc_sys_net.clone())
             .unwrap_or_else(|| PathBuf::from(crate::exec::sysctl::PROC_SYS_NET));
+        let listen = Listen {
+            admin: flags
+                .admin_listen
+                .or(address("kpx.adminBindAddress", kpx.admin_bind_address.as_deref())?)
+                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 18001))),
+            healthz: flags
+                .healthz_listen
+                .or(address("healthzBindAddress", file.healthz_bind_address.as_deref())?)
+                .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 10256))),
+            metrics: flags
+                .metrics_listen
+                .or(address("metricsBindAddress", file.metrics_bind_address.as_deref())?)
+                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 10249))),
+        };
+        if let Some(kind) = flags.probe {
+            let mut healthz = listen.healthz;
+            if healthz.ip().is_unspecified() {
+                healthz.set_ip(if healthz.is_ipv4() {
+                    [127, 0, 0, 1].into()
+                } else {
+                    std::net::Ipv6Addr::LOCALHOST.into()
+                });
+            }
+            let mode = Mode::Probe { kind, healthz, pod_uid: flags.pod_uid.clone() };
+            return Ok(AgentConfig { backend, proxy, conntrack, proc_sys_net, mode });
+        }
         if flags.cleanup {
             let mode = Mode::Cleanup {
                 own: !flags.kube_proxy_only,
@@ -322,20 +356,6 @@ impl AgentConfig {
         if flags.init_only {
             return Ok(AgentConfig { backend, proxy, conntrack, proc_sys_net, mode: Mode::InitOnly });
         }
-        let listen = Listen {
-            admin: flags
-                .admin_listen
-                .or(address("kpx.adminBindAddress", kpx.admin_bind_address.as_deref())?)
-                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 18001))),
-            healthz: flags
-                .healthz_listen
-                .or(address("healthzBindAddress", file.healthz_bind_address.as_deref())?)
-                .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 10256))),
-            metrics: flags
-                .metrics_listen
-                .or(address("metricsBindAddress", file.metrics_bind_address.as_deref())?)
-                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 10249))),
-        };
         let full = flags.full_sync_period.or(sync_period).unwrap_or(Duration::from_secs(3600));
         let sync = SyncPeriods {
             full: (!full.is_zero()).then_some(full),
@@ -381,7 +401,37 @@ impl AgentConfig {
         if !insecure && !listen.admin.ip().is_loopback() {
             return Err(ConfigError::Plaintext { flag: "--admin-listen", address: listen.admin.to_string() });
         }
-        let run = RunConfig { node_name, control_planes, state_dir, sync, listen };
+        let credentials = ApiCredentials {
+            token_file: flags.api_server_token_file.or(kpx.api_server_token_file),
+            ca: flags.api_server_ca.or(kpx.api_server_ca),
+        };
+        let api_server = match flags.api_server.or(kpx.api_server) {
+            None => None,
+            Some(url) => {
+                let server = ApiServer::from_url(url.trim(), credentials.clone()).map_err(|reason| {
+                    ConfigError::Invalid { field: "--api-server", reason: format!("{url:?}: {reason}") }
+                })?;
+                if server.https && credentials.ca.is_none() {
+                    return Err(ConfigError::Invalid {
+                        field: "--api-server-ca",
+                        reason: format!("needed for {url}: the CA of the API server's certificate"),
+                    });
+                }
+                if !server.https
+                    && !insecure
+                    && !server.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+                {
+                    return Err(ConfigError::Invalid {
+                        field: "--api-server",
+                        reason: format!("{url}: plaintext HTTP to a non-loopback address needs --insecure"),
+                    });
+                }
+                Some(server)
+            }
+        };
+        let api = ApiAccess { configured: api_server, credentials };
+        let run =
+            RunConfig { node_name, control_planes, state_dir, sync, listen, api, pod_uid: flags.pod_uid };
         Ok(AgentConfig { backend, proxy, conntrack, proc_sys_net, mode: Mode::Run(Box::new(run)) })
     }
 
@@ -584,7 +634,57 @@ mod tests {
     fn run(config: &AgentConfig) -> &RunConfig {
         match &config.mode {
             Mode::Run(run) => run,
-            Mode::Cleanup { .. } | Mode::InitOnly => panic!("not a run"),
+            Mode::Cleanup { .. } | Mode::InitOnly | Mode::Probe { .. } => panic!("not a run"),
+        }
+    }
+
+    #[test]
+    fn the_api_server_needs_its_ca_and_plaintext_needs_insecure() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let ca = dir.path().join("ca.crt");
+        std::fs::write(&ca, "x").expect("ca");
+        let with = |url: &str, ca: Option<PathBuf>, insecure: bool| {
+            AgentConfig::resolve(Flags {
+                api_server: Some(url.into()),
+                api_server_ca: ca,
+                insecure,
+                ..running()
+            })
+        };
+        let c = with("https://192.168.1.10:6443", Some(ca.clone()), false).expect("valid");
+        let server = run(&c).api.configured.clone().expect("configured");
+        assert_eq!((server.server_name.as_str(), server.port), (crate::apiserver::IN_CLUSTER_NAME, 6443));
+        let err = with("https://192.168.1.10:6443", None, false).expect_err("no CA").to_string();
+        assert!(err.starts_with("--api-server-ca") && err.contains("192.168.1.10"), "{err}");
+        let err = with("http://192.168.1.10:8080", None, false).expect_err("plaintext").to_string();
+        assert!(err.starts_with("--api-server") && err.contains("--insecure"), "{err}");
+        assert!(with("http://192.168.1.10:8080", None, true).is_ok());
+        let err = with("ftp://x", None, false).expect_err("scheme").to_string();
+        assert!(err.starts_with("--api-server") && err.contains("ftp://x"), "{err}");
+        let file = "kpx: {controlPlane: 'http://127.0.0.1:18000', stateDir: /s, apiServer: 'http://127.0.0.1:6443'}\n";
+        let c = with_file(file, Flags { node_name: Some("n".into()), ..Flags::default() }).expect("file");
+        assert_eq!(
+            run(&c).api.configured.as_ref().map(|s| s.url()).as_deref(),
+            Some("http://127.0.0.1:6443")
+        );
+    }
+
+    #[test]
+    fn a_probe_asks_the_healthz_address_on_loopback() {
+        let text = "healthzBindAddress: 0.0.0.0:10356\n";
+        let c = with_file(
+            text,
+            Flags { probe: Some(ProbeKind::Ready), pod_uid: Some("u1".into()), ..Flags::default() },
+        )
+        .expect("probe needs no node name or control plane");
+        match c.mode {
+            Mode::Probe { kind, healthz, pod_uid } => {
+                assert_eq!(
+                    (kind, healthz.to_string(), pod_uid.as_deref()),
+                    (ProbeKind::Ready, "127.0.0.1:10356".into(), Some("u1"))
+                );
+            }
+            other => panic!("{other:?}"),
         }
     }
 

@@ -1,0 +1,113 @@
+//! An agent cut off from its control plane says so on its Node, where an operator looks
+//! (`kubectl describe node`, `kubectl get events`): a Warning Event
+//! `ControlPlaneUnreachable` once no control plane has answered for a while, and a Normal
+//! `ControlPlaneReachable` when one answers again. Posted to the API server at its real
+//! address (see [`crate::home`]); an API server that cannot be reached is tried again.
+
+use std::time::{Duration, SystemTime};
+
+use serde_json::json;
+
+use crate::agent::SharedAgent;
+use crate::home::ApiAccess;
+use crate::status::rfc3339;
+
+/// How often the agent looks, and at least how long between two attempts to post.
+const TICK: Duration = Duration::from_secs(1);
+const RETRY: Duration = Duration::from_secs(15);
+
+/// The reasons of the two Events.
+pub const UNREACHABLE: &str = "ControlPlaneUnreachable";
+pub const REACHABLE: &str = "ControlPlaneReachable";
+
+/// Runs forever: an Event when the agent has been without a control plane for `after`,
+/// and one when a control plane answers again.
+pub async fn report(agent: SharedAgent, api: ApiAccess, after: Duration) {
+    if !api.usable() {
+        return;
+    }
+    let mut reported: Option<SystemTime> = None;
+    let mut last_try: Option<tokio::time::Instant> = None;
+    let mut timer = tokio::time::interval(TICK);
+    loop {
+        timer.tick().await;
+        let now = SystemTime::now();
+        let (connected, since_contact, node, control_plane, error, servers) = {
+            let agent = agent.lock();
+            let s = &agent.status;
+            let servers = api.servers(agent.state());
+            (
+                s.connected,
+                s.since_contact(now),
+                agent.node_name().to_owned(),
+                s.control_plane.clone(),
+                s.last_error.clone(),
+                servers,
+            )
+        };
+        let event = match reported {
+            None if !connected && since_contact >= after => (
+                "Warning",
+                UNREACHABLE,
+                format!("no control plane ({control_plane}) has answered for {}s; the node's rules stay as they are: {error}", since_contact.as_secs()),
+            ),
+            Some(since) if connected => (
+                "Normal",
+                REACHABLE,
+                format!("{control_plane} answers again, after {}s", now.duration_since(since).unwrap_or_default().as_secs()),
+            ),
+            _ => continue,
+        };
+        if last_try.is_some_and(|t| t.elapsed() < RETRY) {
+            continue;
+        }
+        last_try = Some(tokio::time::Instant::now());
+        let body = node_event(&node, event.0, event.1, &event.2, now);
+        let mut failures = Vec::new();
+        let mut posted = false;
+        for server in servers {
+            match server.post_event(&body).await {
+                Ok(()) => {
+                    posted = true;
+                    break;
+                }
+                Err(e) => failures.push(format!("{}: {e}", server.url())),
+            }
+        }
+        if posted {
+            tracing::info!(reason = event.1, message = event.2, "Event posted on the Node");
+            last_try = None;
+            reported = match reported {
+                None => Some(now - since_contact),
+                Some(_) => None,
+            };
+        } else {
+            tracing::warn!(
+                reason = event.1,
+                failures = failures.join("; "),
+                "posting the Event on the Node failed; trying again"
+            );
+        }
+    }
+}
+
+/// A core/v1 Event about Node `node`, as kubelet writes them (namespace `default`, the
+/// Node's name as its UID).
+fn node_event(node: &str, kind: &str, reason: &str, message: &str, now: SystemTime) -> serde_json::Value {
+    let at = rfc3339(now);
+    json!({
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": format!("{node}.kpx-"), "namespace": "default"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+        "reason": reason,
+        "message": message,
+        "type": kind,
+        "source": {"component": "kpx-dataplane", "host": node},
+        "reportingComponent": "kpx-dataplane",
+        "reportingInstance": node,
+        "firstTimestamp": at,
+        "lastTimestamp": at,
+        "count": 1,
+    })
+}
