@@ -146,6 +146,49 @@ pub fn granted_to_control_plane(objects: &[Value]) -> BTreeSet<String> {
     granted
 }
 
+/// `NAMESPACE group/resource[/name]:verb` for every rule of the Roles bound (by
+/// RoleBindings) to the ServiceAccount the kpx-dataplane DaemonSet runs as.
+pub fn granted_to_agent(objects: &[Value]) -> BTreeSet<String> {
+    let daemonset = object(objects, "DaemonSet", "kpx-dataplane");
+    let account = daemonset["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap_or("default");
+    let namespace = daemonset["metadata"]["namespace"].as_str().unwrap_or("default");
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array().into_iter().flatten().filter_map(|s| s.as_str().map(str::to_owned)).collect()
+    };
+    let mut granted = BTreeSet::new();
+    for binding in objects.iter().filter(|o| o["kind"] == "RoleBinding" && o["roleRef"]["kind"] == "Role") {
+        let to_agent =
+            binding["subjects"].as_array().into_iter().flatten().any(|s| {
+                s["kind"] == "ServiceAccount" && s["name"] == account && s["namespace"] == namespace
+            });
+        if !to_agent {
+            continue;
+        }
+        let at = binding["metadata"]["namespace"].as_str().unwrap_or("default");
+        let role = objects.iter().find(|o| {
+            o["kind"] == "Role"
+                && o["metadata"]["name"] == binding["roleRef"]["name"]
+                && o["metadata"]["namespace"] == at
+        });
+        for rule in role.and_then(|r| r["rules"].as_array()).into_iter().flatten() {
+            let names = strings(&rule["resourceNames"]);
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    for verb in strings(&rule["verbs"]) {
+                        if names.is_empty() {
+                            granted.insert(format!("{at} {group}/{resource}:{verb}"));
+                        }
+                        for name in &names {
+                            granted.insert(format!("{at} {group}/{resource}/{name}:{verb}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    granted
+}
+
 /// The default install both ways: kustomize's and Helm's objects.
 pub fn default_installs() -> [(&'static str, Vec<Value>); 2] {
     [("kubectl kustomize", documents(&kustomize(""))), ("helm template", documents(&helm_template(None)))]

@@ -59,6 +59,23 @@ impl Netns {
             .unwrap_or_else(|e| panic!("cannot run ip netns exec: {e}"))
     }
 
+    /// Like [`Netns::try_exec`], with only `env` (and a PATH) as the environment.
+    pub fn try_exec_with_env(
+        &self,
+        program: &str,
+        args: &[&str],
+        env: &std::collections::BTreeMap<String, String>,
+    ) -> std::process::Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.name, program])
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+            .envs(env)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run ip netns exec: {e}"))
+    }
+
     /// Runs `f` on a thread that has entered this namespace: sockets it creates live here.
     pub fn run_in<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
         self.place().run_in(f)

@@ -43,6 +43,10 @@ pub struct RunningPod {
     // Dropped in this order: the process ends before its cgroup is removed.
     pub process: KpxProcess,
     pub host_root: PathBuf,
+    /// The container's environment (what an exec probe runs with).
+    pub env: BTreeMap<String, String>,
+    /// The pod's folder: its volumes are under `volumes/NAME`.
+    pub root: PathBuf,
     _cgroup: Option<MemoryCgroup>,
 }
 
@@ -128,6 +132,27 @@ impl RunningPod {
         options.split(',').any(|o| o == "ro")
     }
 
+    /// Runs the container's exec `probe` (`readinessProbe`, `livenessProbe`) inside the
+    /// container's mount and network namespaces with its environment, as the kubelet does.
+    pub fn exec_probe(&self, container: &Value, probe: &str) -> std::process::Output {
+        let command: Vec<String> = container[probe]["exec"]["command"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{probe} is not an exec probe: {}", container[probe]))
+            .iter()
+            .map(|c| c.as_str().expect("a string").to_owned())
+            .collect();
+        let pid = self.process.pid().expect("a running container");
+        Command::new("nsenter")
+            .args(["-t", &pid.to_string(), "-m", "-n", "--"])
+            .arg(binary(&command[0]))
+            .args(&command[1..])
+            .env_clear()
+            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+            .envs(&self.env)
+            .output()
+            .expect("nsenter runs")
+    }
+
     /// The container port named `name`.
     pub fn port(container: &Value, name: &str) -> u16 {
         container["ports"]
@@ -157,7 +182,7 @@ pub fn start(ns: &Netns, world: &PodWorld<'_>, kind: &str, name: &str) -> Runnin
     for init in pod["initContainers"].as_array().into_iter().flatten() {
         let init_name = init["name"].as_str().expect("init container name");
         let at = Launch { kind, name, pod, container: init, root: root.join(format!("init-{init_name}")) };
-        let (mut process, _cgroup) = at.launch(ns, world, &host_root, &format!("{name}-{init_name}"));
+        let (mut process, _env, _cgroup) = at.launch(ns, world, &host_root, &format!("{name}-{init_name}"));
         let status = process.wait_exit(crate::DEADLINE);
         assert!(
             status.is_some_and(|s| s.success()),
@@ -166,9 +191,9 @@ pub fn start(ns: &Netns, world: &PodWorld<'_>, kind: &str, name: &str) -> Runnin
         );
         println!("{kind} {name}: init container {init_name} ended {status:?}");
     }
-    let at = Launch { kind, name, pod, container: &pod["containers"][0], root };
-    let (process, cgroup) = at.launch(ns, world, &host_root, name);
-    RunningPod { process, host_root, _cgroup: cgroup }
+    let at = Launch { kind, name, pod, container: &pod["containers"][0], root: root.clone() };
+    let (process, env, cgroup) = at.launch(ns, world, &host_root, name);
+    RunningPod { process, host_root, env, root, _cgroup: cgroup }
 }
 
 /// One container of a pod, to start.
@@ -189,7 +214,7 @@ impl Launch<'_> {
         world: &PodWorld<'_>,
         host_root: &Path,
         log_name: &str,
-    ) -> (KpxProcess, Option<MemoryCgroup>) {
+    ) -> (KpxProcess, BTreeMap<String, String>, Option<MemoryCgroup>) {
         let Launch { kind, name, pod, container, ref root } = *self;
 
         let mut env = BTreeMap::new();
@@ -203,6 +228,8 @@ impl Launch<'_> {
                 value.to_owned()
             } else if var["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName" {
                 world.node_name.to_owned()
+            } else if var["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid" {
+                pod_uid(self.name)
             } else {
                 panic!("{kind} {name}: env {var} is not something this runner supplies");
             };
@@ -358,7 +385,7 @@ impl Launch<'_> {
             .envs(&env);
         let log = world.dir.join(format!("{log_name}.log"));
         println!("{kind} {name}: {program} {}", args.join(" "));
-        (KpxProcess::start_command(process, program, log), cgroup)
+        (KpxProcess::start_command(process, program, log), env, cgroup)
     }
 }
 
@@ -404,8 +431,19 @@ fn materialise(world: &PodWorld<'_>, volume: &Value, at: &Path, host_root: &Path
     at.to_owned()
 }
 
+/// The UID of the pod of workload `name` (one pod per workload here).
+fn pod_uid(name: &str) -> String {
+    format!("{name}-{}", std::process::id())
+}
+
 fn config_map_data(world: &PodWorld<'_>, reference: &Value) -> BTreeMap<String, Vec<u8>> {
     let name = reference["name"].as_str().expect("configMap name");
+    // Every namespace holds it, made by the cluster: the API server's CA.
+    if name == "kube-root-ca.crt" {
+        let (ca, _, _) =
+            world.api_server.expect("kube-root-ca.crt is the API server's CA: the test supplies one");
+        return BTreeMap::from([("ca.crt".to_owned(), std::fs::read(ca).expect("the API server's CA"))]);
+    }
     let object = crate::install::object(world.objects, "ConfigMap", name);
     object["data"]
         .as_object()

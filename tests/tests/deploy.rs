@@ -325,11 +325,35 @@ fn rendered_pods_serve(objects: Vec<serde_json::Value>, backend: ProxyBackend) {
     let status = agent.process.terminate();
     assert!(status.is_some_and(|s| s.success()), "the agent ends cleanly on SIGTERM: {status:?}");
     t.wait_answered_by("10.96.9.1", 80, "pod0");
+
+    // Another process now holds the agent's healthz port and answers 200 on every path
+    // (kube-proxy's healthz did, for agents that crashed on its port): the probes, with the
+    // pod's config and identity, fail and say why.
+    let healthz = RunningPod::port(agent_container, "healthz");
+    let _impostor = HttpImpostor::start(&t, healthz);
+    let config = agent.root.join("volumes/config/config.yaml");
+    for kind in ["ready", "live"] {
+        let out = t.node.try_exec_with_env(
+            &kpx_e2e::process::binary("kpx-dataplane").display().to_string(),
+            &[&format!("--config={}", config.display()), &format!("--probe={kind}")],
+            &agent.env,
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "--probe={kind} passed another process's answer: {stderr}");
+        assert!(stderr.contains("answered by another pod's agent or another process"), "{stderr}");
+    }
     drop(cp);
 }
 
-/// Waits until the container's `probe` (an httpGet on a named port) answers 200 at `host`.
+/// Waits until the container's `probe` passes: an exec probe exits 0, an httpGet on a
+/// named port answers 200 at `host`.
 fn wait_probe(t: &Topology, pod: &RunningPod, container: &serde_json::Value, probe: &str, host: &str) {
+    if container[probe].get("exec").is_some() {
+        let what = format!("{} {probe} (exec {})", pod.process.name, container[probe]["exec"]["command"]);
+        wait_for(&what, DEADLINE, || pod.exec_probe(container, probe).status.success().then_some(()));
+        println!("{what}: exit 0");
+        return;
+    }
     let get = &container[probe]["httpGet"];
     let path = get["path"].as_str().expect("httpGet path").to_owned();
     let port = RunningPod::port(container, get["port"].as_str().expect("a named port"));
@@ -343,6 +367,50 @@ fn wait_probe(t: &Topology, pod: &RunningPod, container: &serde_json::Value, pro
         }
     });
     println!("{what}: 200");
+}
+
+/// A process that answers `200` with kube-proxy's healthz body to every HTTP request on
+/// `port` of the node.
+struct HttpImpostor {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HttpImpostor {
+    fn start(t: &Topology, port: u16) -> HttpImpostor {
+        let listener = t.node.run_in(move || {
+            let l = std::net::TcpListener::bind(("0.0.0.0", port)).expect("the agent's port is free again");
+            l.set_nonblocking(true).expect("nonblocking");
+            l
+        });
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = std::sync::Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((mut s, _)) => {
+                        let _ = s.set_nonblocking(false);
+                        let mut buf = [0u8; 1024];
+                        let _ = s.read(&mut buf);
+                        let body = r#"{"lastUpdated":"","currentTime":"","nodeEligible":true}"#;
+                        let _ = write!(s, "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{body}");
+                    }
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+                }
+            }
+        });
+        HttpImpostor { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for HttpImpostor {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 #[test]

@@ -159,6 +159,30 @@ fn an_agent_with_nothing_stored_finds_the_control_plane_through_the_api_server_a
     });
     assert!(c.seconds_since_contact() < 6.0, "{}", c.seconds_since_contact());
     assert_eq!(c.events("ControlPlaneUnreachable"), 1, "one Event per outage");
+    rbac_covers_what_the_agent_asked(&c.api);
+}
+
+/// The RBAC the install renders (kustomize and Helm alike) grants the agent's
+/// ServiceAccount every request it made of the API server, and nothing more.
+fn rbac_covers_what_the_agent_asked(api: &FakeApiServer) {
+    let asked: std::collections::BTreeSet<String> = api
+        .agent_requests()
+        .iter()
+        .map(|r| match r.as_str() {
+            "GET service kube-system/kpx-controlplane" => {
+                "kube-system /services/kpx-controlplane:get".to_owned()
+            }
+            "LIST endpointslices kube-system kpx-controlplane" => {
+                "kube-system discovery.k8s.io/endpointslices:list".to_owned()
+            }
+            "POST event" => "default /events:create".to_owned(),
+            other => panic!("the agent asked {other}"),
+        })
+        .collect();
+    assert_eq!(asked.len(), 3, "{asked:?}");
+    for (how, objects) in kpx_e2e::install::default_installs() {
+        assert_eq!(kpx_e2e::install::granted_to_agent(&objects), asked, "{how}");
+    }
 }
 
 #[test]
