@@ -128,12 +128,14 @@ pub struct Home {
     service: Option<ServiceRef>,
     /// The endpoints the API server last gave for the Service.
     discovered: Vec<SocketAddr>,
+    /// The last attempt found no way.
+    failed_before: bool,
 }
 
 impl Home {
     pub fn new(control_plane: ControlPlane) -> Home {
         let service = service_of_url(&control_plane.url);
-        Home { control_plane, service, discovered: Vec::new() }
+        Home { control_plane, service, discovered: Vec::new(), failed_before: false }
     }
 
     pub fn control_plane(&self) -> &ControlPlane {
@@ -141,9 +143,11 @@ impl Home {
     }
 
     /// Connects by the first way that answers: the URL as written, the Service's endpoints
-    /// the stored state has and those the API server gave before, all at once; if none
-    /// answers, the endpoints the API server gives now. Returns the channel and the
-    /// address dialled (`None`: the URL's own).
+    /// the stored state has and those the API server gave before, all at once; and the
+    /// endpoints the API server gives now — asked at the same time when the last attempt
+    /// failed too (an outage: what the node knows is likely stale) or nothing but the URL
+    /// is known, else once the known ways failed. Returns the channel and the address
+    /// dialled (`None`: the URL's own).
     pub async fn dial(
         &mut self,
         agent: &SharedAgent,
@@ -158,54 +162,121 @@ impl Home {
                 }
             }
         }
-        let mut failures = match first_connected(&self.control_plane, &candidates).await {
-            Ok(connected) => return Ok(connected),
-            Err(failures) => failures,
-        };
-        let Some(service) = self.service.clone().filter(|_| api.usable()) else {
-            anyhow::bail!("{}", failures.join("; "));
-        };
-        let servers = api.servers(agent.lock().state());
-        if servers.is_empty() {
-            failures
-                .push(format!("no API server address to ask where {service} is (configure --api-server)"));
-        }
-        for server in servers {
-            match server.control_plane(&service).await {
-                Ok(found) => {
-                    tracing::info!(
-                        api_server = server.url(),
-                        service = %service,
-                        endpoints = ?found.addresses,
-                        "asked the API server where the control plane is"
-                    );
-                    agent.lock().note_install(&found.uid);
-                    self.discovered = found.addresses;
-                    break;
+        let service = self.service.clone().filter(|_| api.usable());
+        let known = first_connected(&self.control_plane, &candidates);
+        let result = match &service {
+            None => known.await,
+            Some(service) => {
+                let servers = api.servers(agent.lock().state());
+                let asked = ask_and_dial(&self.control_plane, agent, service, servers, &candidates);
+                let (discovered, result) = if self.failed_before || candidates.len() == 1 {
+                    first_of(known, asked).await
+                } else {
+                    match known.await {
+                        Ok(connected) => (None, Ok(connected)),
+                        Err(mut failures) => {
+                            let (discovered, result) = asked.await;
+                            (
+                                discovered,
+                                result.map_err(|more| {
+                                    failures.extend(more);
+                                    failures
+                                }),
+                            )
+                        }
+                    }
+                };
+                if let Some(discovered) = discovered {
+                    self.discovered = discovered;
                 }
-                Err(e) => failures.push(format!("API server {}: {e}", server.url())),
+                result
             }
-        }
-        let fresh: Vec<Option<SocketAddr>> =
-            self.discovered.iter().copied().map(Some).filter(|a| !candidates.contains(a)).collect();
-        if fresh.is_empty() {
-            if self.discovered.is_empty() {
-                failures.push(format!("the API server lists no ready endpoint of {service}"));
-            }
-            anyhow::bail!("{}", failures.join("; "));
-        }
-        first_connected(&self.control_plane, &fresh).await.map_err(|more| {
-            failures.extend(more);
-            anyhow::anyhow!("{}", failures.join("; "))
-        })
+        };
+        self.failed_before = result.is_err();
+        result.map_err(|failures| anyhow::anyhow!("{}", failures.join("; ")))
     }
 }
 
-/// Dials every candidate at once; the first connection made, or every failure.
-async fn first_connected(
+type Dialled = Result<(Channel, Option<SocketAddr>), Vec<String>>;
+
+/// The first success of the known ways and of asking the API server, or every failure.
+async fn first_of(
+    known: impl std::future::Future<Output = Dialled>,
+    asked: impl std::future::Future<Output = (Option<Vec<SocketAddr>>, Dialled)>,
+) -> (Option<Vec<SocketAddr>>, Dialled) {
+    use futures::future::{select, Either};
+    let (known, asked) = (std::pin::pin!(known), std::pin::pin!(asked));
+    match select(known, asked).await {
+        Either::Left((Ok(connected), _)) => (None, Ok(connected)),
+        Either::Left((Err(mut failures), asked)) => {
+            let (discovered, result) = asked.await;
+            (
+                discovered,
+                result.map_err(|more| {
+                    failures.extend(more);
+                    failures
+                }),
+            )
+        }
+        Either::Right(((discovered, Ok(connected)), _)) => (discovered, Ok(connected)),
+        Either::Right(((discovered, Err(mut failures)), known)) => {
+            let result = known.await.map_err(|more| {
+                failures.extend(more);
+                failures
+            });
+            (discovered, result)
+        }
+    }
+}
+
+/// Asks the API servers, in turn, for `service`'s ready endpoints (recording its UID as
+/// the install), and dials those not in `tried`; returns what it learned too.
+async fn ask_and_dial(
     control_plane: &ControlPlane,
-    candidates: &[Option<SocketAddr>],
-) -> Result<(Channel, Option<SocketAddr>), Vec<String>> {
+    agent: &SharedAgent,
+    service: &ServiceRef,
+    servers: Vec<ApiServer>,
+    tried: &[Option<SocketAddr>],
+) -> (Option<Vec<SocketAddr>>, Dialled) {
+    let mut failures = Vec::new();
+    if servers.is_empty() {
+        failures.push(format!("no API server address to ask where {service} is (configure --api-server)"));
+    }
+    let mut discovered = None;
+    for server in servers {
+        match server.control_plane(service).await {
+            Ok(found) => {
+                tracing::info!(
+                    api_server = server.url(),
+                    service = %service,
+                    endpoints = ?found.addresses,
+                    "asked the API server where the control plane is"
+                );
+                agent.lock().note_install(&found.uid);
+                discovered = Some(found.addresses);
+                break;
+            }
+            Err(e) => failures.push(format!("API server {}: {e}", server.url())),
+        }
+    }
+    let Some(addresses) = &discovered else { return (None, Err(failures)) };
+    if addresses.is_empty() {
+        failures.push(format!("the API server lists no ready endpoint of {service}"));
+    }
+    let fresh: Vec<Option<SocketAddr>> =
+        addresses.iter().copied().map(Some).filter(|a| !tried.contains(a)).collect();
+    if fresh.is_empty() {
+        return (discovered, Err(failures));
+    }
+    let result = first_connected(control_plane, &fresh).await.map_err(|more| {
+        failures.extend(more);
+        failures
+    });
+    (discovered, result)
+}
+
+/// Dials every candidate at once; the first connection made, or every failure.
+async fn first_connected(control_plane: &ControlPlane, candidates: &[Option<SocketAddr>]) -> Dialled {
     let mut attempts: futures::stream::FuturesUnordered<_> = candidates
         .iter()
         .map(|&address| async move {
