@@ -50,6 +50,8 @@ pub enum ApiError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("{0}")]
     Tls(String),
+    #[error("request: {0}")]
+    Request(String),
     #[error("connect {address}: {source}")]
     Connect { address: String, source: std::io::Error },
     #[error("{0}")]
@@ -180,7 +182,7 @@ impl ApiServer {
         }
         let request = request
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
-            .map_err(|e| ApiError::Tls(format!("request: {e}")))?;
+            .map_err(|e| ApiError::Request(e.to_string()))?;
         let response = if self.https {
             let tls = self.tls_connector()?;
             let name = rustls::pki_types::ServerName::try_from(self.server_name.clone())

@@ -32,36 +32,44 @@ pub async fn report(agent: SharedAgent, api: ApiAccess, after: Duration) {
     loop {
         timer.tick().await;
         let now = SystemTime::now();
-        let (connected, since_contact, node, control_plane, error, servers) = {
+        // Cheap every second: two fields; the rest only when an Event is due.
+        let (connected, since_contact) = {
+            let agent = agent.lock();
+            (agent.status.connected, agent.status.since_contact(now))
+        };
+        let due = match reported {
+            None => !connected && since_contact >= after,
+            Some(_) => connected,
+        };
+        if !due || last_try.is_some_and(|t| t.elapsed() < RETRY) {
+            continue;
+        }
+        last_try = Some(tokio::time::Instant::now());
+        let (node, control_plane, error, servers) = {
             let agent = agent.lock();
             let s = &agent.status;
-            let servers = api.servers(agent.state());
             (
-                s.connected,
-                s.since_contact(now),
                 agent.node_name().to_owned(),
                 s.control_plane.clone(),
                 s.last_error.clone(),
-                servers,
+                api.servers(agent.state()),
             )
         };
         let event = match reported {
-            None if !connected && since_contact >= after => (
+            None => (
                 "Warning",
                 UNREACHABLE,
-                format!("no control plane ({control_plane}) has answered for {}s; the node's rules stay as they are: {error}", since_contact.as_secs()),
+                format!(
+                    "no control plane ({control_plane}) has answered for {}s; the node's rules stay as they are: {error}",
+                    since_contact.as_secs()
+                ),
             ),
-            Some(since) if connected => (
+            Some(since) => (
                 "Normal",
                 REACHABLE,
                 format!("{control_plane} answers again, after {}s", now.duration_since(since).unwrap_or_default().as_secs()),
             ),
-            _ => continue,
         };
-        if last_try.is_some_and(|t| t.elapsed() < RETRY) {
-            continue;
-        }
-        last_try = Some(tokio::time::Instant::now());
         let body = node_event(&node, event.0, event.1, &event.2, now);
         let mut failures = Vec::new();
         let mut posted = false;
