@@ -29,7 +29,8 @@ cp_ready() { kc -n kube-system rollout status deploy/kpx-controlplane --timeout=
 # in_kernel NODE IP: the node's kpx rules hold IP
 in_kernel() {
   if [ "$B" = nftables ]; then in_node "$1" nft list table inet kpx 2>/dev/null | grep -q "$2"
-  else in_node "$1" iptables-save -t nat 2>/dev/null | grep -q -- "-d $2/32"; fi
+  # every table of both flavours: a Service without endpoints is a REJECT in filter
+  else in_node "$1" sh -c 'iptables-nft-save; iptables-legacy-save' 2>/dev/null | grep -q -- "-d $2/32"; fi
 }
 
 # report LABEL T_CHANGE T_READY NODE...: for each NODE, when its agent's stream opened
