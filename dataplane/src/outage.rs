@@ -24,7 +24,9 @@ pub const REACHABLE: &str = "ControlPlaneReachable";
 /// and one when a control plane answers again.
 pub async fn report(agent: SharedAgent, api: ApiAccess, after: Duration) {
     if !api.usable() {
-        return;
+        // Nothing to post with, ever; but this runs beside the agent's other tasks until
+        // the process ends, so it must not end either.
+        return std::future::pending().await;
     }
     let mut reported: Option<SystemTime> = None;
     let mut last_try: Option<tokio::time::Instant> = None;
