@@ -121,3 +121,26 @@ fn node_event(node: &str, kind: &str, reason: &str, message: &str, now: SystemTi
         "count": 1,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::Agent;
+    use crate::backend::nftables::NftablesBackend;
+    use crate::exec::fake::{FakeConntrack, FakeNft};
+    use crate::store::Store;
+
+    /// The agent's tasks run in one select: one that ended would end the agent.
+    #[tokio::test]
+    async fn without_an_api_server_it_waits_forever() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let backend = Box::new(NftablesBackend::new(Box::new(FakeNft::new())));
+        let store = Store::open(dir.path()).expect("store");
+        let conntrack = std::sync::Arc::new(FakeConntrack::new());
+        let agent = Agent::start("n1".into(), Default::default(), backend, store, conntrack, "cp".into())
+            .expect("start");
+        let reporting = report(SharedAgent::new(agent), ApiAccess::default(), Duration::from_secs(30));
+        let ended = tokio::time::timeout(Duration::from_millis(300), reporting).await;
+        assert!(ended.is_err(), "outage::report ended without an API server");
+    }
+}
