@@ -65,13 +65,9 @@ impl ControlPlane {
         ControlPlane { url: url.into(), tls: None, token_file: None, keepalive: DEFAULT_KEEPALIVE }
     }
 
-    /// Opens a connection, with the TLS files as they are now.
-    pub async fn connect(&self) -> Result<Channel, ConnectError> {
-        self.connect_via(None).await
-    }
-
-    /// Opens a connection to `address` instead of the URL's host (`None`: the URL as
-    /// written), the control plane's certificate still checked against the URL's host.
+    /// Opens a connection, with the TLS files as they are now, to `address` instead of the
+    /// URL's host (`None`: the URL as written), the control plane's certificate still
+    /// checked against the URL's host.
     pub async fn connect_via(&self, address: Option<SocketAddr>) -> Result<Channel, ConnectError> {
         let url = match address {
             None => self.url.clone(),
