@@ -174,7 +174,9 @@ fn trace_entry(pf: &PortFamily, kind: EntryKind, context: &NodeContext, packet: 
             t.step("this node's endpoints only", "externalTrafficPolicy: Local keeps the client address");
         }
     }
-    if context.masquerade_all && !use_local && !t.masquerade {
+    // kube-proxy's masqueradeAll is traffic to a ClusterIP: a pod's to a policy-Local
+    // external address takes all endpoints and keeps its address.
+    if context.masquerade_all && kind == EntryKind::ClusterIp && !t.masquerade {
         t.masquerade = true;
         t.step("masquerade", "masqueradeAll is on");
     }

@@ -547,17 +547,18 @@ pub fn terminating_endpoints(backend: ProxyBackend) {
 /// Masquerade: ClusterIP traffic from outside the cluster CIDR is masqueraded, pod traffic is not,
 /// hairpin is; the agent's `--cluster-cidr` wins over the control plane's; the other
 /// local-traffic detectors (node CIDR, interface prefix, bridge); `--masquerade-all`
-/// masquerades ClusterIP traffic from pods too, but not external traffic of policy Local.
+/// masquerades ClusterIP traffic from pods too, but not external traffic of policy Local,
+/// from outside or from pods.
 pub fn masquerade(backend: ProxyBackend) {
     let spec = "  clusterIP: 10.96.1.8\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
-    let local = "  type: NodePort\n  clusterIP: 10.96.1.18\n  externalTrafficPolicy: Local\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30108}\n";
+    let local = "  type: LoadBalancer\n  clusterIP: 10.96.1.18\n  externalTrafficPolicy: Local\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30108}\n";
     let remote = "  type: NodePort\n  clusterIP: 10.96.1.19\n  externalTrafficPolicy: Local\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30109}\n";
     let manifests = [(
         "m.yaml",
         documents(&[
             service("m", spec, ""),
             slice("m", "m-1", false, &[("http", "TCP", 8080)], &[ep(pod(0))]),
-            service("mlocal", local, ""),
+            service("mlocal", local, "  loadBalancer: {ingress: [{ip: 192.0.2.28}]}\n"),
             slice("mlocal", "mlocal-1", false, &[("http", "TCP", 8080)], &[ep(pod(0))]),
             service("mremote", remote, ""),
             slice("mremote", "mremote-1", false, &[("http", "TCP", 8080)], &[ep(pod(0)).on("node-b")]),
@@ -664,6 +665,20 @@ pub fn masquerade(backend: ProxyBackend) {
         BTreeSet::from([ip(CLIENT_IP)]),
         "--masquerade-all: an ETP Local NodePort is not masqueraded"
     );
+    // kube-proxy's masqueradeAll masquerades traffic to ClusterIPs: a pod's traffic to a
+    // policy-Local NodePort or load-balancer IP, short-circuited to all endpoints, keeps the
+    // pod's address (kube-proxy's packet-flow expectation, nftables and iptables).
+    if backend != ProxyBackend::Ipvs {
+        for to in [sock(NODE_IP, 30108), sock("192.0.2.28", 80)] {
+            s.clear_peers();
+            assert_eq!(s.t.pods[1].run_in(move || tcp_request(to)), Answer::From("pod0".into()), "{to}");
+            assert_eq!(
+                s.peers(0),
+                BTreeSet::from([ip(&pod(1))]),
+                "--masquerade-all: a pod to the policy-Local {to} is not masqueraded"
+            );
+        }
+    }
 }
 
 /// Dual-stack and single-stack IPv6 Services, TCP and UDP.

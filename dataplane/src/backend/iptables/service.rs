@@ -104,31 +104,37 @@ impl PortRenderer<'_> {
         }
         if !pf.cluster.is_empty() {
             let mut rules = Vec::new();
-            if self.ctx.local.knows(pf.family) {
+            // As kube-proxy: masqueradeAll marks traffic to the ClusterIP only, so a pod's
+            // traffic to a policy-Local external address that comes here keeps its address.
+            let masquerade = if self.ctx.masquerade_all {
+                Some(names::MARK_MASQ)
+            } else {
+                self.ctx.local.knows(pf.family).then_some(names::MASQ_NONLOCAL)
+            };
+            if let Some(masquerade) = masquerade {
                 for entry in pf.entries.iter().filter(|e| e.kind == EntryKind::ClusterIp) {
                     rules.push(format!(
-                        "-d {} -p {proto} {} -m {proto} --dport {} -j {}",
+                        "-d {} -p {proto} {} -m {proto} --dport {} -j {masquerade}",
                         host(&entry.address),
                         names::comment(view, port, "cluster IP"),
                         entry.port,
-                        names::MASQ_NONLOCAL
                     ));
                 }
             }
-            self.pick_rules(&mut rules, &pf.cluster, self.ctx.masquerade_all);
+            self.pick_rules(&mut rules, &pf.cluster);
             self.chain(&svc, rules);
         }
         if pf.external_local() && !pf.local.is_empty() {
             let mut rules = Vec::new();
             // Policy-Local external traffic keeps its client address, masqueradeAll or not.
-            self.pick_rules(&mut rules, &pf.local, false);
+            self.pick_rules(&mut rules, &pf.local);
             self.chain(&svl, rules);
         }
         let has_external = pf.entries.iter().any(Entry::is_external);
         // External traffic that does not go to the node's own endpoints picks from this.
         let external_set = if pf.main_set(EntryKind::NodePort) == EndpointSet::External {
             let mut rules = Vec::new();
-            self.pick_rules(&mut rules, &pf.external, self.ctx.masquerade_all);
+            self.pick_rules(&mut rules, &pf.external);
             self.chain(&svx, rules);
             svx
         } else {
@@ -244,11 +250,8 @@ impl PortRenderer<'_> {
 
     /// Affinity checks, then `statistic` picks: endpoint i of n with probability 1/(n-i);
     /// first the mark for masquerade when `masquerade` (`masqueradeAll`, cluster chains).
-    fn pick_rules(&self, rules: &mut Vec<String>, endpoints: &[&Endpoint], masquerade: bool) {
+    fn pick_rules(&self, rules: &mut Vec<String>, endpoints: &[&Endpoint]) {
         let (view, port, family) = (self.pf.view, self.pf.port, self.pf.family);
-        if masquerade {
-            rules.push(format!("-j {}", names::MARK_MASQ));
-        }
         let chains: Vec<String> = endpoints
             .iter()
             .map(|e| names::endpoint_chain(view, port, &socket(&e.address, e.port)))

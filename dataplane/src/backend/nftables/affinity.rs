@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 use kpx_proto::types::{Endpoint, ServicePort};
 
 use super::render::{socket_text, Family, NftFamily, FAMILY, TABLE};
-use super::skeleton::{mark_for_masquerade, EndpointSet};
+use super::skeleton::EndpointSet;
 
 /// A chain or set of a Service's own.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -53,7 +53,6 @@ pub fn objects(
     set: EndpointSet,
     endpoints: &[&Endpoint],
     timeout: u32,
-    masquerade_all: bool,
 ) -> AffinityObjects {
     let nft = family.nft();
     let id = short_hash(&format!(
@@ -61,7 +60,6 @@ pub fn objects(
         port.name, port.protocol, port.port
     ));
     let entry_chain = format!("{PREFIX}{id}");
-    let mark = if masquerade_all { format!("{} ", mark_for_masquerade()) } else { String::new() };
     let mut objects = Vec::new();
     let mut entry_rules = Vec::new();
     let mut choices = Vec::new();
@@ -82,7 +80,7 @@ pub fn objects(
                 rules: vec![
                     format!("update @{name} {{ {nft} saddr }}"),
                     format!(
-                        "{mark}meta l4proto {} dnat {nft} to {}",
+                        "meta l4proto {} dnat {nft} to {}",
                         port.protocol,
                         socket_text(&ep.address, ep.port)
                     ),
@@ -185,7 +183,6 @@ mod tests {
             EndpointSet::Cluster,
             &eps(&["10.0.0.1", "10.0.0.2"]).iter().collect::<Vec<_>>(),
             60,
-            false,
         );
         let new = objects(
             "c/ns/web",
@@ -194,7 +191,6 @@ mod tests {
             EndpointSet::Cluster,
             &eps(&["10.0.0.1", "10.0.0.3"]).iter().collect::<Vec<_>>(),
             60,
-            false,
         );
         assert_eq!(old.entry_chain, new.entry_chain);
         let commands = object_commands(&old.objects, &new.objects);

@@ -23,7 +23,7 @@
 //! 3. deletes the chains, sets and maps that are no longer wanted and, when the pick
 //!    chains are written again, the endpoint maps, which nft 1.0.6 needs declared in the
 //!    same transaction (see [`super::skeleton`]): only a full sync that grows the pick
-//!    chains or turns `masqueradeAll` on or off takes that risk.
+//!    chains takes that risk.
 //!
 //! The table's comment names its layout ([`COMMENT`]); a table of another layout (made by
 //! another version of kpx, whose sets may be declared otherwise) is replaced whole, once

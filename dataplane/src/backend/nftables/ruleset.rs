@@ -282,7 +282,7 @@ impl Programmed {
         // them as text would be most of the agent's memory at its peak.
         let mut plan = unbounded.plan_with(desired, context, &all, updatable);
         let pick_chains = skeleton::pick_chains_for(plan.max_endpoints);
-        let wanted = skeleton::pick_chain_names(context, pick_chains);
+        let wanted = skeleton::pick_chain_names(pick_chains);
         let kept = match existing {
             Some(existing)
                 if wanted.is_subset(&existing.chains) && wanted.is_disjoint(&existing.empty_chains) =>

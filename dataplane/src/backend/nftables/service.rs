@@ -9,7 +9,7 @@ use kpx_proto::types::{Endpoint, ServiceView};
 
 use super::affinity::{self, NftObject};
 use super::render::{Collection, Element, Family, Shared};
-use super::skeleton::{endpoints_map, masquerades_all, pick_chain_name, EndpointSet};
+use super::skeleton::{endpoints_map, pick_chain_name, EndpointSet};
 use crate::backend::owners::EntryKey;
 use kpx_proto::policy::{self, Action, EntryKind, PortFamily};
 
@@ -47,9 +47,9 @@ enum Target {
 
 fn render_port(pf: &PortFamily, ctx: &NodeContext, rules: &mut ServiceRules) {
     let f = pf.family;
-    let cluster_target = target(pf, EndpointSet::Cluster, ctx, rules);
-    let external_target = target(pf, EndpointSet::External, ctx, rules);
-    let local_target = target(pf, EndpointSet::Local, ctx, rules);
+    let cluster_target = target(pf, EndpointSet::Cluster, rules);
+    let external_target = target(pf, EndpointSet::External, rules);
+    let local_target = target(pf, EndpointSet::Local, rules);
     for ep in pf.all_endpoints() {
         rules.shared.insert(Shared::Hairpin(ep.address));
     }
@@ -93,31 +93,21 @@ fn render_port(pf: &PortFamily, ctx: &NodeContext, rules: &mut ServiceRules) {
     }
 }
 
-fn target(pf: &PortFamily, set: EndpointSet, ctx: &NodeContext, rules: &mut ServiceRules) -> Option<Target> {
+fn target(pf: &PortFamily, set: EndpointSet, rules: &mut ServiceRules) -> Option<Target> {
     let endpoints = pf.endpoints(set);
     if endpoints.is_empty() {
         return None;
     }
     Some(match pf.view.session_affinity_timeout {
         Some(timeout) => {
-            let objects = affinity::objects(
-                &pf.view.resource_name(),
-                pf.port,
-                pf.family,
-                set,
-                endpoints,
-                timeout,
-                masquerades_all(set, ctx.masquerade_all),
-            );
+            let objects =
+                affinity::objects(&pf.view.resource_name(), pf.port, pf.family, set, endpoints, timeout);
             rules.objects.extend(objects.objects);
             Target::Affinity(objects.entry_chain)
         }
         None => {
             rules.max_endpoints = rules.max_endpoints.max(endpoints.len());
-            Target::Pick {
-                chain: pick_chain_name(set, pf.family, endpoints.len(), ctx.masquerade_all),
-                count: endpoints.len(),
-            }
+            Target::Pick { chain: pick_chain_name(set, pf.family, endpoints.len()), count: endpoints.len() }
         }
     })
 }

@@ -7,7 +7,8 @@
 //! in order:
 //! 1. drops load-balancer traffic from sources outside the Service's ranges;
 //! 2. marks for masquerade: external traffic of policy Cluster; ClusterIP
-//!    traffic from outside the local-traffic CIDRs (only when they are known);
+//!    traffic from outside the local-traffic CIDRs (only when they are known), or
+//!    from anywhere with `masqueradeAll`;
 //!    policy-Local external traffic that the node itself sends;
 //! 3. sends policy-Local external traffic from outside the node and its pods
 //!    to that node's endpoints (`external-local`), or drops it when it has none;
@@ -53,31 +54,20 @@ pub fn endpoints_map(set: EndpointSet, family: Family) -> Collection {
     }
 }
 
-/// Whether a set's picks mark for masquerade under `masqueradeAll`: the cluster set's
-/// (ClusterIP and policy-Cluster external traffic); never the policy-Local external set,
-/// whose traffic keeps its client address, as in kube-proxy.
-pub fn masquerades_all(set: EndpointSet, masquerade_all: bool) -> bool {
-    masquerade_all && set != EndpointSet::Local
-}
-
 /// The pick chain for `endpoints` endpoints of a set; its name says all its rule depends
-/// on (with `masqueradeAll` the cluster set's also marks for masquerade), so that a pick
-/// chain in the kernel under this name is the one wanted.
-pub fn pick_chain_name(set: EndpointSet, family: Family, endpoints: usize, masquerade_all: bool) -> String {
-    let masq = if masquerades_all(set, masquerade_all) { "masq-" } else { "" };
+/// on, so that a pick chain in the kernel under this name is the one wanted.
+pub fn pick_chain_name(set: EndpointSet, family: Family, endpoints: usize) -> String {
     let set = match set {
         EndpointSet::Cluster | EndpointSet::External => "",
         EndpointSet::Local => "local-",
     };
-    format!("pick-{set}{masq}{}-{endpoints}", family.suffix())
+    format!("pick-{set}{}-{endpoints}", family.suffix())
 }
 
 /// Every pick chain a table with `pick_chains` of them has.
-pub fn pick_chain_names(context: &NodeContext, pick_chains: usize) -> BTreeSet<String> {
+pub fn pick_chain_names(pick_chains: usize) -> BTreeSet<String> {
     pick_chain_kinds()
-        .flat_map(|(set, f)| {
-            (1..=pick_chains).map(move |n| pick_chain_name(set, f, n, context.masquerade_all))
-        })
+        .flat_map(|(set, f)| (1..=pick_chains).map(move |n| pick_chain_name(set, f, n)))
         .collect()
 }
 
@@ -95,7 +85,7 @@ pub enum PickChains {
 }
 
 /// The statement that marks a packet for masquerading.
-pub fn mark_for_masquerade() -> String {
+fn mark_for_masquerade() -> String {
     format!("meta mark set meta mark | {MASQUERADE_MARK:#x}")
 }
 
@@ -155,7 +145,12 @@ pub fn skeleton(context: &NodeContext, pick_chains: usize, picks: PickChains) ->
             name(Collection::LbAllowed(f))
         );
         let _ = writeln!(s, "add rule {t} services {entry} @{} {mark}", name(Collection::Masquerade(f)));
-        if let Some(not_from_pods) = &not_from_pods {
+        if context.masquerade_all {
+            // kube-proxy's masqueradeAll: traffic to a ClusterIP, whoever sends it; not the
+            // pods' traffic to a policy-Local external address that takes the cluster set.
+            let _ =
+                writeln!(s, "add rule {t} services {entry} @{} {mark}", name(Collection::ClusterEntries(f)));
+        } else if let Some(not_from_pods) = &not_from_pods {
             let _ = writeln!(
                 s,
                 "add rule {t} services {not_from_pods}{entry} @{} {mark}",
@@ -243,7 +238,7 @@ pub fn skeleton(context: &NodeContext, pick_chains: usize, picks: PickChains) ->
     if picks == PickChains::Write {
         for (set, f) in pick_chain_kinds() {
             for n in 1..=pick_chains {
-                s.push_str(&pick_chain(set, f, n, context.masquerade_all));
+                s.push_str(&pick_chain(set, f, n));
             }
         }
     }
@@ -296,16 +291,11 @@ fn declare_collections(s: &mut String, f: Family) {
 }
 
 /// A chain that picks one of `endpoints` endpoints of a set evenly.
-fn pick_chain(set: EndpointSet, family: Family, endpoints: usize, masquerade_all: bool) -> String {
+fn pick_chain(set: EndpointSet, family: Family, endpoints: usize) -> String {
     let (t, nft) = (format!("{FAMILY} {TABLE}"), family.nft());
-    let name = pick_chain_name(set, family, endpoints, masquerade_all);
-    let mark = if masquerades_all(set, masquerade_all) {
-        format!("{} ", mark_for_masquerade())
-    } else {
-        String::new()
-    };
+    let name = pick_chain_name(set, family, endpoints);
     format!(
-        "add chain {t} {name}\nadd rule {t} {name} {mark}dnat {nft} to {nft} daddr . meta l4proto . th dport . numgen random mod {endpoints} map @{}\n",
+        "add chain {t} {name}\nadd rule {t} {name} dnat {nft} to {nft} daddr . meta l4proto . th dport . numgen random mod {endpoints} map @{}\n",
         endpoints_map(set, family).name()
     )
 }
@@ -327,9 +317,18 @@ mod tests {
             "add rule inet kpx services fib saddr type != local ip6 daddr . meta l4proto . th dport vmap @external-local-v6"
         ));
         assert!(s.contains("add chain inet kpx pick-local-v6-1\n") && !s.contains("pick-v4-2"));
-        assert!(!s.contains("mark set meta mark | 0x2000 dnat"), "no masquerade-all");
         let all = skeleton(&NodeContext { masquerade_all: true, ..context.clone() }, 1, PickChains::Write);
-        assert!(all.contains("add rule inet kpx pick-masq-v4-1 meta mark set meta mark | 0x2000 dnat ip to"));
+        assert!(all.contains(
+            "add rule inet kpx services ip daddr . meta l4proto . th dport @cluster-entries-v4 meta mark set meta mark | 0x2000"
+        ), "masqueradeAll: every ClusterIP source: {all}");
+        assert!(
+            !all.contains("saddr != @local-cidrs-v4 ip daddr . meta l4proto . th dport @cluster-entries-v4"),
+            "masqueradeAll: the detector does not matter"
+        );
+        assert!(
+            all.contains("add chain inet kpx pick-v4-1\n") && !all.contains("| 0x2000 dnat"),
+            "masqueradeAll changes no pick chain: {all}"
+        );
         assert!(!skeleton(&context, 1, PickChains::Kept).contains("pick-"), "kept: not written");
     }
 }
