@@ -542,6 +542,25 @@ pub fn terminating_endpoints(backend: ProxyBackend) {
     // PublishNotReadyAddresses is true").
     write(&s.t, &[ep(pod(0)).published_terminating(), ep(pod(1)).published_terminating()]);
     wait_answered_by(&s.t.client, vip, &["pod0", "pod1"]);
+    // A pod IP reused while the pod that had it is still terminating (kube-proxy 1.36,
+    // k/k#135593): pod0's address is listed twice, terminating first and then ready, in one
+    // slice and then across two. The ready one wins: pod0 takes traffic beside pod1 (were
+    // the terminating one to win, only pod1 would, as a ready endpoint exists).
+    write(&s.t, &[ep(pod(0)).not_ready(), ep(pod(1)).terminating()]);
+    wait_answered_by(&s.t.client, vip, &["pod1"]);
+    write(&s.t, &[ep(pod(0)).terminating(), ep(pod(1)), ep(pod(0))]);
+    wait_answered_by(&s.t.client, vip, &["pod0", "pod1"]);
+    write(&s.t, &[ep(pod(0)).not_ready(), ep(pod(1)).terminating()]);
+    wait_answered_by(&s.t.client, vip, &["pod1"]);
+    s.t.write_manifest(
+        "term.yaml",
+        &documents(&[
+            service("term", spec, ""),
+            slice("term", "term-1", false, &[("http", "TCP", 8080)], &[ep(pod(0)).terminating(), ep(pod(1))]),
+            slice("term", "term-2", false, &[("http", "TCP", 8080)], &[ep(pod(0))]),
+        ]),
+    );
+    wait_answered_by(&s.t.client, vip, &["pod0", "pod1"]);
 }
 
 /// Masquerade: ClusterIP traffic from outside the cluster CIDR is masqueraded, pod traffic is not,

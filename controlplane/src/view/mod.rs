@@ -221,8 +221,9 @@ fn sorted<T: Ord + Clone>(list: &[T]) -> Vec<T> {
 /// The endpoints of one Service port, one list per IP family the Service has
 /// a ClusterIP of (endpoints of other families are left out). The target port
 /// comes from the slice port of the same name and protocol, which is how a
-/// named `targetPort` resolves per endpoint. An `address:port` listed twice
-/// (while slices are being rebalanced) counts once, ready if either says so.
+/// named `targetPort` resolves per endpoint. An `address:port` listed twice (while
+/// slices are being rebalanced, or a pod's address reused while the pod that had it
+/// still terminates) counts once, as the entry that is most usable: ready, else serving.
 fn candidates<'a>(
     svc: &Service,
     port: &crate::model::ServicePort,
@@ -241,7 +242,7 @@ fn candidates<'a>(
                 unique
                     .entry((address, slice_port.port))
                     .and_modify(|known| {
-                        if candidate.ready() && !known.ready() {
+                        if candidate.usability() > known.usability() {
                             *known = candidate;
                         }
                     })

@@ -31,6 +31,12 @@ impl Candidate<'_> {
         self.source.ready
     }
 
+    /// How usable the endpoint is, for choosing between two entries of one address: ready,
+    /// then serving.
+    pub fn usability(&self) -> (bool, bool) {
+        (self.ready(), self.source.serving)
+    }
+
     fn serving_terminating(&self) -> bool {
         self.source.serving && self.source.terminating
     }

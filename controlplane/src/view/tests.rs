@@ -141,6 +141,23 @@ fn an_address_listed_twice_counts_once_and_ready_wins() {
 }
 
 #[test]
+fn an_address_listed_twice_with_none_ready_counts_as_the_serving_entry() {
+    // A reused pod IP: the old pod terminating and no longer serving, the new one
+    // terminating too but serving (no endpoint is ready: the serving ones are used).
+    let state = state_of(&manifests(
+        &format!("clusterIP: 10.96.0.1, {PORTS}"),
+        &[(
+            "IPv4",
+            "{addresses: [10.0.0.2], conditions: {ready: false, serving: false, terminating: true}, nodeName: old}, \
+             {addresses: [10.0.0.2], conditions: {ready: false, serving: true, terminating: true}, nodeName: new}",
+        )],
+    ));
+    let view = view_at(&state, Locality::UNKNOWN);
+    assert_eq!(addrs(&view.ports[0].endpoints), ["10.0.0.2:8080(t)"]);
+    assert_eq!(view.ports[0].endpoints[0].node_name(), "new");
+}
+
+#[test]
 fn headless_and_external_name_are_ignored_and_a_proxy_name_travels_in_the_view() {
     let svc = |ips: &[&str]| Service {
         cluster_ips: ips.iter().map(|i| i.parse().expect("ip")).collect(),
