@@ -32,7 +32,7 @@ macro_rules! behaviour_suite {
         $crate::behaviour_suite!(@tests $backend;
             node_port, external_and_load_balancer_ips, external_traffic_policy_local,
             internal_traffic_policy_local, topology_hints, session_affinity, terminating_endpoints,
-            masquerade, dual_stack, ports, udp_conntrack, tcp_before_the_rules, ignored_services, bad_input, damaged_store, flushed_behind_its_back,
+            masquerade, dual_stack, ports, udp_conntrack, udp_conntrack_gone, tcp_before_the_rules, ignored_services, bad_input, damaged_store, flushed_behind_its_back,
             full_syncs_under_traffic, rolling_update, rolling_update_local);
     };
     (@tests $backend:expr; $($scenario:ident),*) => {
@@ -49,7 +49,8 @@ macro_rules! behaviour_suite {
 pub type Scenario = fn(ProxyBackend);
 
 /// Every scenario by name, for runners that are not test harnesses (the IPVS suite runs
-/// in a VM); the same list as [`behaviour_suite!`].
+/// in a VM); the same list as [`behaviour_suite!`] but [`udp_conntrack_gone`], which
+/// reads conntrack's NAT of nftables and iptables.
 pub const ALL: &[(&str, Scenario)] = &[
     ("node_port", node_port),
     ("external_and_load_balancer_ips", external_and_load_balancer_ips),
@@ -853,6 +854,106 @@ pub fn udp_conntrack(backend: ProxyBackend) {
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for (_, _, thread) in handles {
+        let _ = thread.join();
+    }
+}
+
+/// The UDP flows of a Service left with no endpoint, and of a deleted Service, are deleted
+/// within the sync of that change (kube-proxy 1.36–1.38: k/k#139629, k/k#141371): a client
+/// that keeps one socket and keeps sending (statsd's one-way traffic) would otherwise stay
+/// pinned to the old endpoint for as long as it sends (here pod0 stays up, so such a flow
+/// would still be answered). A flow of another Service, to an
+/// endpoint that still serves, is not touched: the same conntrack entry (by its id) before
+/// and after. nftables and iptables (IPVS keeps no NAT in conntrack: `ipvs_scenarios`).
+pub fn udp_conntrack_gone(backend: ProxyBackend) {
+    let gone_spec = "  clusterIP: 10.96.1.31\n  ports:\n  - {name: dns, protocol: UDP, port: 53}\n";
+    let stays_spec = "  clusterIP: 10.96.1.32\n  ports:\n  - {name: dns, protocol: UDP, port: 53}\n";
+    let write = |t: &Topology, gone: Option<&[Ep]>| {
+        let mut docs = vec![
+            service("stays", stays_spec, ""),
+            slice("stays", "stays-1", false, &[("dns", "UDP", 8080)], &[ep(pod(1))]),
+        ];
+        if let Some(eps) = gone {
+            docs.push(service("gone", gone_spec, ""));
+            docs.push(slice("gone", "gone-1", false, &[("dns", "UDP", 8080)], eps));
+        }
+        t.write_manifest("udp-gone.yaml", &documents(&docs));
+    };
+    let s = Scene::start(backend, 2, &[], &[], &[]);
+    write(&s.t, Some(&[ep(pod(0))]));
+    let (gone, stays) = (sock("10.96.1.31", 53), sock("10.96.1.32", 53));
+    wait_udp_answered_by(&s.t.client, gone, "pod0");
+    wait_udp_answered_by(&s.t.client, stays, "pod1");
+    // One socket per Service from a fixed port, as kube-proxy's tests send, sending all the time.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let kept: Vec<_> = [(gone, 40053u16), (stays, 40054u16)]
+        .into_iter()
+        .map(|(to, from)| {
+            let stop = std::sync::Arc::clone(&stop);
+            let (tx, rx) = std::sync::mpsc::channel();
+            let thread = s.t.client.spawn_in(move || {
+                let sock = std::net::UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], from))).expect("bind");
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = tx.send(udp_exchange(&sock, to));
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            });
+            (rx, thread)
+        })
+        .collect();
+    let next = |i: usize| kept[i].0.recv_timeout(Duration::from_secs(3)).ok();
+    let wait_kept = |i: usize, what: &str, ok: &dyn Fn(&Answer) -> bool| {
+        wait_for(what, DEADLINE, || next(i).filter(|a| ok(a)).map(|_| ()));
+    };
+    wait_kept(0, "the kept socket to the gone Service to reach pod0", &|a| *a == Answer::From("pod0".into()));
+    wait_kept(1, "the kept socket to the staying Service to reach pod1", &|a| {
+        *a == Answer::From("pod1".into())
+    });
+    // The staying Service's flow from port 40054, by its conntrack id.
+    let stays_flow = || {
+        let out = s
+            .t
+            .node
+            .try_exec("conntrack", &["-L", "-p", "udp", "-d", "10.96.1.32", "--sport", "40054", "-o", "id"]);
+        assert!(out.status.success(), "conntrack -L: {}", String::from_utf8_lossy(&out.stderr));
+        let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+        let ids: Vec<String> =
+            listed.split_whitespace().filter(|w| w.starts_with("id=")).map(str::to_owned).collect();
+        assert_eq!(ids.len(), 1, "one flow from port 40054 to the staying Service: {listed}");
+        assert!(listed.contains(&format!("src={}", pod(1))), "NATed to pod1: {listed}");
+        ids[0].clone()
+    };
+    let flow = stays_flow();
+    let not_pod0 = |a: &Answer| !matches!(a, Answer::From(p) if p == "pod0");
+    let deleted =
+        || s.agent_metric("kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"}");
+
+    // The gone Service drops to zero endpoints (pod0 is still there, and would answer a
+    // flow that kept its NAT): the kept socket is rejected from the next datagram on.
+    let before = deleted();
+    write(&s.t, Some(&[]));
+    let stopped_reaching_pod0 = |what: &str| {
+        // Five datagrams in a row not answered by pod0 (rejected: the socket is not
+        // connected, so it sees no ICMP error, only silence).
+        wait_for(what, DEADLINE, || (0..5).all(|_| next(0).is_some_and(|a| not_pod0(&a))).then_some(()));
+    };
+    stopped_reaching_pod0("the kept socket to a Service without endpoints to stop reaching pod0");
+    assert!(deleted() > before, "the flow to pod0 was deleted, and counted");
+    assert_eq!(stays_flow(), flow, "the staying Service's flow is the same conntrack entry");
+    wait_kept(1, "the kept socket to the staying Service to still reach pod1", &|a| {
+        *a == Answer::From("pod1".into())
+    });
+
+    // pod0 is back, then the Service is deleted: the kept socket no longer reaches pod0.
+    write(&s.t, Some(&[ep(pod(0))]));
+    wait_kept(0, "the kept socket to reach pod0 again", &|a| *a == Answer::From("pod0".into()));
+    let before = deleted();
+    write(&s.t, None);
+    stopped_reaching_pod0("the kept socket to a deleted Service to stop reaching pod0");
+    assert!(deleted() > before, "the deleted Service's flow was deleted, and counted");
+    assert_eq!(stays_flow(), flow, "the staying Service's flow is still the same conntrack entry");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for (_, thread) in kept {
         let _ = thread.join();
     }
 }
