@@ -32,7 +32,7 @@ macro_rules! behaviour_suite {
         $crate::behaviour_suite!(@tests $backend;
             node_port, external_and_load_balancer_ips, external_traffic_policy_local,
             internal_traffic_policy_local, topology_hints, session_affinity, terminating_endpoints,
-            masquerade, dual_stack, ports, udp_conntrack, udp_conntrack_gone, tcp_before_the_rules, ignored_services, bad_input, damaged_store, flushed_behind_its_back,
+            masquerade, dual_stack, ports, long_names, udp_conntrack, udp_conntrack_gone, tcp_before_the_rules, ignored_services, bad_input, damaged_store, flushed_behind_its_back,
             full_syncs_under_traffic, rolling_update, rolling_update_local);
     };
     (@tests $backend:expr; $($scenario:ident),*) => {
@@ -62,6 +62,7 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("masquerade", masquerade),
     ("dual_stack", dual_stack),
     ("ports", ports),
+    ("long_names", long_names),
     ("udp_conntrack", udp_conntrack),
     ("tcp_before_the_rules", tcp_before_the_rules),
     ("ignored_services", ignored_services),
@@ -759,6 +760,41 @@ pub fn ports(backend: ProxyBackend) {
     wait_answered_by(&s.t.client, sock("10.96.1.10", 80), &["pod0", "pod1"]);
     wait_answered_by(&s.t.client, sock("10.96.1.10", 81), &["pod0-alt", "pod1-alt"]);
     assert!(s.rules_mention("sctp"), "the SCTP port is programmed");
+}
+
+/// Names at Kubernetes' limits: a namespace and a Service name of 63 characters and a port
+/// name of 15 make kube-proxy's `namespace/name:port` 142 bytes, more than the 128 bytes an
+/// nftables comment may hold (the kernel then refuses the whole transaction: k/k#139515);
+/// with session affinity, so that the Service has chains of its own. It is programmed
+/// and answers, on every backend, beside a Service of short names.
+pub fn long_names(backend: ProxyBackend) {
+    let namespace = format!("ns-{}", "n".repeat(60));
+    let name = format!("svc-{}", "s".repeat(59));
+    let port = "port-name-15-ch";
+    assert_eq!((namespace.len(), name.len(), port.len()), (63, 63, 15));
+    let spec = format!(
+        "  clusterIP: 10.96.1.41\n  sessionAffinity: ClientIP\n  ports:\n  - {{name: {port}, protocol: TCP, port: 80}}\n"
+    );
+    let long = documents(&[
+        service(&name, &spec, ""),
+        slice(&name, &format!("{name}-1"), false, &[(port, "TCP", 8080)], &[ep(pod(0)), ep(pod(1))]),
+    ])
+    .replace("namespace: test", &format!("namespace: {namespace}"));
+    let short = documents(&[
+        service(
+            "short",
+            "  clusterIP: 10.96.1.42\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n",
+            "",
+        ),
+        slice("short", "short-1", false, &[("http", "TCP", 8080)], &[ep(pod(1))]),
+    ]);
+    let s = Scene::start(backend, 2, &[("long.yaml", long), ("short.yaml", short)], &[], &[]);
+    wait_answered_by(&s.t.client, sock("10.96.1.42", 80), &["pod1"]);
+    // Session affinity: one client keeps one of the two.
+    wait_for("the long-named Service to answer", DEADLINE, || {
+        matches!(s.t.client.run_in(|| tcp_request(sock("10.96.1.41", 80))), Answer::From(_)).then_some(())
+    });
+    assert_eq!(answers(&s.t.client, 6, sock("10.96.1.41", 80)).len(), 1, "session affinity holds");
 }
 
 /// After a UDP endpoint goes away, a client that keeps one socket and keeps sending reaches a live
