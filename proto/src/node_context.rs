@@ -24,6 +24,9 @@ pub struct ProxySettings {
     /// `--service-proxy-name`: the agent handles only the Services labelled
     /// `service.kubernetes.io/service-proxy-name` with it (`None`: only those without).
     pub service_proxy_name: Option<String>,
+    /// kube-proxy's `AllowServiceExternalIPs` gate off: Services' `externalIPs` are not
+    /// entry points on this node.
+    pub ignore_external_ips: bool,
 }
 
 /// kube-proxy's `detectLocalMode`: what tells pod traffic from other traffic.
@@ -203,6 +206,8 @@ pub struct NodeContext {
     pub masquerade_all: bool,
     /// The cluster's ServiceCIDR ranges, merged (none overlaps another).
     pub service_cidrs: Vec<IpNet>,
+    /// Services' `externalIPs` are left out (kube-proxy's `AllowServiceExternalIPs` off).
+    pub ignore_external_ips: bool,
 }
 
 impl NodeContext {
@@ -231,6 +236,7 @@ impl NodeContext {
             local,
             masquerade_all: settings.masquerade_all,
             service_cidrs,
+            ignore_external_ips: settings.ignore_external_ips,
         }
     }
 }

@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::family::Family;
+use crate::node_context::NodeContext;
 use crate::types::{Endpoint, ServicePort, ServiceView};
 
 /// How an entry point is reached.
@@ -77,9 +78,12 @@ pub struct PortFamily<'a> {
     pub entries: Vec<Entry>,
 }
 
-/// Every port of `view` in every family it has ClusterIPs of. NodePorts open on
-/// `nodeport_addresses` (of the right family).
-pub fn port_families<'a>(view: &'a ServiceView, nodeport_addresses: &[IpAddr]) -> Vec<PortFamily<'a>> {
+/// Every port of `view` in every family it has ClusterIPs of, on a node in `context`:
+/// NodePorts open on its NodePort addresses (of the right family); external IPs are
+/// entry points unless it ignores them (kube-proxy's `AllowServiceExternalIPs` off).
+pub fn port_families<'a>(view: &'a ServiceView, context: &NodeContext) -> Vec<PortFamily<'a>> {
+    let nodeport_addresses = &context.nodeport_addresses;
+    let external_ips: &[IpAddr] = if context.ignore_external_ips { &[] } else { &view.external_ips };
     let mut out = Vec::new();
     for port in &view.ports {
         for family in Family::ALL {
@@ -94,7 +98,7 @@ pub fn port_families<'a>(view: &'a ServiceView, nodeport_addresses: &[IpAddr]) -
             let mut entries = Vec::new();
             let at = |kind, address| Entry { kind, address, port: port.port };
             entries.extend(mine(&view.cluster_ips).into_iter().map(|a| at(EntryKind::ClusterIp, a)));
-            entries.extend(mine(&view.external_ips).into_iter().map(|a| at(EntryKind::ExternalIp, a)));
+            entries.extend(mine(external_ips).into_iter().map(|a| at(EntryKind::ExternalIp, a)));
             entries.extend(mine(&view.load_balancer_ips).into_iter().map(|a| at(EntryKind::LoadBalancer, a)));
             if let Some(node_port) = port.node_port {
                 entries.extend(mine(nodeport_addresses).into_iter().map(|address| Entry {
@@ -222,7 +226,7 @@ mod tests {
             ["198.51.0.0/16", "198.51.32.0/19", "203.0.113.0/25", "203.0.113.128/25"]
                 .map(|r| r.parse().expect("cidr"))
                 .to_vec();
-        let pf = &port_families(&view, &[])[0];
+        let pf = &port_families(&view, &NodeContext::default())[0];
         let entry = pf.entries.iter().find(|e| e.kind == EntryKind::LoadBalancer).expect("lb entry");
         let allowed: Vec<String> =
             pf.allowed_sources(entry, &[]).expect("ranges").iter().map(ToString::to_string).collect();
@@ -247,7 +251,9 @@ mod tests {
     }
 
     fn decisions(view: &ServiceView) -> [(EndpointSet, Action, usize); 2] {
-        let pf = &port_families(view, &["10.0.0.1".parse().expect("ip")])[0];
+        let context =
+            NodeContext { nodeport_addresses: vec!["10.0.0.1".parse().expect("ip")], ..Default::default() };
+        let pf = &port_families(view, &context)[0];
         [EntryKind::ClusterIp, EntryKind::NodePort].map(|kind| {
             let set = pf.main_set(kind);
             (set, pf.cluster_action(kind), pf.endpoints(set).len())
@@ -267,7 +273,7 @@ mod tests {
         // Without external entry points a control plane sends only the families.
         let mut cluster_ip_only = itp_node_port(&[], &[], &[Family::V4]);
         cluster_ip_only.ports[0].node_port = None;
-        let pf = &port_families(&cluster_ip_only, &[])[0];
+        let pf = &port_families(&cluster_ip_only, &NodeContext::default())[0];
         assert_eq!(pf.cluster_action(EntryKind::ClusterIp), Drop);
         // A family with endpoints elsewhere does not speak for the other one.
         let v6_only = itp_node_port(&[], &[], &[Family::V6]);

@@ -83,7 +83,7 @@ pub fn trace<'a>(
     packet: Packet,
 ) -> Trace {
     for view in views {
-        for pf in policy::port_families(view, &context.nodeport_addresses) {
+        for pf in policy::port_families(view, context) {
             if pf.port.protocol != packet.protocol {
                 continue;
             }

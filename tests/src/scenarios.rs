@@ -314,7 +314,7 @@ pub fn external_and_load_balancer_ips(backend: ProxyBackend) {
         "  type: LoadBalancer\n  clusterIP: 10.96.1.2\n  externalIPs: [192.0.2.10]\n  loadBalancerSourceRanges: [{CLIENT_IP_2}/32, {NODE_IP}/32]\n  ports:\n  - {{name: http, protocol: TCP, port: 80, nodePort: 30081}}\n"
     );
     let status = "  loadBalancer: {ingress: [{ip: 192.0.2.20}]}\n";
-    let s = Scene::start(
+    let mut s = Scene::start(
         backend,
         1,
         &[(
@@ -344,6 +344,26 @@ pub fn external_and_load_balancer_ips(backend: ProxyBackend) {
         Answer::From("pod0".into()),
         "the node itself is allowed"
     );
+    // kube-proxy 1.40's defaults (the AllowServiceExternalIPs gate off): the external IP
+    // is no entry point any more, the load-balancer IP and the NodePort still are; the
+    // gate set again brings it back. (KubeProxyIPVS, off too at 1.40, is opted into so
+    // that the IPVS run keeps its backend.)
+    let restart = |s: &mut Scene, gates: &str| {
+        s.dp.kill();
+        s.dp = s.t.start_dataplane_with(backend, &["--kubernetes-version=1.40", gates]);
+        s.dp.wait_event("the restarted agent programmed its state", DEADLINE, |e| {
+            e["message"] == "programmed stored state"
+        });
+    };
+    restart(&mut s, "--feature-gates=KubeProxyIPVS=true");
+    let external = sock("192.0.2.10", 80);
+    wait_for("the external IP to go unanswered at 1.40's defaults", DEADLINE, || {
+        (!matches!(s.t.client.run_in(move || tcp_request(external)), Answer::From(_))).then_some(())
+    });
+    assert_eq!(s.t.client.run_in(move || tcp_request_from(ip(CLIENT_IP_2), lb)), Answer::From("pod0".into()));
+    assert_eq!(s.t.client.run_in(|| tcp_request(sock(NODE_IP, 30081))), Answer::From("pod0".into()));
+    restart(&mut s, "--feature-gates=KubeProxyIPVS=true,AllowServiceExternalIPs=true");
+    wait_answered_by(&s.t.client, external, &["pod0"]);
 }
 
 /// externalTrafficPolicy Local: external traffic only to this node's endpoints, client address kept,

@@ -53,6 +53,20 @@ fn a_kube_proxy_configuration_file_drives_the_agent_and_bad_fields_are_named() {
     let message = String::from_utf8_lossy(&out.stderr);
     assert!(message.contains("nftables.localhostNodePorts"), "the unsupported field is named: {message}");
 
+    // kube-proxy 1.40's default: the ipvs mode needs the KubeProxyIPVS gate, now off.
+    std::fs::write(&config, "kind: KubeProxyConfiguration\nmode: ipvs\nkpx: {kubernetesVersion: v1.40.0}\n")
+        .expect("write");
+    let out = t.node.try_exec(
+        &binary("kpx-dataplane").display().to_string(),
+        &[&format!("--config={}", config.display()), "--node-name=node-a"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let message = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        message.contains("mode") && message.contains("KubeProxyIPVS") && message.contains("nftables"),
+        "refused, naming the field, the gate and the way out: {message}"
+    );
+
     let out = t.node.try_exec(&binary("kpx-dataplane").display().to_string(), &["--ipvs-scheduler=fastest"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let message = String::from_utf8_lossy(&out.stderr);

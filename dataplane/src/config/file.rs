@@ -17,12 +17,13 @@
 //! nftables: {masqueradeAll: false, syncPeriod: 1h, minSyncPeriod: 0s}   # likewise iptables:, ipvs:
 //! ipvs: {scheduler: rr}               # rr, wrr, lc, wlc, sh, dh, mh
 //! iptables: {localhostNodePorts: true} # NodePorts on 127.0.0.1 too (iptables' default)
+//! featureGates: {KubeProxyIPVS: true, AllowServiceExternalIPs: true}   # defaults: see kpx.kubernetesVersion
 //! conntrack: {maxPerCore: 32768, min: 131072, tcpEstablishedTimeout: 24h, tcpCloseWaitTimeout: 1h,
 //!             tcpBeLiberal: false, udpTimeout: 0s, udpStreamTimeout: 0s}   # kube-proxy's defaults
 //! kpx: {controlPlane: https://cp:18000, stateDir: /var/lib/kpx, adminBindAddress: 127.0.0.1:18001, iptablesMode: auto,
 //!       ipvsDrainGrace: 15m, tlsCA: /etc/kpx/ca.crt, tlsCert: /etc/kpx/tls.crt, tlsKey: /etc/kpx/tls.key,
 //!       nodeTokenFile: /var/run/secrets/kpx/token, insecure: false, serviceProxyName: kpx,
-//!       procSysNet: /host/proc/sys/net}
+//!       procSysNet: /host/proc/sys/net, kubernetesVersion: "1.38"}
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -51,6 +52,8 @@ pub struct KubeProxyConfiguration {
     pub nftables: Option<ModeSection>,
     pub ipvs: Option<ModeSection>,
     pub conntrack: Option<ConntrackSection>,
+    /// kube-proxy's feature gates (see [`super::gates`]).
+    pub feature_gates: Option<std::collections::BTreeMap<String, bool>>,
     pub kpx: Option<KpxSection>,
 }
 
@@ -112,6 +115,8 @@ pub struct KpxSection {
     pub api_server_token_file: Option<PathBuf>,
     #[serde(rename = "apiServerCA")]
     pub api_server_ca: Option<PathBuf>,
+    /// The Kubernetes version whose kube-proxy defaults apply (see [`super::gates`]).
+    pub kubernetes_version: Option<String>,
 }
 
 /// Reads and checks the file at `path`; also returns the kube-proxy fields it ignored

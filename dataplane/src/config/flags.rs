@@ -27,6 +27,16 @@ pub struct Flags {
     /// Where the accepted state is kept (sled).
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
+    /// kube-proxy's feature gates kpx acts on, `NAME=BOOL,…` over the file's `featureGates`:
+    /// `KubeProxyIPVS` (the ipvs mode may be chosen), `AllowServiceExternalIPs` (Services'
+    /// externalIPs are programmed); defaults follow `--kubernetes-version`.
+    #[arg(long, value_parser = super::gates::parse_flag)]
+    pub feature_gates: Option<std::collections::BTreeMap<String, bool>>,
+    /// The Kubernetes version whose kube-proxy defaults apply (`1.38`, `v1.40.1`): from
+    /// 1.40 the two gates are off and an empty mode is nftables (before: iptables).
+    /// Without it: kpx's own defaults (gates on, nftables).
+    #[arg(long, value_parser = super::gates::KubernetesVersion::parse)]
+    pub kubernetes_version: Option<super::gates::KubernetesVersion>,
     /// Masquerade all Service traffic (kube-proxy's masqueradeAll).
     #[arg(long)]
     pub masquerade_all: bool,

@@ -5,6 +5,7 @@
 
 pub mod file;
 pub mod flags;
+pub mod gates;
 mod unused;
 
 use std::net::SocketAddr;
@@ -24,6 +25,7 @@ use crate::home::ApiAccess;
 use crate::node_sysctls::ConntrackSettings;
 use crate::serve::Listen;
 use file::{KubeProxyConfiguration, ModeSection};
+use gates::{FeatureGates, KubernetesVersion};
 
 /// A configuration that cannot be used; the message names the flag or field.
 #[derive(Debug, thiserror::Error)]
@@ -233,8 +235,24 @@ impl AgentConfig {
             None => KubeProxyConfiguration::default(),
         };
         let local_mode = local_mode(&flags, &file)?;
+        let kpx = file.kpx.clone().unwrap_or_default();
+        let version = match (flags.kubernetes_version, kpx.kubernetes_version.as_deref()) {
+            (Some(v), _) => Some(v),
+            (None, Some(text)) => Some(
+                KubernetesVersion::parse(text).map_err(|e| ConfigError::field("kpx.kubernetesVersion", e))?,
+            ),
+            (None, None) => None,
+        };
+        let mut given_gates = file.feature_gates.clone().unwrap_or_default();
+        given_gates.extend(flags.feature_gates.clone().unwrap_or_default());
+        let gates_field = if flags.feature_gates.is_some() { "--feature-gates" } else { "featureGates" };
+        let gates = FeatureGates::resolve(version, &given_gates, gates_field);
         let kind = match (flags.backend, file.mode.as_deref()) {
             (Some(b), _) => b,
+            // kube-proxy's default mode, where a version is configured: iptables before 1.40.
+            (None, None | Some("")) if version.is_some_and(|v| v < KubernetesVersion::GATES_OFF) => {
+                BackendKind::Iptables
+            }
             (None, None | Some("") | Some("nftables")) => BackendKind::Nftables,
             (None, Some("iptables")) => BackendKind::Iptables,
             (None, Some("ipvs")) => BackendKind::Ipvs,
@@ -245,6 +263,22 @@ impl AgentConfig {
                 ))
             }
         };
+        if kind == BackendKind::Ipvs {
+            if !gates.kube_proxy_ipvs {
+                let field = if flags.backend.is_some() { "--backend" } else { "mode" };
+                return Err(gates::ipvs_refused(field, version));
+            }
+            // kube-proxy's own warning, from 1.35 on.
+            tracing::warn!(
+                "The ipvs proxier is now deprecated and may be removed in a future release. Please use 'nftables' instead."
+            );
+        }
+        if !gates.allow_service_external_ips {
+            tracing::warn!(
+                gate = gates::ALLOW_SERVICE_EXTERNAL_IPS,
+                "Service externalIPs are not programmed (the gate is off); LoadBalancer IPs still are"
+            );
+        }
         let (section_name, section) = match kind {
             BackendKind::Nftables => ("nftables", file.nftables.clone()),
             BackendKind::Iptables => ("iptables", file.iptables.clone()),
@@ -279,7 +313,6 @@ impl AgentConfig {
         let min_sync_period =
             duration(&format!("{section_name}.minSyncPeriod"), section.min_sync_period.as_deref())?
                 .filter(|d| !d.is_zero());
-        let kpx = file.kpx.clone().unwrap_or_default();
         let service_proxy_name = match (&flags.service_proxy_name, &kpx.service_proxy_name) {
             (Some(name), _) => Some(name.clone()),
             (None, Some(name)) => {
@@ -307,6 +340,7 @@ impl AgentConfig {
             },
             local_mode,
             service_proxy_name,
+            ignore_external_ips: !gates.allow_service_external_ips,
         };
         let backend = Self::backend(&flags, kind, &kpx, &file, &proxy.nodeport_addresses)?;
         let conntrack = conntrack(&flags, file.conntrack.clone().unwrap_or_default())?;
@@ -667,6 +701,47 @@ mod tests {
             run(&c).api.configured.as_ref().map(|s| s.url()).as_deref(),
             Some("http://127.0.0.1:6443")
         );
+    }
+
+    #[test]
+    fn the_gates_and_the_empty_mode_follow_the_configured_kubernetes_version() {
+        let version = |v: &str| Some(KubernetesVersion::parse(v).expect("version"));
+        // kubeadm's file leaves the mode empty: kube-proxy's default of the version.
+        let empty = "mode: \"\"\n";
+        let kind = |v: Option<KubernetesVersion>| {
+            with_file(empty, Flags { kubernetes_version: v, ..running() }).expect("valid").backend.kind()
+        };
+        assert_eq!(kind(None), BackendKind::Nftables, "kpx's own default");
+        assert_eq!(kind(version("1.38")), BackendKind::Iptables);
+        assert_eq!(kind(version("1.40")), BackendKind::Nftables);
+        // ipvs with the gate off (1.40's default) is refused, naming the field and the gate.
+        let ipvs = "mode: ipvs\nkpx: {kubernetesVersion: v1.40.0}\n";
+        let err = with_file(ipvs, running()).expect_err("gate off").to_string();
+        assert!(err.contains("mode") && err.contains("KubeProxyIPVS") && err.contains("1.40"), "{err}");
+        let opted = "mode: ipvs\nfeatureGates: {KubeProxyIPVS: true}\nkpx: {kubernetesVersion: '1.43'}\n";
+        assert_eq!(with_file(opted, running()).expect("opt-in").backend.kind(), BackendKind::Ipvs);
+        let flag = AgentConfig::resolve(Flags {
+            backend: Some(BackendKind::Ipvs),
+            kubernetes_version: version("1.41"),
+            ..running()
+        });
+        assert!(flag.expect_err("gate off").to_string().starts_with("--config: --backend"));
+        assert!(AgentConfig::resolve(Flags { backend: Some(BackendKind::Ipvs), ..running() }).is_ok());
+        // externalIPs: programmed by default before 1.40, not from 1.40, unless opted in;
+        // the flag wins over the file.
+        let ignored =
+            |text: &str, flags: Flags| with_file(text, flags).expect("valid").proxy.ignore_external_ips;
+        assert!(!ignored("", running()));
+        assert!(ignored("kpx: {kubernetesVersion: '1.40'}\n", running()));
+        let file_opt_in = "featureGates: {AllowServiceExternalIPs: true}\nkpx: {kubernetesVersion: '1.40'}\n";
+        assert!(!ignored(file_opt_in, running()));
+        let flag_off = crate::config::gates::parse_flag("AllowServiceExternalIPs=false").expect("flag");
+        assert!(ignored(file_opt_in, Flags { feature_gates: Some(flag_off), ..running() }));
+        let err = with_file("kpx: {kubernetesVersion: latest}\n", running()).expect_err("bad").to_string();
+        assert!(err.contains("kpx.kubernetesVersion") && err.contains("latest"), "{err}");
+        let err =
+            with_file("featureGates: {KubeProxyIPVS: maybe}\n", running()).expect_err("bad").to_string();
+        assert!(err.contains("featureGates"), "{err}");
     }
 
     #[test]

@@ -35,7 +35,6 @@ const FIELDS: &[(&str, Unused)] = &[
     ("clientConnection", Unused::Harmless),
     ("configSyncPeriod", Unused::Harmless),
     ("enableProfiling", Unused::Harmless),
-    ("featureGates", Unused::Harmless),
     ("logging", Unused::Harmless),
     ("oomScoreAdj", Unused::Harmless),
     ("portRange", Unused::Harmless),

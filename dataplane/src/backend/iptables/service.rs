@@ -69,7 +69,7 @@ fn full_mask(family: Family) -> &'static str {
 /// Everything `view` needs on a node in `ctx`.
 pub fn service_rules(view: &ServiceView, ctx: &NodeContext) -> ServiceRules {
     let mut rules = ServiceRules::default();
-    for pf in policy::port_families(view, &ctx.nodeport_addresses) {
+    for pf in policy::port_families(view, ctx) {
         PortRenderer { pf: &pf, ctx, rules: &mut rules }.render();
     }
     rules

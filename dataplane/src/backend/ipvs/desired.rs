@@ -21,21 +21,16 @@ use crate::exec::ipvs::{
 /// What every Service's piece depends on besides the Service.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Context {
-    /// The node addresses NodePorts open on.
-    pub nodeport_addresses: Vec<IpAddr>,
-    /// All the node's addresses (a source range containing one lets the node in).
-    pub node_addresses: Vec<IpAddr>,
+    /// The node: where NodePorts open, its addresses (a source range containing one lets
+    /// the node in), whether external IPs are entry points.
+    pub node: NodeContext,
     /// The scheduler of Services that do not choose one.
     pub scheduler: String,
 }
 
 impl Context {
     pub fn new(node: &NodeContext, scheduler: &str) -> Context {
-        Context {
-            nodeport_addresses: node.nodeport_addresses.clone(),
-            node_addresses: node.node_addresses.clone(),
-            scheduler: scheduler.to_owned(),
-        }
+        Context { node: node.clone(), scheduler: scheduler.to_owned() }
     }
 }
 
@@ -104,7 +99,7 @@ pub fn piece(view: &ServiceView, ctx: &Context) -> Piece {
         None => (0, 0),
     };
     let mut out = Piece::default();
-    for pf in policy::port_families(view, &ctx.nodeport_addresses) {
+    for pf in policy::port_families(view, &ctx.node) {
         let proto = pf.port.protocol;
         let set = |role| SetName::new(role, pf.family);
         for ep in pf.all_endpoints() {
@@ -134,7 +129,7 @@ pub fn piece(view: &ServiceView, ctx: &Context) -> Piece {
             if dropped {
                 out.members.insert((set(SetRole::Drop), member.clone()));
             }
-            if let Some(allowed) = pf.allowed_sources(entry, &ctx.node_addresses) {
+            if let Some(allowed) = pf.allowed_sources(entry, &ctx.node.node_addresses) {
                 out.members.insert((set(SetRole::LoadBalancerFirewall), member));
                 for source in &allowed {
                     let m = ipset::source_member(entry.address, proto, entry.port, source);

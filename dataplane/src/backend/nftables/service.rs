@@ -31,7 +31,7 @@ pub struct ServiceRules {
 /// The elements and objects a Service needs on a node in `ctx`.
 pub fn service_rules(view: &ServiceView, ctx: &NodeContext) -> ServiceRules {
     let mut rules = ServiceRules::default();
-    for pf in policy::port_families(view, &ctx.nodeport_addresses) {
+    for pf in policy::port_families(view, ctx) {
         render_port(&pf, ctx, &mut rules);
     }
     rules
