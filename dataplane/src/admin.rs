@@ -84,6 +84,17 @@ impl NodeAdmin for NodeAdminService {
                     last_nack_unix_ms: unix_ms(s.last_nack.as_ref().map(|n| n.2)),
                     seconds_since_contact: s.since_contact(std::time::SystemTime::now()).as_secs_f64(),
                     last_contact_unix_ms: unix_ms(s.last_contact),
+                    interface_addresses: agent
+                        .interface_addresses()
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect(),
+                    nodeport_addresses: agent
+                        .context()
+                        .nodeport_addresses
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect(),
                 }
             })
             .await?;

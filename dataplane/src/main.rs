@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use kpx_dataplane::agent::{Agent, SharedAgent};
+use kpx_dataplane::agent::{Agent, Facilities, SharedAgent};
 use kpx_dataplane::backend::iptables::IptablesBackend;
 use kpx_dataplane::backend::ipvs::{IpvsBackend, IpvsKernel};
 use kpx_dataplane::backend::kube_proxy::{self, KubeProxyKernel};
@@ -181,12 +181,13 @@ fn run(
     let current_install = |state: &kpx_dataplane::state::NodeState| {
         runtime.block_on(home::current_install(&api, state, &services))
     };
+    let facilities =
+        Facilities { backend, conntrack, interfaces: Box::new(kpx_dataplane::exec::interfaces::Rtnetlink) };
     let agent = Agent::start_checking_install(
         config.node_name,
         settings,
-        backend,
+        facilities,
         store,
-        conntrack,
         config.control_planes.iter().map(|c| c.url.as_str()).collect::<Vec<_>>().join(","),
         current_install,
     )?;

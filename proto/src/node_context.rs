@@ -214,8 +214,27 @@ impl NodeContext {
     /// The context of a node with config `node` (`None`: not known yet) under `settings`.
     /// `--cluster-cidr` of the agent wins over the node config's local-traffic CIDRs.
     pub fn derive(settings: &ProxySettings, node: Option<&NodeConfig>) -> NodeContext {
+        NodeContext::derive_on(settings, node, &[])
+    }
+
+    /// The same, on a node whose interfaces hold `interface_addresses` (its local
+    /// addresses, loopback and link-local left out): NodePorts open on every one of them
+    /// too (all, or those inside the prefixes), as kube-proxy's iptables and IPVS modes
+    /// open them on every local address; `primary` is the node config's.
+    pub fn derive_on(
+        settings: &ProxySettings,
+        node: Option<&NodeConfig>,
+        interface_addresses: &[IpAddr],
+    ) -> NodeContext {
         let node_addresses: Vec<IpAddr> = node.map(|n| n.addresses.clone()).unwrap_or_default();
-        let nodeport_addresses = settings.nodeport_addresses.select(&node_addresses);
+        let nodeport_addresses = match settings.nodeport_addresses {
+            NodePortAddresses::Primary => settings.nodeport_addresses.select(&node_addresses),
+            _ => {
+                let mut local = node_addresses.clone();
+                local.extend(interface_addresses.iter().filter(|a| !node_addresses.contains(a)));
+                settings.nodeport_addresses.select(&local)
+            }
+        };
         let local = match &settings.local_mode {
             LocalMode::ClusterCidr if settings.cluster_cidrs.is_empty() => {
                 LocalDetector::new(node.map(|n| n.local_traffic_cidrs().to_vec()).unwrap_or_default())
@@ -254,6 +273,10 @@ mod tests {
         }
     }
 
+    fn ip(text: &str) -> IpAddr {
+        text.parse().expect("ip")
+    }
+
     #[test]
     fn nodeport_addresses_are_the_node_addresses_inside_the_prefixes() {
         let all = NodeContext::derive(&ProxySettings::default(), Some(&node()));
@@ -266,6 +289,18 @@ mod tests {
         assert_eq!(some.nodeport_addresses, vec!["10.0.0.1".parse::<IpAddr>().expect("ip")]);
         assert_eq!(some.node_addresses.len(), 2, "every node address still counts as the node's");
         assert_eq!(NodeContext::derive(&settings, None), NodeContext::default());
+        // The interfaces' addresses too, after the node config's; not for `primary`.
+        let on = |settings: &ProxySettings| {
+            NodeContext::derive_on(settings, Some(&node()), &[ip("10.0.0.1"), ip("10.0.9.9"), ip("fd00::9")])
+                .nodeport_addresses
+        };
+        assert_eq!(
+            on(&ProxySettings::default()),
+            [ip("10.0.0.1"), ip("192.168.1.1"), ip("10.0.9.9"), ip("fd00::9")]
+        );
+        assert_eq!(on(&settings), [ip("10.0.0.1"), ip("10.0.9.9")]);
+        let primary = ProxySettings { nodeport_addresses: NodePortAddresses::Primary, ..Default::default() };
+        assert_eq!(on(&primary), [ip("10.0.0.1")]);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::manifests::{documents, ep, service, slice, Ep};
 use crate::netns::Netns;
 use crate::process::KpxProcess;
 use crate::topology::{
-    sock, ProxyBackend, Topology, CLIENT_IP, CLIENT_IP_2, CLUSTER_CIDR, NODE_IP, NODE_IP_2,
+    sock, ProxyBackend, Topology, CLIENT_IP, CLIENT_IP_2, CLUSTER_CIDR, NODE_IP, NODE_IP6, NODE_IP_2,
 };
 use crate::traffic::{
     http_get, http_get_path, http_get_with_headers, tcp_request, tcp_request_from, tcp_request_from_port,
@@ -30,7 +30,7 @@ use crate::{wait_for, DEADLINE};
 macro_rules! behaviour_suite {
     ($backend:expr) => {
         $crate::behaviour_suite!(@tests $backend;
-            node_port, external_and_load_balancer_ips, external_traffic_policy_local,
+            node_port, node_ports_on_interface_addresses, external_and_load_balancer_ips, external_traffic_policy_local,
             internal_traffic_policy_local, topology_hints, session_affinity, terminating_endpoints,
             masquerade, dual_stack, ports, long_names, udp_conntrack, udp_conntrack_gone, tcp_before_the_rules, ignored_services, bad_input, damaged_store, flushed_behind_its_back,
             full_syncs_under_traffic, rolling_update, rolling_update_local);
@@ -53,6 +53,7 @@ pub type Scenario = fn(ProxyBackend);
 /// reads conntrack's NAT of nftables and iptables.
 pub const ALL: &[(&str, Scenario)] = &[
     ("node_port", node_port),
+    ("node_ports_on_interface_addresses", node_ports_on_interface_addresses),
     ("external_and_load_balancer_ips", external_and_load_balancer_ips),
     ("external_traffic_policy_local", external_traffic_policy_local),
     ("internal_traffic_policy_local", internal_traffic_policy_local),
@@ -248,6 +249,66 @@ pub fn node_port(backend: ProxyBackend) {
         }
     }
     localhost_node_ports(&mut s);
+}
+
+/// NodePorts on every local address: with `--nodeport-addresses` unset, kube-proxy's
+/// iptables and IPVS modes open NodePorts on every address of the node's interfaces, a
+/// secondary one added later too (kube-proxy's packet-flow tests, IPv4 and IPv6), not only
+/// on the Node object's; nftables' default (`primary`) does not. The agent reads the
+/// addresses over rtnetlink, follows them as they come and go, and shows them in
+/// `kpxctl status`.
+pub fn node_ports_on_interface_addresses(backend: ProxyBackend) {
+    let spec = "  type: NodePort\n  clusterIP: 10.96.1.50\n  clusterIPs: [10.96.1.50, 'fd00:96::50']\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30090}\n";
+    let ports = [("http", "TCP", 8080)];
+    let s = Scene::start(
+        backend,
+        1,
+        &[(
+            "np.yaml",
+            documents(&[
+                service("np", spec, ""),
+                slice("np", "np-4", false, &ports, &[ep(pod(0))]),
+                slice("np", "np-6", true, &ports, &[ep(Topology::pod_ip6(0))]),
+            ]),
+        )],
+        &[],
+        &[],
+    );
+    wait_answered_by(&s.t.client, sock(NODE_IP, 30090), &["pod0"]);
+    wait_answered_by(&s.t.client, sock(NODE_IP6, 30090), &["pod0"]);
+    let secondary = [("10.0.2.1", "10.0.2.1/24"), ("fd00:2::1", "fd00:2::1/64")];
+    for (_, prefix) in secondary {
+        s.t.node.ip(&["addr", "add", prefix, "dev", "to-client", "nodad"]);
+    }
+    let kpxctl = crate::process::binary("kpxctl").display().to_string();
+    let status = || String::from_utf8_lossy(&s.t.node.try_exec(&kpxctl, &["status"]).stdout).into_owned();
+    wait_for("kpxctl status to show the secondary addresses", DEADLINE, || {
+        let shown = status();
+        secondary.iter().all(|(address, _)| shown.contains(address)).then_some(())
+    });
+    let every_address = backend != ProxyBackend::Nftables;
+    for (address, _) in secondary {
+        let to = sock(address, 30090);
+        if every_address {
+            wait_answered_by(&s.t.client, to, &["pod0"]);
+        } else {
+            assert_eq!(s.t.client.run_in(move || tcp_request(to)), Answer::Refused, "primary only: {to}");
+        }
+    }
+    // Gone again: NodePorts no longer translated there.
+    for (_, prefix) in secondary {
+        s.t.node.ip(&["addr", "del", prefix, "dev", "to-client"]);
+    }
+    wait_for("kpxctl status to drop the secondary addresses", DEADLINE, || {
+        let shown = status();
+        secondary.iter().all(|(address, _)| !shown.contains(address)).then_some(())
+    });
+    for (address, _) in secondary {
+        let to = sock(address, 30090);
+        wait_for(&format!("{to} to stop reaching pod0"), DEADLINE, || {
+            (!matches!(s.t.client.run_in(move || tcp_request(to)), Answer::From(_))).then_some(())
+        });
+    }
 }
 
 /// kube-proxy's `localhostNodePorts`, on by default with iptables where every node address

@@ -282,7 +282,7 @@ pub async fn run(cli: &Cli) -> anyhow::Result<String> {
         Command::Status => {
             let mut c = NodeAdminClient::new(connect(cli, &cli.agent, AGENT).await?);
             let s = c.get_status(GetStatusRequest {}).await.map_err(call_error(AGENT))?.into_inner();
-            let v = json!({"node": s.node, "backend": s.backend, "controlPlane": s.control_plane, "connected": s.connected, "connectedSinceUnixMs": s.connected_since_unix_ms, "lastError": s.last_error, "lastApplySeconds": s.last_apply_seconds, "lastApplyUnixMs": s.last_apply_unix_ms, "applies": s.applies, "nacks": s.nacks, "lastNackTypeUrl": s.last_nack_type_url, "lastNack": s.last_nack, "lastNackUnixMs": s.last_nack_unix_ms, "secondsSinceContact": s.seconds_since_contact, "lastContactUnixMs": s.last_contact_unix_ms});
+            let v = json!({"node": s.node, "backend": s.backend, "controlPlane": s.control_plane, "connected": s.connected, "connectedSinceUnixMs": s.connected_since_unix_ms, "lastError": s.last_error, "lastApplySeconds": s.last_apply_seconds, "lastApplyUnixMs": s.last_apply_unix_ms, "applies": s.applies, "nacks": s.nacks, "lastNackTypeUrl": s.last_nack_type_url, "lastNack": s.last_nack, "lastNackUnixMs": s.last_nack_unix_ms, "secondsSinceContact": s.seconds_since_contact, "lastContactUnixMs": s.last_contact_unix_ms, "interfaceAddresses": s.interface_addresses, "nodePortAddresses": s.nodeport_addresses});
             if json {
                 return pretty(v);
             }
@@ -305,6 +305,8 @@ pub async fn run(cli: &Cli) -> anyhow::Result<String> {
                         format!("{:.0}s ago", s.seconds_since_contact)
                     },
                 ],
+                vec!["interface addresses".into(), list_or_dash(&s.interface_addresses)],
+                vec!["NodePort addresses".into(), list_or_dash(&s.nodeport_addresses)],
                 vec!["applies / NACKs".into(), format!("{} / {}", s.applies, s.nacks)],
                 vec!["last apply".into(), format!("{:.1} ms", s.last_apply_seconds * 1e3)],
                 vec!["last error".into(), if s.last_error.is_empty() { "-".into() } else { s.last_error }],
@@ -420,4 +422,13 @@ fn trace_text(r: &TraceResponse) -> String {
         out.push_str(&table::render(&["ENDPOINT", "PROBABILITY", "NODE", "STATE"], &rows));
     }
     out
+}
+
+/// `a, b, c`, or `-` for none.
+fn list_or_dash(items: &[String]) -> String {
+    if items.is_empty() {
+        "-".to_owned()
+    } else {
+        items.join(", ")
+    }
 }

@@ -6,6 +6,7 @@
 //! and the admin and health servers, which read.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -17,6 +18,7 @@ use tokio::sync::watch;
 use crate::backend::{Backend, BackendError};
 use crate::conntrack;
 use crate::exec::conntrack::SharedConntrack;
+use crate::exec::interfaces::{Interfaces, Unread};
 use crate::healthcheck::{self, ServiceHealth};
 use crate::metrics::{self, labels, AgentMetrics};
 use crate::state::{Delta, NodeState, RawResource};
@@ -43,6 +45,10 @@ pub struct Agent {
     metrics: Arc<AgentMetrics>,
     /// Since when the agent recovers from a damaged store (see [`Agent::start`]).
     recovering: Option<Instant>,
+    /// The node's interfaces, and the addresses on them NodePorts may open on (read at
+    /// start and again by [`Agent::refresh_interfaces`]).
+    interfaces: Box<dyn Interfaces>,
+    interface_addresses: Vec<IpAddr>,
 }
 
 /// The agent, shared between the xDS client and the admin, metrics and health servers.
@@ -98,6 +104,24 @@ impl ApplyError {
     }
 }
 
+/// What the agent drives on the node: the backend, conntrack and the interfaces.
+pub struct Facilities {
+    pub backend: Box<dyn Backend>,
+    pub conntrack: SharedConntrack,
+    pub interfaces: Box<dyn Interfaces>,
+}
+
+/// The interfaces' addresses NodePorts may open on; `None` (logged) when they cannot be read.
+fn read_interface_addresses(interfaces: &mut dyn Interfaces) -> Option<Vec<IpAddr>> {
+    match interfaces.addresses() {
+        Ok(listed) => Some(crate::exec::interfaces::node_addresses(&listed)),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the node's interface addresses; NodePorts keep the addresses they have");
+            None
+        }
+    }
+}
+
 /// Whether two views differ in more than their endpoints.
 fn service_changed(a: &ServiceView, b: &ServiceView) -> bool {
     let strip = |v: &ServiceView| {
@@ -125,7 +149,8 @@ impl Agent {
         conntrack: SharedConntrack,
         control_plane: String,
     ) -> anyhow::Result<Agent> {
-        Self::start_checking_install(node_name, settings, backend, store, conntrack, control_plane, |_| None)
+        let facilities = Facilities { backend, conntrack, interfaces: Box::new(Unread) };
+        Self::start_checking_install(node_name, settings, facilities, store, control_plane, |_| None)
     }
 
     /// [`Agent::start`], with the stored state's install checked first: `current_install`
@@ -136,12 +161,12 @@ impl Agent {
     pub fn start_checking_install(
         node_name: String,
         settings: ProxySettings,
-        mut backend: Box<dyn Backend>,
+        facilities: Facilities,
         mut store: Store,
-        conntrack: SharedConntrack,
         control_plane: String,
         current_install: impl FnOnce(&NodeState) -> Option<String>,
     ) -> anyhow::Result<Agent> {
+        let Facilities { mut backend, conntrack, mut interfaces } = facilities;
         let (mut state, damaged) = match store.load()? {
             Ok(state) => (state, None),
             Err(damaged) => (NodeState::default(), Some(damaged)),
@@ -187,7 +212,9 @@ impl Agent {
             other => other,
         };
         let metrics = Arc::new(AgentMetrics::new(backend.name()));
-        let context = NodeContext::derive(&settings, state.node.as_ref().map(|n| &n.value));
+        let interface_addresses = read_interface_addresses(interfaces.as_mut()).unwrap_or_default();
+        let context =
+            NodeContext::derive_on(&settings, state.node.as_ref().map(|n| &n.value), &interface_addresses);
         let (health, _) = watch::channel(healthcheck::desired(&state));
         let (proxy_health, _) = watch::channel(ProxyHealth::default());
         let status = AgentStatus { control_plane, started_at: Some(SystemTime::now()), ..Default::default() };
@@ -204,6 +231,8 @@ impl Agent {
             status,
             metrics,
             recovering: None,
+            interfaces,
+            interface_addresses,
         };
         if let Some(damaged) = damaged {
             tracing::error!(%damaged, "stored state is damaged: the kernel keeps its rules untouched until the control plane has sent the full state");
@@ -361,6 +390,48 @@ impl Agent {
         if let Err(e) = self.backend.housekeeping() {
             tracing::warn!(error = %e, "backend housekeeping failed; retrying shortly");
         }
+    }
+
+    /// The node context of the accepted node config, the settings and the interfaces' addresses.
+    fn derive_context(&self) -> NodeContext {
+        NodeContext::derive_on(
+            &self.settings,
+            self.state.node.as_ref().map(|n| &n.value),
+            &self.interface_addresses,
+        )
+    }
+
+    /// Reads the interfaces' addresses again; when the NodePorts' addresses change with
+    /// them (an address added to or removed from the node), programs everything in the
+    /// new context. Not while recovering (the next full sync takes them).
+    pub fn refresh_interfaces(&mut self) {
+        let Some(now) = read_interface_addresses(self.interfaces.as_mut()) else { return };
+        if now == self.interface_addresses {
+            return;
+        }
+        let added: Vec<String> =
+            now.iter().filter(|a| !self.interface_addresses.contains(a)).map(ToString::to_string).collect();
+        let removed: Vec<String> =
+            self.interface_addresses.iter().filter(|a| !now.contains(a)).map(ToString::to_string).collect();
+        tracing::info!(added = %added.join(","), removed = %removed.join(","), "the node's interface addresses changed");
+        self.interface_addresses = now;
+        let next = self.derive_context();
+        if next == self.context {
+            return;
+        }
+        self.context = next;
+        if self.recovering() {
+            return;
+        }
+        self.full_sync_logged(
+            "NodePort addresses follow the interfaces",
+            "programming the new NodePort addresses failed; retrying at the next change or resync",
+        );
+    }
+
+    /// The addresses on the node's interfaces, as they are now.
+    pub fn interface_addresses(&self) -> &[IpAddr] {
+        &self.interface_addresses
     }
 
     /// Programs everything again when the backend's canary says kpx's rules were flushed
@@ -552,7 +623,7 @@ impl Agent {
             return Ok(Applied::unprogrammed(resources, removed, started));
         }
         let previous_context = changes.node.then(|| {
-            let next = NodeContext::derive(&self.settings, self.state.node.as_ref().map(|n| &n.value));
+            let next = self.derive_context();
             std::mem::replace(&mut self.context, next)
         });
         if self.recovering() {

@@ -1,6 +1,7 @@
 //! The only code that touches the kernel: it spawns the tools (`nft`, `iptables-restore`
 //! and `-save`, `ipset`, `ip`, `conntrack`), opens libnftables, the IPVS generic
-//! netlink socket, an ipset netlink socket (members added and deleted) and an nf_tables netlink socket (element updates, and reads nft would
+//! netlink socket, an ipset netlink socket (members added and deleted), an rtnetlink socket
+//! (the interfaces' addresses) and an nf_tables netlink socket (element updates, and reads nft would
 //! make cost the whole table: [`nft_netlink`]), and writes `/proc/sys`. Everything above it speaks to the kernel through
 //! the traits here, so that [`fake`] — an in-memory model of each facility that applies
 //! a transaction whole or refuses it whole, as the kernel does, and dumps canonical text —
@@ -14,12 +15,14 @@
 //! - [`ipset::Ipset`]: `ipset restore`, `save`, the names of the sets, and members
 //!   added or deleted (over netlink);
 //! - [`links::Links`]: a dummy interface and the addresses on it;
+//! - [`interfaces::Interfaces`]: every interface's addresses (over rtnetlink);
 //! - [`ipvs::Ipvs`]: IPVS virtual services and destinations;
 //! - [`conntrack::Conntrack`]: deleting conntrack entries;
 //! - [`sysctl::Sysctl`]: kernel settings.
 
 pub mod conntrack;
 pub mod fake;
+pub mod interfaces;
 pub mod ipset;
 mod ipset_netlink;
 pub mod iptables;

@@ -70,3 +70,18 @@ impl Links for FakeLinks {
         Ok(())
     }
 }
+
+impl crate::exec::interfaces::Interfaces for FakeLinks {
+    fn addresses(&mut self) -> Result<Vec<crate::exec::interfaces::InterfaceAddress>, ExecError> {
+        Ok(self
+            .links()
+            .iter()
+            .flat_map(|(name, addresses)| {
+                addresses.iter().map(|&address| crate::exec::interfaces::InterfaceAddress {
+                    interface: name.clone(),
+                    address,
+                })
+            })
+            .collect())
+    }
+}
