@@ -405,6 +405,10 @@ pub fn external_and_load_balancer_ips(backend: ProxyBackend) {
         Answer::From("pod0".into()),
         "the node itself is allowed"
     );
+    let says = |s: &Scene, what: &str, text: &'static str| {
+        s.dp.wait_event(what, DEADLINE, |e| e["message"].as_str().is_some_and(|m| m.contains(text)));
+    };
+    says(&s, "that externalIPs are deprecated", "spec.externalIPs is deprecated");
     // kube-proxy 1.40's defaults (the AllowServiceExternalIPs gate off): the external IP
     // is no entry point any more, the load-balancer IP and the NodePort still are; the
     // gate set again brings it back. (KubeProxyIPVS, off too at 1.40, is opted into so
@@ -417,6 +421,7 @@ pub fn external_and_load_balancer_ips(backend: ProxyBackend) {
         });
     };
     restart(&mut s, "--feature-gates=KubeProxyIPVS=true");
+    says(&s, "that externalIPs are not programmed", "externalIPs are not programmed");
     let external = sock("192.0.2.10", 80);
     wait_for("the external IP to go unanswered at 1.40's defaults", DEADLINE, || {
         (!matches!(s.t.client.run_in(move || tcp_request(external)), Answer::From(_))).then_some(())

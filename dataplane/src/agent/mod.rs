@@ -49,6 +49,8 @@ pub struct Agent {
     /// start and again by [`Agent::refresh_interfaces`]).
     interfaces: Box<dyn Interfaces>,
     interface_addresses: Vec<IpAddr>,
+    /// Whether the deprecation of `externalIPs` was logged (once per run).
+    external_ips_warned: bool,
 }
 
 /// The agent, shared between the xDS client and the admin, metrics and health servers.
@@ -233,7 +235,10 @@ impl Agent {
             recovering: None,
             interfaces,
             interface_addresses,
+            external_ips_warned: false,
         };
+        let stored: Vec<String> = agent.state.services.keys().cloned().collect();
+        agent.warn_external_ips(stored.iter());
         if let Some(damaged) = damaged {
             tracing::error!(%damaged, "stored state is damaged: the kernel keeps its rules untouched until the control plane has sent the full state");
             agent.store.replace_all(&agent.state)?;
@@ -427,6 +432,23 @@ impl Agent {
             "NodePort addresses follow the interfaces",
             "programming the new NodePort addresses failed; retrying at the next change or resync",
         );
+    }
+
+    /// Logs once that `spec.externalIPs` is deprecated when one of `names` (Services of the
+    /// state) uses it and the agent programs it, as kube-proxy warns of deprecated fields.
+    fn warn_external_ips<'a>(&mut self, names: impl Iterator<Item = &'a String>) {
+        if self.external_ips_warned || self.context.ignore_external_ips {
+            return;
+        }
+        let using =
+            names.filter_map(|n| self.state.services.get(n)).find(|s| !s.value.external_ips.is_empty());
+        if let Some(service) = using {
+            tracing::warn!(
+                service = %service.value.resource_name(),
+                "Service.spec.externalIPs is deprecated (kube-proxy's AllowServiceExternalIPs gate is off by default from Kubernetes 1.40); programmed while the gate is on"
+            );
+            self.external_ips_warned = true;
+        }
     }
 
     /// The addresses on the node's interfaces, as they are now.
@@ -672,6 +694,7 @@ impl Agent {
             return Err(e.into());
         }
         self.synced(sync_elapsed, false);
+        self.warn_external_ips(changes.services.iter());
         if changes.services.len() >= crate::memory::LARGE_CHANGE_SERVICES {
             crate::memory::release_freed();
         }
