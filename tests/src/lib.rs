@@ -39,3 +39,11 @@ pub fn wait_for<T>(what: &str, deadline: Duration, mut check: impl FnMut() -> Op
 
 /// A generous deadline for things that take well under a second on an idle machine.
 pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// The `p` quantile (0..=1) of `sorted`, by nearest rank; zero for no samples.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() - 1) as f64 * p.clamp(0.0, 1.0)).round() as usize]
+}

@@ -254,3 +254,11 @@ impl Drop for KpxProcess {
         }
     }
 }
+
+/// The Python of the tests' virtual environment (`target/pyenv`, which `tests/run.sh`
+/// makes with grpcio, grpcio-reflection and xds-protos).
+pub fn python() -> PathBuf {
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/pyenv/bin/python");
+    assert!(venv.exists(), "{} is missing: tests/run.sh makes it", venv.display());
+    venv
+}

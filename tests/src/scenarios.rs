@@ -129,8 +129,7 @@ impl Scene {
             }
             ProxyBackend::Ipvs => {
                 // The node agent's own dump (`kpxctl rules`): IPVS services and destinations.
-                let kpxctl = crate::process::binary("kpxctl").display().to_string();
-                String::from_utf8_lossy(&self.t.node.try_exec(&kpxctl, &["rules"]).stdout).into_owned()
+                String::from_utf8_lossy(&self.t.kpxctl(&["rules"]).stdout).into_owned()
             }
         }
     }
@@ -280,8 +279,7 @@ pub fn node_ports_on_interface_addresses(backend: ProxyBackend) {
     for (_, prefix) in secondary {
         s.t.node.ip(&["addr", "add", prefix, "dev", "to-client", "nodad"]);
     }
-    let kpxctl = crate::process::binary("kpxctl").display().to_string();
-    let status = || String::from_utf8_lossy(&s.t.node.try_exec(&kpxctl, &["status"]).stdout).into_owned();
+    let status = || String::from_utf8_lossy(&s.t.kpxctl(&["status"]).stdout).into_owned();
     wait_for("kpxctl status to show the secondary addresses", DEADLINE, || {
         let shown = status();
         secondary.iter().all(|(address, _)| shown.contains(address)).then_some(())

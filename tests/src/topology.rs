@@ -309,6 +309,11 @@ impl Topology {
         });
     }
 
+    /// `kpxctl ARGS` run on the node (its defaults reach the agent and the control plane there).
+    pub fn kpxctl(&self, args: &[&str]) -> std::process::Output {
+        self.node.try_exec(&crate::process::binary("kpxctl").display().to_string(), args)
+    }
+
     /// kpx's table as the kernel holds it.
     pub fn ruleset(&self) -> String {
         let out = self.node.try_exec("nft", &["list", "table", "inet", "kpx"]);

@@ -309,16 +309,13 @@ fn rendered_pods_serve(objects: Vec<serde_json::Value>, backend: ProxyBackend) {
 
     // An operator with the admin certificate make-certs.sh made (kpxctl through a
     // port-forward, as it were).
-    let out = t.node.try_exec(
-        &kpx_e2e::process::binary("kpxctl").display().to_string(),
-        &[
-            "--control-plane=https://127.0.0.1:18000",
-            &format!("--tls-ca={}", certs.join("ca.crt").display()),
-            &format!("--tls-cert={}", certs.join("admin.crt").display()),
-            &format!("--tls-key={}", certs.join("admin.key").display()),
-            "sources",
-        ],
-    );
+    let out = t.kpxctl(&[
+        "--control-plane=https://127.0.0.1:18000",
+        &format!("--tls-ca={}", certs.join("ca.crt").display()),
+        &format!("--tls-cert={}", certs.join("admin.crt").display()),
+        &format!("--tls-key={}", certs.join("admin.key").display()),
+        "sources",
+    ]);
     assert!(out.status.success(), "kpxctl with the admin certificate: {out:?}");
 
     // A rolling update stops the agent: the node keeps its Service routing meanwhile.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use kpx_e2e::fake_apiserver::{FakeApiServer, Kind};
 use kpx_e2e::install;
 use kpx_e2e::manifests::{documents, ep, service, slice, web_on_pod, web_on_pod0};
-use kpx_e2e::process::{binary, KpxProcess};
+use kpx_e2e::process::KpxProcess;
 use kpx_e2e::topology::{node_yaml, sock, Topology, NODE_NAME};
 use kpx_e2e::traffic::{http_get_path, Backend};
 use kpx_e2e::{wait_for, DEADLINE};
@@ -37,10 +37,6 @@ impl Cluster {
     fn start_control_plane(&self) -> KpxProcess {
         self.t.start_control_plane_from(&[format!("kubeconfig:{}", self.kubeconfig.display())], &[])
     }
-}
-
-fn kpxctl(t: &Topology, args: &[&str]) -> std::process::Output {
-    t.node.try_exec(&binary("kpxctl").display().to_string(), args)
 }
 
 /// The control plane's `/readyz` (on its metrics listener).
@@ -81,7 +77,7 @@ fn nothing_is_served_until_every_initial_list_is_complete() {
     });
     // The Service is known, its endpoints are not: serving it now would program a Service
     // without endpoints (rejecting traffic). Nothing is served at all.
-    let out = kpxctl(&c.t, &["services"]);
+    let out = c.t.kpxctl(&["services"]);
     assert!(
         !out.status.success(),
         "the admin API must have no snapshot yet: {}",
@@ -246,7 +242,7 @@ fn the_node_objects_zone_feeds_topology_hints() {
     let _dp = c.t.start_dataplane();
     c.t.wait_answered_by("10.96.0.20", 80, "pod0");
     let endpoints_for = |node: &str| -> Vec<String> {
-        let out = kpxctl(&c.t, &["endpoints", "test/zoned", "--node", node, "-o", "json"]);
+        let out = c.t.kpxctl(&["endpoints", "test/zoned", "--node", node, "-o", "json"]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
         json["views"][0]["view"]["ports"][0]["endpoints"]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use kpx_e2e::fake_apiserver::FakeApiServer;
 use kpx_e2e::manifests::{documents, ep, service, slice};
-use kpx_e2e::process::{binary, KpxProcess};
+use kpx_e2e::process::KpxProcess;
 use kpx_e2e::topology::{node_yaml, sock, Topology, NODE_NAME};
 use kpx_e2e::traffic::{tcp_request, Answer, Backend};
 use kpx_e2e::DEADLINE;
@@ -54,10 +54,7 @@ impl Clusters {
 
     /// The endpoints this node's view of test/web has, as "address@cluster".
     fn endpoints(&self) -> Vec<String> {
-        let out = self.t.node.try_exec(
-            &binary("kpxctl").display().to_string(),
-            &["endpoints", "test/web", "--node", NODE_NAME, "-o", "json"],
-        );
+        let out = self.t.kpxctl(&["endpoints", "test/web", "--node", NODE_NAME, "-o", "json"]);
         if !out.status.success() {
             return vec![format!("kpxctl failed: {}", String::from_utf8_lossy(&out.stderr).trim())];
         }

@@ -5,10 +5,8 @@
 //! and the Python client installed first (tests/run.sh does both).
 
 use std::path::PathBuf;
-use std::process::Output;
 
 use kpx_e2e::manifests::{documents, ep, service, slice};
-use kpx_e2e::process::binary;
 use kpx_e2e::topology::{node_yaml, sock, ProxyBackend, Topology, CLUSTER_CIDR, NODE_IP, NODE_NAME};
 use kpx_e2e::traffic::{http_get_path, tcp_request, Answer};
 use kpx_e2e::{wait_for, DEADLINE};
@@ -54,13 +52,9 @@ fn started_with(
     (t, backends, cp, dp)
 }
 
-fn kpxctl(t: &Topology, args: &[&str]) -> Output {
-    t.node.try_exec(&binary("kpxctl").display().to_string(), args)
-}
-
 /// Runs kpxctl, expects success, returns stdout.
 fn ok(t: &Topology, args: &[&str]) -> String {
-    let out = kpxctl(t, args);
+    let out = t.kpxctl(args);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "kpxctl {args:?}: {}{text}", String::from_utf8_lossy(&out.stderr));
     text
@@ -149,11 +143,11 @@ fn kpxctl_shows_services_endpoints_nodes_rules_status_and_traces() {
         (Some("dnat"), Some(false))
     );
 
-    let unreachable = kpxctl(&t, &["--control-plane", "http://127.0.0.1:9", "services"]);
+    let unreachable = t.kpxctl(&["--control-plane", "http://127.0.0.1:9", "services"]);
     assert_eq!(unreachable.status.code(), Some(1));
     let message = String::from_utf8_lossy(&unreachable.stderr);
     assert!(message.contains("cannot reach the control plane at http://127.0.0.1:9"), "{message}");
-    let bad = kpxctl(&t, &["trace", "not-an-address"]);
+    let bad = t.kpxctl(&["trace", "not-an-address"]);
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("destination"), "{bad:?}");
 }
@@ -411,18 +405,11 @@ fn iptables_metrics_are_kube_proxys_names_and_labels() {
     );
 }
 
-fn python() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let venv = root.join("target/pyenv/bin/python");
-    assert!(venv.exists(), "{} is missing: tests/run.sh installs grpcio-reflection there", venv.display());
-    venv
-}
-
 #[test]
 fn reflection_v1alpha_with_python_and_v1_with_tonic_on_both_servers() {
     let (t, _backends, _cp, _dp) = started();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("reflection_v1alpha.py");
-    let py = python().display().to_string();
+    let py = kpx_e2e::process::python().display().to_string();
     let script = script.display().to_string();
     let run = |target: &str, symbol: &str| {
         let out = t.node.try_exec(&py, &[&script, target, symbol]);

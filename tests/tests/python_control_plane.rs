@@ -15,12 +15,6 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn python() -> PathBuf {
-    let venv = root().join("target/pyenv/bin/python");
-    assert!(venv.exists(), "{} is missing: tests/run.sh makes it", venv.display());
-    venv
-}
-
 /// The YAML the Python control plane serves: `web` on pods `endpoints`, maybe a bad one.
 fn services(web: Option<&[usize]>, bad: bool) -> String {
     let mut out = String::from("services:\n");
@@ -49,7 +43,7 @@ fn start_python(t: &Topology, config: &std::path::Path) -> KpxProcess {
     ];
     let n = (0..).find(|n| !t.dir.path().join(format!("python-{n}.log")).exists()).unwrap_or(0);
     let log = t.dir.path().join(format!("python-{n}.log"));
-    let p = KpxProcess::start_path(&t.node, &python(), "kpx_control_plane.py", &args, log);
+    let p = KpxProcess::start_path(&t.node, &kpx_e2e::process::python(), "kpx_control_plane.py", &args, log);
     p.wait_event("the Python control plane to listen", DEADLINE, |e| e["message"] == "serving delta ADS");
     p
 }
@@ -73,9 +67,7 @@ fn a_python_control_plane_drives_a_node_acks_nacks_removes_and_resumes() {
     dp.wait_event("the stream to open before any response", DEADLINE, |e| {
         e["message"].as_str().is_some_and(|m| m.starts_with("stream open"))
     });
-    let kpxctl = kpx_e2e::process::binary("kpxctl").display().to_string();
-    let status =
-        String::from_utf8_lossy(&t.node.try_exec(&kpxctl, &["status", "-o", "json"]).stdout).into_owned();
+    let status = String::from_utf8_lossy(&t.kpxctl(&["status", "-o", "json"]).stdout).into_owned();
     assert!(status.contains("\"connected\": true") || status.contains("\"connected\":true"), "{status}");
     write(&config, &services(Some(&[0, 1]), false));
     let vip = sock("10.96.7.1", 80);

@@ -9,7 +9,7 @@
 use kpx_e2e::fake_apiserver::{FakeApiServer, FakeToken};
 use kpx_e2e::manifests::web_on_pod0;
 use kpx_e2e::pki::{Issued, Pki, Validity};
-use kpx_e2e::process::{binary, KpxProcess};
+use kpx_e2e::process::KpxProcess;
 use kpx_e2e::topology::{node_yaml, sock, Topology, NODE_NAME};
 use kpx_e2e::{wait_for, DEADLINE};
 
@@ -49,8 +49,7 @@ fn refused(dp: &KpxProcess) -> String {
 }
 
 fn kpxctl(t: &Topology, args: &[String]) -> std::process::Output {
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    t.node.try_exec(&binary("kpxctl").display().to_string(), &args)
+    t.kpxctl(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 fn cert_flags(ca: &std::path::Path, identity: &Issued) -> Vec<String> {

@@ -145,7 +145,7 @@ fn an_agent_with_nothing_stored_finds_the_control_plane_through_the_api_server_a
         (c.events("ControlPlaneUnreachable") == 1).then_some(())
     });
     assert!(c.seconds_since_contact() >= 6.0, "{}", c.seconds_since_contact());
-    let status = c.t.node.try_exec(&binary("kpxctl").display().to_string(), &["status"]);
+    let status = c.t.kpxctl(&["status"]);
     let status = String::from_utf8_lossy(&status.stdout).into_owned();
     assert!(status.contains("not connected") && status.contains("last contact"), "{status}");
 

@@ -21,6 +21,7 @@ use kpx_dataplane::exec::ipvs::open_socket;
 use kpx_dataplane::exec::nft::{self, NftProcess};
 use kpx_dataplane::state::{ChangeSet, NodeState, Versioned};
 use kpx_e2e::netns::Netns;
+use kpx_e2e::percentile;
 use kpx_proto::types::{Endpoint, NodeConfig, Protocol, ServicePort, ServiceView};
 
 const ENDPOINTS: usize = 10;
@@ -88,10 +89,6 @@ fn state(services: usize) -> NodeState {
         s.services.insert(v.value.resource_name(), Versioned { version: v.version, value: v.value.into() });
     }
     s
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 /// The backends named on the command line (by the start of their label), or all.

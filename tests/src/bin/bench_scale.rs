@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use kpx_e2e::backends_in_vm;
+use kpx_e2e::percentile;
 use kpx_e2e::process::{binary, KpxProcess};
 use kpx_e2e::topology::{sock, ProxyBackend, Topology};
 use serde_json::json;
@@ -244,13 +245,6 @@ fn cpu_seconds(pid: u32) -> f64 {
         + fields.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     // SAFETY: sysconf is always safe to call.
     ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 fn ms(d: Duration) -> f64 {
