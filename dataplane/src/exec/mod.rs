@@ -21,6 +21,7 @@
 //! - [`sysctl::Sysctl`]: kernel settings.
 
 pub mod conntrack;
+#[cfg(any(test, feature = "fake"))]
 pub mod fake;
 pub mod interfaces;
 pub mod ipset;
