@@ -20,8 +20,8 @@ use tonic::{Request, Response, Status};
 use crate::publisher::StatusReceiver;
 use crate::source::SourceSpec;
 use crate::xds::nodes::NodeRegistry;
-use crate::xds::server::SnapshotReceiver;
 use crate::xds::snapshot::Audience;
+use crate::xds::snapshot::SnapshotReceiver;
 use crate::xds::{ResourceType, Snapshot};
 
 pub struct ControlPlaneAdminService {

@@ -23,8 +23,8 @@ use tokio::sync::{mpsc, watch};
 
 use crate::metrics::ControlPlaneMetrics;
 use crate::source::{ReachabilityReceiver, Update};
-use crate::xds::server::SnapshotReceiver;
 use crate::xds::snapshot::BuildOptions;
+use crate::xds::snapshot::SnapshotReceiver;
 use crate::xds::Snapshot;
 use tracker::{ChangeSet, Tracker};
 

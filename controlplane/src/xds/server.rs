@@ -10,13 +10,13 @@ use std::net::SocketAddr;
 
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use futures::{Stream, StreamExt};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
 use std::time::{Duration, Instant, SystemTime};
 
 use super::nodes::{NodeRegistry, StreamEntry};
-use super::snapshot::{ResourceType, Snapshot};
+use super::snapshot::{ResourceType, SnapshotReceiver};
 use super::stream::{ProtocolError, RequestKind, Response, StreamState};
 use super::syncs::{Syncing, Syncs};
 use crate::metrics::ControlPlaneMetrics;
@@ -64,9 +64,6 @@ impl Drop for WalkPermit {
         self.slot().take();
     }
 }
-
-/// The newest snapshot; `None` until every source has read its initial state.
-pub type SnapshotReceiver = watch::Receiver<Option<Arc<Snapshot>>>;
 
 pub struct AdsServer {
     snapshots: SnapshotReceiver,
@@ -421,7 +418,7 @@ async fn serve_stream(
                     if matches!(e, ProtocolError::NotThisNode { .. }) {
                         reporter.metrics.refused_streams.get_or_create(&ControlPlaneMetrics::reason("node_id_mismatch")).inc();
                     }
-                    e.status()
+                    status_of(&e)
                 })?;
                 let node = state.node().unwrap_or_default();
                 match kind {
@@ -461,6 +458,15 @@ async fn serve_stream(
     }
 }
 
+/// The gRPC status that ends a stream for a protocol error: a node that claims another
+/// node's name is denied, anything else is an invalid argument.
+fn status_of(e: &ProtocolError) -> Status {
+    match e {
+        ProtocolError::NotThisNode { .. } => Status::permission_denied(e.to_string()),
+        _ => Status::invalid_argument(e.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -471,8 +477,9 @@ mod tests {
 
     use super::*;
     use crate::source::manifest::state_of;
-    use crate::xds::snapshot::BuildOptions;
+    use crate::xds::snapshot::{BuildOptions, Snapshot};
     use crate::xds::stream::MAX_RESOURCES_PER_RESPONSE;
+    use tokio::sync::watch;
 
     /// `n` Services `s0000…`, the one numbered `changed` on port 81.
     fn services(n: usize, changed: Option<usize>) -> String {

@@ -398,16 +398,6 @@ pub struct StreamState {
     nonces: u64,
 }
 
-impl ProtocolError {
-    /// The gRPC status that ends the stream.
-    pub fn status(&self) -> tonic::Status {
-        match self {
-            ProtocolError::NotThisNode { .. } => tonic::Status::permission_denied(self.to_string()),
-            _ => tonic::Status::invalid_argument(self.to_string()),
-        }
-    }
-}
-
 impl StreamState {
     /// A stream whose caller proved to be node `identity` (by `how`: "client certificate",
     /// "ServiceAccount token"): any other `node.id` ends it.

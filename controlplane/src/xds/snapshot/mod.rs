@@ -29,6 +29,10 @@ pub use resource::Resource;
 
 use crate::view::{Placement, ServiceViews, ViewChanges};
 
+/// The newest snapshot, as the publisher publishes it; `None` until every source has
+/// read its initial state.
+pub type SnapshotReceiver = tokio::sync::watch::Receiver<Option<Arc<Snapshot>>>;
+
 /// Resource name → resource, shared between snapshots.
 type Resources = imbl::HashMap<String, Arc<Resource>>;
 
