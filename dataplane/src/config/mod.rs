@@ -263,7 +263,10 @@ impl AgentConfig {
                 ))
             }
         };
-        if kind == BackendKind::Ipvs {
+        // The gates govern what the agent programs: `--cleanup` (removing an IPVS install
+        // after the gate went off) and `--probe` neither refuse nor warn.
+        let programs = flags.probe.is_none() && !flags.cleanup;
+        if programs && kind == BackendKind::Ipvs {
             if !gates.kube_proxy_ipvs {
                 let field = if flags.backend.is_some() { "--backend" } else { "mode" };
                 return Err(gates::ipvs_refused(field, version));
@@ -273,7 +276,7 @@ impl AgentConfig {
                 "The ipvs proxier is now deprecated and may be removed in a future release. Please use 'nftables' instead."
             );
         }
-        if !gates.allow_service_external_ips {
+        if programs && !gates.allow_service_external_ips {
             tracing::warn!(
                 gate = gates::ALLOW_SERVICE_EXTERNAL_IPS,
                 "Service externalIPs are not programmed (the gate is off); LoadBalancer IPs still are"
@@ -727,6 +730,14 @@ mod tests {
         });
         assert!(flag.expect_err("gate off").to_string().starts_with("--config: --backend"));
         assert!(AgentConfig::resolve(Flags { backend: Some(BackendKind::Ipvs), ..running() }).is_ok());
+        // Removing kpx's IPVS rules once the gate is off is not refused.
+        let cleanup = AgentConfig::resolve(Flags {
+            backend: Some(BackendKind::Ipvs),
+            kubernetes_version: version("1.41"),
+            cleanup: true,
+            ..Flags::default()
+        });
+        assert!(matches!(cleanup.expect("cleanup").mode, Mode::Cleanup { .. }));
         // externalIPs: programmed by default before 1.40, not from 1.40, unless opted in;
         // the flag wins over the file.
         let ignored =
