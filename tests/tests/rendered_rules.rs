@@ -18,7 +18,7 @@ use kpx_dataplane::exec::conntrack::ConntrackProcess;
 use kpx_dataplane::exec::fake::{FakeIpvs, FakeLinks, FakeSysctl};
 use kpx_dataplane::exec::ipset::IpsetNetlink;
 use kpx_dataplane::exec::iptables::{Flavour, IptablesProcess};
-use kpx_dataplane::exec::nft::{Nft, NftProcess, Outline, RefillWith};
+use kpx_dataplane::exec::nft::{Nft, NftProcess, Outline, Reconciled, RefillWith};
 use kpx_dataplane::exec::nft_elements::{ElementUpdate, Emptied};
 use kpx_dataplane::exec::ExecError;
 use kpx_dataplane::state::{ChangeSet, NodeState, Versioned};
@@ -262,7 +262,8 @@ fn nftables_accepts_every_rendering_and_a_change_equals_a_full_sync() {
 }
 
 /// nft as the kernel's: scripts through the `nft` process, element updates over netlink,
-/// counting those (and apart those that empty sets first: a full sync's).
+/// counting those (and apart a full sync's elements: written whole, or compared with the
+/// kernel's and only what differs written).
 /// (Counters of each test's own: the tests run side by side.)
 struct CountingNft {
     nft: NftProcess,
@@ -295,6 +296,14 @@ impl Nft for CountingNft {
             self.refills.fetch_add(1, Ordering::SeqCst);
         }
         Ok(written)
+    }
+    /// A full sync over the table the last case left: only what differs is written.
+    fn reconcile(&mut self, sets: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<Reconciled, ExecError> {
+        let done = self.nft.reconcile(sets, fill)?;
+        if matches!(done, Reconciled::Written { .. }) {
+            self.refills.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(done)
     }
     fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {
         self.nft.rules_in_chain(chain)

@@ -6,7 +6,7 @@
 //! [`crate::exec`]. After a failure it must not trust its idea of the kernel: the next
 //! apply is a full sync. No backend decides policy: [`kpx_proto::policy`] does, for all.
 
-#[cfg(test)]
+#[cfg(any(test, feature = "fake"))]
 pub mod fixtures;
 pub mod iptables;
 pub mod ipvs;

@@ -34,7 +34,8 @@ pub mod links;
 mod netlink;
 pub mod nft;
 pub mod nft_elements;
-mod nft_netlink;
+pub mod nft_netlink;
+mod nft_reconcile;
 mod process;
 pub mod sysctl;
 

@@ -140,9 +140,26 @@ impl Socket {
     /// Sends one request and collects the bodies (after the family header) of its
     /// replies; `dump` requests end with DONE, others with the kernel's ACK.
     pub fn request(&mut self, m: Message, dump: bool) -> Result<Vec<Vec<u8>>, NetlinkError> {
+        let mut bodies = Vec::new();
+        self.each_reply(m, dump, |body| {
+            bodies.push(body.to_vec());
+            Ok(())
+        })?;
+        Ok(bodies)
+    }
+
+    /// Sends one request and gives the body (after the family header) of each reply to
+    /// `each` as it is read, none kept: a dump of a quarter-million set elements is read
+    /// 64 KiB at a time. The first error `each` answers ends it (the rest is read and dropped).
+    pub fn each_reply(
+        &mut self,
+        m: Message,
+        dump: bool,
+        mut each: impl FnMut(&[u8]) -> Result<(), NetlinkError>,
+    ) -> Result<(), NetlinkError> {
         let seq = self.next_seq();
         self.send(&m.finish(if dump { NLM_F_DUMP } else { NLM_F_ACK }, seq))?;
-        let mut bodies = Vec::new();
+        let mut failed = None;
         let mut buf = vec![0u8; 64 << 10];
         loop {
             let got = self.receive(&mut buf)?;
@@ -152,9 +169,10 @@ impl Socket {
                     continue;
                 }
                 match kind {
-                    NLMSG_DONE => return Ok(bodies),
-                    NLMSG_ERROR => return error_code(payload).map(|()| bodies),
-                    _ => bodies.push(payload.get(4..).unwrap_or_default().to_vec()),
+                    NLMSG_DONE => return failed.map_or(Ok(()), Err),
+                    NLMSG_ERROR => return error_code(payload).and(failed.map_or(Ok(()), Err)),
+                    _ if failed.is_some() => {}
+                    _ => failed = each(payload.get(4..).unwrap_or_default()).err(),
                 }
             }
         }

@@ -38,6 +38,17 @@ pub trait Nft: Send {
         self.update_elements(&text.update(flush))?;
         Ok(true)
     }
+    /// [`Self::refill`] over a table of this layout that may already hold most of the
+    /// elements (an agent restarted over its table, a periodic resync): the kernel's
+    /// elements of `sets` are read first and only those that differ are written, as one
+    /// transaction guarded by nf_tables' generation (see `nft_reconcile`). This default
+    /// cannot read elements: it refills.
+    fn reconcile(&mut self, sets: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<Reconciled, ExecError> {
+        Ok(match self.refill(sets, fill)? {
+            true => Reconciled::Refilled,
+            false => Reconciled::NotApart,
+        })
+    }
     /// `nft list table inet kpx` ("" when it does not exist).
     fn list_table(&mut self) -> Result<String, ExecError> {
         self.list(&format!("table {FAMILY} {TABLE}"))
@@ -56,6 +67,21 @@ pub trait Nft: Send {
 /// What writes a refill's elements: called once, with the refill to write them to; answers
 /// the script to run before them (`None`: write nothing).
 pub type RefillWith<'a> = dyn FnMut(&mut dyn Refill) -> Result<Option<String>, EncodeError> + 'a;
+
+/// What a [`Nft::reconcile`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reconciled {
+    /// The rules' script ran, then only the elements that differed were written: of the
+    /// kernel's, how many were kept and how many deleted; how many were added.
+    Written { kept: usize, deleted: usize, added: usize },
+    /// The rules' script ran, then every element was written again (sets emptied first).
+    Refilled,
+    /// The fill answered no script: nothing was written.
+    NotApart,
+    /// Someone else wrote to nf_tables between the read and the write: no element was
+    /// written (the rules' script may have run); what the sets hold is unknown.
+    Moved,
+}
 
 /// What kpx's table holds, by name, without what is inside.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -125,6 +151,10 @@ impl Nft for NftProcess {
         self.netlink.refill(flush, fill, run_process)
     }
 
+    fn reconcile(&mut self, sets: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<Reconciled, ExecError> {
+        self.netlink.reconcile(sets, fill, run_process)
+    }
+
     fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {
         self.netlink.rules_in_chain(chain)
     }
@@ -188,6 +218,11 @@ impl Nft for NftInProcess {
     fn refill(&mut self, flush: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<bool, ExecError> {
         let library = &mut self.library;
         self.netlink.refill(flush, fill, |script| run_library(library, script))
+    }
+
+    fn reconcile(&mut self, sets: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<Reconciled, ExecError> {
+        let library = &mut self.library;
+        self.netlink.reconcile(sets, fill, |script| run_library(library, script))
     }
 
     fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {

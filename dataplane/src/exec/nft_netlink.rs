@@ -23,14 +23,16 @@ use super::nft_elements::{
 };
 use super::ExecError;
 
-const NETLINK_NETFILTER: i32 = 12;
+pub(super) const NETLINK_NETFILTER: i32 = 12;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 /// `NFPROTO_INET`: kpx's table is of family `inet`.
 const NFPROTO_INET: u8 = 1;
 const NFNETLINK_V0: u8 = 0;
 
-mod msg {
+pub(super) mod msg {
     pub const GET_TABLE: u8 = 1;
+    pub const GET_SET_ELEM: u8 = 13;
+    pub const GET_GEN: u8 = 16;
     pub const GET_CHAIN: u8 = 4;
     pub const GET_RULE: u8 = 7;
     pub const GET_SET: u8 = 10;
@@ -38,11 +40,16 @@ mod msg {
     pub const DEL_SET_ELEM: u8 = 14;
 }
 /// nfnetlink's batch delimiters (their resource id names the subsystem).
-mod batch {
+pub(super) mod batch {
     pub const BEGIN: u16 = 16;
     pub const END: u16 = 17;
+    /// `NFNL_BATCH_GENID`: the generation a batch was written against (be32); the kernel
+    /// refuses the batch with `ERESTART` when nf_tables has moved past it.
+    pub const GENID: u16 = 1;
 }
-mod elements {
+/// `NFTA_GEN_ID`, the generation in a `NEWGEN` reply.
+const GEN_ID: u16 = 1;
+pub(super) mod elements {
     pub const TABLE: u16 = 1;
     pub const SET: u16 = 2;
     pub const LIST: u16 = 3;
@@ -53,6 +60,8 @@ mod elements {
     pub const DATA_VERDICT: u16 = 2;
     pub const VERDICT_CODE: u16 = 1;
     pub const VERDICT_CHAIN: u16 = 2;
+    pub const KEY_ATTR: u16 = 1;
+    pub const DATA_ATTR: u16 = 2;
     /// A message's elements stay below this many bytes (the list's length is 16 bits).
     pub const MESSAGE_BYTES: usize = 48 << 10;
 }
@@ -79,9 +88,9 @@ mod set {
 const UDATA_TABLE_COMMENT: u8 = 0;
 
 /// Named in errors (a kernel interface, not a program the image must hold).
-const FACILITY: &str = "nf_tables netlink";
+pub(super) const FACILITY: &str = "nf_tables netlink";
 
-fn failed(what: &str, e: NetlinkError) -> ExecError {
+pub(super) fn failed(what: &str, e: NetlinkError) -> ExecError {
     let message = match e {
         NetlinkError::Socket(e) => format!("{what}: socket: {e}"),
         NetlinkError::Kernel(e) => format!("{what}: {e}"),
@@ -90,7 +99,7 @@ fn failed(what: &str, e: NetlinkError) -> ExecError {
     ExecError::refused(FACILITY, message)
 }
 
-fn request(command: u8) -> Message {
+pub(super) fn request(command: u8) -> Message {
     Message::new(NFNL_SUBSYS_NFTABLES << 8 | u16::from(command), [NFPROTO_INET, NFNETLINK_V0, 0, 0])
 }
 
@@ -130,16 +139,17 @@ impl NftNetlink {
 
     /// Empties, then deletes, then adds, the elements of `update` in one transaction.
     pub fn update_elements(&mut self, update: &ElementUpdate) -> Result<(), ExecError> {
-        let mut messages: Vec<(Message, u16)> = update.flush.iter().map(|e| (flush(e), 0)).collect();
-        for s in &update.delete {
-            element_messages(&mut messages, msg::DEL_SET_ELEM, 0, s)?;
-        }
-        for s in &update.add {
-            element_messages(&mut messages, msg::NEW_SET_ELEM, NLM_F_CREATE, s)?;
-        }
+        let messages = update_messages(update)?;
         self.with_socket("update elements", |s| {
             s.batch(delimiter(batch::BEGIN), messages, delimiter(batch::END))
         })
+    }
+
+    /// [`Self::update_elements`] written against `generation` (see [`Self::batch_at`]):
+    /// `Ok(false)`, nothing applied, when nf_tables has moved past it.
+    pub fn update_elements_at(&mut self, generation: u32, update: &ElementUpdate) -> Result<bool, ExecError> {
+        let messages = update_messages(update)?;
+        self.batch_at(generation, messages)
     }
 
     /// What [`super::nft::Nft::refill`] does, the rules' script run by `run`: `fill`
@@ -169,6 +179,62 @@ impl NftNetlink {
             self.socket = None;
         }
         result.map_err(|e| failed(WHAT, e)).map(|()| true)
+    }
+
+    /// nf_tables' generation now: every committed transaction moves it on by one.
+    pub fn generation(&mut self) -> Result<u32, ExecError> {
+        const WHAT: &str = "read nf_tables' generation";
+        let replies = self.with_socket(WHAT, |s| s.request(request(msg::GET_GEN), false))?;
+        replies
+            .iter()
+            .find_map(|body| find(&attributes(body), GEN_ID)?.get(..4).map(|b| [b[0], b[1], b[2], b[3]]))
+            .map(u32::from_be_bytes)
+            .ok_or_else(|| failed(WHAT, NetlinkError::Malformed))
+    }
+
+    /// Gives every element of set or map `set` of kpx's table to `each` (key, and a map's
+    /// data), as the kernel's dump reads them, none kept.
+    pub fn each_element(
+        &mut self,
+        set: &str,
+        mut each: impl FnMut(&[u8], HeldData<'_>),
+    ) -> Result<(), ExecError> {
+        let mut m = request(msg::GET_SET_ELEM);
+        m.string(elements::TABLE, TABLE).string(elements::SET, set);
+        self.with_socket("list a set's elements", |s| {
+            s.each_reply(m, true, |body| {
+                let list = find(&attributes(body), elements::LIST).ok_or(NetlinkError::Malformed)?;
+                for (kind, element) in attributes(list) {
+                    if kind != elements::LIST_ELEM {
+                        continue;
+                    }
+                    let a = attributes(element);
+                    let key = find(&a, elements::KEY_ATTR)
+                        .and_then(|k| find(&attributes(k), elements::DATA_VALUE))
+                        .ok_or(NetlinkError::Malformed)?;
+                    each(key, HeldData::read(find(&a, elements::DATA_ATTR))?);
+                }
+                Ok(())
+            })
+        })
+    }
+
+    /// Sends `messages` as one batch written against `generation`: `Ok(false)`, none
+    /// applied, when nf_tables has moved past it (someone else wrote in between).
+    pub(super) fn batch_at(
+        &mut self,
+        generation: u32,
+        messages: Vec<(Message, u16)>,
+    ) -> Result<bool, ExecError> {
+        let mut begin = delimiter(batch::BEGIN);
+        begin.put(batch::GENID, &generation.to_be_bytes());
+        let sent = self.with_socket("write the elements that differ", |s| {
+            match s.batch(begin, messages, delimiter(batch::END)) {
+                Err(NetlinkError::Kernel(e)) if e.raw_os_error() == Some(libc::ERESTART) => Ok(false),
+                other => other.map(|()| true),
+            }
+        })?;
+        Ok(sent)
     }
 
     /// How many rules chain `name` of kpx's table holds (0 when it or the table is gone).
@@ -219,6 +285,18 @@ impl NftNetlink {
     }
 }
 
+/// The messages of `update`: the sets emptied, the deletions, the additions.
+fn update_messages(update: &ElementUpdate) -> Result<Vec<(Message, u16)>, ExecError> {
+    let mut messages: Vec<(Message, u16)> = update.flush.iter().map(|e| (flush(e), 0)).collect();
+    for s in &update.delete {
+        element_messages(&mut messages, msg::DEL_SET_ELEM, 0, s)?;
+    }
+    for s in &update.add {
+        element_messages(&mut messages, msg::NEW_SET_ELEM, NLM_F_CREATE, s)?;
+    }
+    Ok(messages)
+}
+
 /// The message that empties a set or map (DELSETELEM without a list of elements).
 fn flush(e: &Emptied) -> Message {
     let mut m = request(msg::DEL_SET_ELEM);
@@ -227,12 +305,12 @@ fn flush(e: &Emptied) -> Message {
 }
 
 /// A batch's beginning or end.
-fn delimiter(kind: u16) -> Message {
+pub(super) fn delimiter(kind: u16) -> Message {
     Message::new(kind, [0, NFNETLINK_V0, 0, NFNL_SUBSYS_NFTABLES as u8])
 }
 
 /// A message of `command` (NEWSETELEM, DELSETELEM) about elements of `set`, its list open.
-fn start_elements(command: u8, set: &str) -> Message {
+pub(super) fn start_elements(command: u8, set: &str) -> Message {
     let mut m = request(command);
     m.string(elements::TABLE, TABLE).string(elements::SET, set).begin(elements::LIST);
     m
@@ -248,24 +326,29 @@ fn write_element(
 ) -> Result<(), String> {
     let key_bytes = nft_elements::key(layout, key)?;
     let data = if command == msg::NEW_SET_ELEM { nft_elements::data(layout, data)? } else { None };
+    write_encoded(m, &key_bytes, data.as_ref());
+    Ok(())
+}
+
+/// Writes one element, already encoded, into `m`'s open list.
+pub(super) fn write_encoded(m: &mut Message, key: &[u8], data: Option<&EncodedData>) {
     m.begin(elements::LIST_ELEM);
-    m.begin(elements::KEY).put(elements::DATA_VALUE, &key_bytes).end();
+    m.begin(elements::KEY).put(elements::DATA_VALUE, key).end();
     match data {
         None => {}
         Some(EncodedData::Value(v)) => {
-            m.begin(elements::DATA).put(elements::DATA_VALUE, &v).end();
+            m.begin(elements::DATA).put(elements::DATA_VALUE, v).end();
         }
         Some(EncodedData::Verdict { code, chain }) => {
             m.begin(elements::DATA).begin(elements::DATA_VERDICT);
             m.put(elements::VERDICT_CODE, &code.to_be_bytes());
-            if let Some(chain) = &chain {
+            if let Some(chain) = chain {
                 m.string(elements::VERDICT_CHAIN, chain);
             }
             m.end().end();
         }
     }
     m.end();
-    Ok(())
 }
 
 /// The messages that delete (`command` DELSETELEM) or add the elements of one set, as
@@ -344,6 +427,46 @@ impl<'s> BatchRefill<'s> {
             }
         }
         self.batch
+    }
+}
+
+/// A map element's data as the kernel holds it (a set's: none), borrowed from a dump or
+/// from what kpx encoded: the same value either way, so that the two compare (and hash)
+/// equal exactly when the bytes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HeldData<'a> {
+    None,
+    Value(&'a [u8]),
+    Verdict { code: i32, chain: Option<&'a [u8]> },
+}
+
+impl<'a> HeldData<'a> {
+    /// The data kpx encoded.
+    pub fn of(data: Option<&'a EncodedData>) -> HeldData<'a> {
+        match data {
+            None => HeldData::None,
+            Some(EncodedData::Value(v)) => HeldData::Value(v),
+            Some(EncodedData::Verdict { code, chain }) => {
+                HeldData::Verdict { code: *code, chain: chain.as_deref().map(str::as_bytes) }
+            }
+        }
+    }
+
+    /// An element's `NFTA_SET_ELEM_DATA` nest, as dumped.
+    fn read(nest: Option<&'a [u8]>) -> Result<HeldData<'a>, NetlinkError> {
+        let Some(nest) = nest else { return Ok(HeldData::None) };
+        let a = attributes(nest);
+        if let Some(v) = find(&a, elements::DATA_VALUE) {
+            return Ok(HeldData::Value(v));
+        }
+        let verdict = attributes(find(&a, elements::DATA_VERDICT).ok_or(NetlinkError::Malformed)?);
+        let code = find(&verdict, elements::VERDICT_CODE)
+            .and_then(|b| b.get(..4))
+            .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+            .ok_or(NetlinkError::Malformed)?;
+        let chain = find(&verdict, elements::VERDICT_CHAIN)
+            .map(|c| &c[..c.iter().position(|b| *b == 0).unwrap_or(c.len())]);
+        Ok(HeldData::Verdict { code, chain })
     }
 }
 

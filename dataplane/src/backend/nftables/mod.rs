@@ -17,7 +17,8 @@ pub mod service;
 pub mod skeleton;
 
 use crate::backend::{Backend, BackendError, NodeContext};
-use crate::exec::nft::Nft;
+use crate::exec::nft::{Nft, Reconciled};
+use crate::exec::nft_elements::Refill;
 use crate::exec::ExecError;
 use crate::state::{ChangeSet, NodeState};
 
@@ -33,6 +34,101 @@ pub struct NftablesBackend {
 impl NftablesBackend {
     pub fn new(nft: Box<dyn Nft>) -> Self {
         NftablesBackend { nft, programmed: None }
+    }
+}
+
+/// How a full sync treats a table of this layout that is already there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Over {
+    /// Its elements are read and only those that differ written ([`Nft::reconcile`]).
+    Compared,
+    /// Its sets are emptied and every element written again ([`Nft::refill`]).
+    Rewritten,
+}
+
+impl NftablesBackend {
+    /// A full sync: the rules' script, then the elements (see [`outline`]); what was done
+    /// with the elements ([`Reconciled::Moved`]: nothing, someone else wrote meanwhile).
+    fn write_all(
+        &mut self,
+        desired: &NodeState,
+        context: &NodeContext,
+        over: Over,
+    ) -> Result<Reconciled, BackendError> {
+        self.programmed = None;
+        let started = std::time::Instant::now();
+        let existing = self.nft.outline()?;
+        let current = existing.as_ref().filter(|e| e.is_current());
+        // One pass over the Services makes the bookkeeping and the rules' script, and writes
+        // (or compares) each element as it comes (over netlink: encoded into a batch, none
+        // held as text). The script runs, then the elements, where that keeps every
+        // packet's rules and sets consistent (see `outline::Elements::Apart`); else all
+        // goes as one script.
+        let (mut planned, mut rendered, mut elements) = (None, std::time::Duration::ZERO, 0);
+        let mut fill = |refill: &mut dyn Refill| {
+            let (programmed, contents, written) =
+                Programmed::full_writing(desired, context, current, refill)?;
+            let apart = match (&existing, current) {
+                (None, _) => Some(outline::create_script(&contents, Elements::Apart)),
+                (Some(_), Some(current)) => outline::refill_script_apart(current, &contents),
+                (Some(_), None) => None,
+            };
+            (rendered, elements) = (started.elapsed(), written);
+            planned = Some((programmed, contents));
+            Ok(apart)
+        };
+        let done = match (current, over) {
+            (Some(_), Over::Compared) => self.nft.reconcile(render::refill_flush(), &mut fill)?,
+            _ => match self.nft.refill(render::refill_flush(), &mut fill)? {
+                true => Reconciled::Refilled,
+                false => Reconciled::NotApart,
+            },
+        };
+        if done == Reconciled::Moved {
+            return Ok(done);
+        }
+        let Some((programmed, mut contents)) = planned else {
+            return Err(
+                ExecError::refused("nftables", "the full sync's elements were never asked for").into()
+            );
+        };
+        let mut written = elements;
+        if done == Reconciled::NotApart {
+            contents.elements = programmed.updatable_elements();
+            (elements, written) = (contents.elements.len(), contents.elements.len());
+            let script = match (&existing, current) {
+                (Some(_), Some(current)) => outline::refill_script(current, &contents),
+                (Some(other), _) => {
+                    tracing::warn!(
+                        comment = other.comment.as_deref().unwrap_or(""),
+                        "kpx's table is of another layout (an older kpx made it): replacing it whole"
+                    );
+                    outline::replace_script(&contents)
+                }
+                (None, _) => outline::create_script(&contents, Elements::InScript),
+            };
+            self.nft.run(&script)?;
+        }
+        let (kept, deleted) = match done {
+            Reconciled::Written { kept, deleted, added } => {
+                written = added + deleted;
+                (kept, deleted)
+            }
+            _ => (0, 0),
+        };
+        tracing::info!(
+            elements,
+            elements_written = written,
+            elements_kept = kept,
+            elements_deleted = deleted,
+            elements_apart = done != Reconciled::NotApart,
+            compared = matches!(done, Reconciled::Written { .. }),
+            render_ms = rendered.as_millis() as u64,
+            write_ms = (started.elapsed() - rendered).as_millis() as u64,
+            "full sync written"
+        );
+        self.programmed = Some(programmed);
+        Ok(done)
     }
 }
 
@@ -74,56 +170,12 @@ impl Backend for NftablesBackend {
     }
 
     fn full_sync(&mut self, desired: &NodeState, context: &NodeContext) -> Result<(), BackendError> {
-        self.programmed = None;
-        let started = std::time::Instant::now();
-        let existing = self.nft.outline()?;
-        let current = existing.as_ref().filter(|e| e.is_current());
-        // One pass over the Services makes the bookkeeping and the rules' script, and writes
-        // each element as it comes (over netlink: encoded into a batch, none held as text).
-        // The script runs, then the elements, where that keeps every packet's rules and sets
-        // consistent (see `outline::Elements::Apart`); else all goes as one script.
-        let (mut planned, mut rendered, mut elements) = (None, std::time::Duration::ZERO, 0);
-        let elements_apart = self.nft.refill(render::refill_flush(), &mut |refill| {
-            let (programmed, contents, written) =
-                Programmed::full_writing(desired, context, current, refill)?;
-            let apart = match (&existing, current) {
-                (None, _) => Some(outline::create_script(&contents, Elements::Apart)),
-                (Some(_), Some(current)) => outline::refill_script_apart(current, &contents),
-                (Some(_), None) => None,
-            };
-            (rendered, elements) = (started.elapsed(), written);
-            planned = Some((programmed, contents));
-            Ok(apart)
-        })?;
-        let Some((programmed, mut contents)) = planned else {
-            return Err(
-                ExecError::refused("nftables", "the full sync's elements were never asked for").into()
+        if self.write_all(desired, context, Over::Compared)? == Reconciled::Moved {
+            tracing::warn!(
+                "nf_tables changed while kpx compared its table with what it wants: writing every element again"
             );
-        };
-        if !elements_apart {
-            contents.elements = programmed.updatable_elements();
-            elements = contents.elements.len();
-            let script = match (&existing, current) {
-                (Some(_), Some(current)) => outline::refill_script(current, &contents),
-                (Some(other), _) => {
-                    tracing::warn!(
-                        comment = other.comment.as_deref().unwrap_or(""),
-                        "kpx's table is of another layout (an older kpx made it): replacing it whole"
-                    );
-                    outline::replace_script(&contents)
-                }
-                (None, _) => outline::create_script(&contents, Elements::InScript),
-            };
-            self.nft.run(&script)?;
+            self.write_all(desired, context, Over::Rewritten)?;
         }
-        tracing::info!(
-            elements,
-            elements_apart,
-            render_ms = rendered.as_millis() as u64,
-            write_ms = (started.elapsed() - rendered).as_millis() as u64,
-            "full sync written"
-        );
-        self.programmed = Some(programmed);
         Ok(())
     }
 

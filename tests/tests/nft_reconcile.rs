@@ -1,0 +1,199 @@
+//! A full sync over kpx's own nftables table (an agent restarted over it, the periodic
+//! resync, a repair) reads the kernel's elements back and writes only those that differ,
+//! in one transaction guarded by nf_tables' generation; someone else's write between the
+//! read and the write is caught and the table rewritten whole. Inside a network namespace
+//! of the test's, through the real `nft` and netlink; what the table holds is read with
+//! `nft`. Run as root.
+
+use std::sync::{Arc, Mutex};
+
+use kpx_dataplane::backend::fixtures::{node_context, state};
+use kpx_dataplane::backend::nftables::NftablesBackend;
+use kpx_dataplane::backend::Backend;
+use kpx_dataplane::exec::nft::{Nft, NftProcess, Outline, Reconciled, RefillWith};
+use kpx_dataplane::exec::nft_elements::{ElementUpdate, Emptied, Refill};
+use kpx_dataplane::exec::nft_netlink::NftNetlink;
+use kpx_dataplane::exec::ExecError;
+use kpx_dataplane::state::NodeState;
+use kpx_e2e::netns::Netns;
+
+/// The real nftables, recording what each reconcile did, and running `between` (someone
+/// else's write) after the elements were read and before anything is written.
+struct Recording {
+    nft: NftProcess,
+    outcomes: Arc<Mutex<Vec<Reconciled>>>,
+    between: Option<String>,
+}
+
+impl Nft for Recording {
+    fn run(&mut self, script: &str) -> Result<(), ExecError> {
+        self.nft.run(script)
+    }
+    fn update_elements(&mut self, update: &ElementUpdate) -> Result<(), ExecError> {
+        self.nft.update_elements(update)
+    }
+    fn refill(&mut self, flush: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<bool, ExecError> {
+        self.nft.refill(flush, fill)
+    }
+    fn reconcile(&mut self, sets: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<Reconciled, ExecError> {
+        let between = self.between.take();
+        let mut wrapped = |refill: &mut dyn Refill| {
+            let script = fill(refill);
+            if let Some(other) = &between {
+                nft(&["-f", "-"], Some(other));
+            }
+            script
+        };
+        let outcome = self.nft.reconcile(sets, &mut wrapped)?;
+        self.outcomes.lock().unwrap_or_else(|p| p.into_inner()).push(outcome);
+        Ok(outcome)
+    }
+    fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {
+        self.nft.rules_in_chain(chain)
+    }
+    fn list(&mut self, what: &str) -> Result<String, ExecError> {
+        self.nft.list(what)
+    }
+    fn outline(&mut self) -> Result<Option<Outline>, ExecError> {
+        self.nft.outline()
+    }
+}
+
+/// Runs `nft ARGS` (with `input` on its standard input) in the current namespace; its
+/// output, the test failing if nft does.
+fn nft(args: &[&str], input: Option<&str>) -> String {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("nft")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("nft runs");
+    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+        stdin.write_all(text.as_bytes()).expect("nft's input");
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().expect("nft ends");
+    assert!(out.status.success(), "nft {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// kpx's table as nft lists it, each set's elements sorted (their order is the kernel's).
+fn table() -> String {
+    let listed = nft(&["-j", "list", "table", "inet", "kpx"], None);
+    let mut v: serde_json::Value = serde_json::from_str(&listed).expect("nft's JSON");
+    for item in v["nftables"].as_array_mut().into_iter().flatten() {
+        for kind in ["set", "map"] {
+            if let Some(elements) = item[kind].get_mut("elem").and_then(|e| e.as_array_mut()) {
+                elements.sort_by_key(|e| e.to_string());
+            }
+        }
+        for kind in ["table", "chain", "rule", "set", "map"] {
+            if let Some(object) = item.get_mut(kind).and_then(|o| o.as_object_mut()) {
+                object.remove("handle");
+            }
+        }
+    }
+    v.to_string()
+}
+
+/// 300 Services of 4 endpoints each.
+fn services() -> NodeState {
+    let names: Vec<(String, String, Vec<String>)> = (0..300)
+        .map(|i| {
+            let endpoints = (0..4).map(|e| format!("10.1.{}.{}", i / 50, (i % 50) * 5 + e)).collect();
+            (format!("s{i}"), format!("10.96.{}.{}", i / 200, i % 200 + 1), endpoints)
+        })
+        .collect();
+    let refs: Vec<Vec<&str>> = names.iter().map(|(_, _, e)| e.iter().map(String::as_str).collect()).collect();
+    let rows: Vec<(&str, &str, &[&str])> =
+        names.iter().zip(&refs).map(|((n, v, _), e)| (n.as_str(), v.as_str(), e.as_slice())).collect();
+    state(&rows)
+}
+
+fn backend(outcomes: &Arc<Mutex<Vec<Reconciled>>>, between: Option<String>) -> NftablesBackend {
+    NftablesBackend::new(Box::new(Recording {
+        nft: NftProcess::new(),
+        outcomes: Arc::clone(outcomes),
+        between,
+    }))
+}
+
+fn last(outcomes: &Arc<Mutex<Vec<Reconciled>>>) -> Option<Reconciled> {
+    outcomes.lock().unwrap_or_else(|p| p.into_inner()).last().copied()
+}
+
+#[test]
+fn a_full_sync_over_its_own_table_writes_only_what_differs() {
+    let ns = Netns::new("reconcile");
+    ns.run_in(|| {
+        let (desired, context) = (services(), node_context());
+        let outcomes = Arc::new(Mutex::new(Vec::new()));
+        backend(&outcomes, None).full_sync(&desired, &context).expect("the table created");
+        assert_eq!(last(&outcomes), None, "no table yet: created, nothing to compare");
+        let made = table();
+
+        // Restarted over it: everything compared, nothing written.
+        backend(&outcomes, None).full_sync(&desired, &context).expect("restarted over it");
+        let Some(Reconciled::Written { kept, deleted: 0, added: 0 }) = last(&outcomes) else {
+            panic!("nothing to write: {:?}", last(&outcomes));
+        };
+        assert!(kept >= 300 * 4, "every endpoint kept: {kept}");
+        assert_eq!(table(), made);
+
+        // One element taken away and one put in behind kpx's back: one of each written.
+        let endpoint = "10.96.0.7 . tcp . 80 . 2";
+        nft(&["delete", "element", "inet", "kpx", "endpoints-v4", &format!("{{ {endpoint} }}")], None);
+        nft(&["add", "element", "inet", "kpx", "no-endpoints-v4", "{ 10.96.9.9 . tcp . 99 }"], None);
+        backend(&outcomes, None).full_sync(&desired, &context).expect("repaired");
+        assert_eq!(
+            last(&outcomes),
+            Some(Reconciled::Written { kept: kept - 1, deleted: 1, added: 1 }),
+            "the stray deleted and the missing endpoint added, nothing else"
+        );
+        assert_eq!(table(), made, "the table is what it was made");
+
+        // Someone else writes between the read and the write: caught, all written again.
+        let stray = "add element inet kpx no-endpoints-v4 { 10.96.9.10 . tcp . 99 }\n".to_owned();
+        backend(&outcomes, Some(stray)).full_sync(&desired, &context).expect("rewritten");
+        assert_eq!(last(&outcomes), Some(Reconciled::Moved));
+        assert_eq!(table(), made, "rewritten whole: the other write's element is gone");
+    });
+}
+
+#[test]
+fn a_batch_written_against_an_old_generation_is_refused_whole() {
+    let ns = Netns::new("generation");
+    ns.run_in(|| {
+        let outcomes = Arc::new(Mutex::new(Vec::new()));
+        backend(&outcomes, None).full_sync(&services(), &node_context()).expect("the table created");
+        let made = table();
+        let mut netlink = NftNetlink::new();
+        let read = netlink.generation().expect("the generation");
+        let layout =
+            kpx_dataplane::backend::nftables::render::Collection::NoEndpoints(kpx_proto::family::Family::V4)
+                .layout()
+                .expect("an updatable set");
+        let add = ElementUpdate {
+            flush: vec![],
+            delete: vec![],
+            add: vec![kpx_dataplane::exec::nft_elements::SetElements {
+                set: "no-endpoints-v4".into(),
+                layout,
+                elements: vec![("10.96.9.11 . tcp . 99", None)],
+            }],
+        };
+        // Someone else's transaction moves the generation on.
+        nft(&["add", "chain", "inet", "kpx", "someone-elses"], None);
+        let after_other = netlink.generation().expect("the generation");
+        assert_eq!(after_other, read.wrapping_add(1), "one transaction, one generation");
+        assert!(!netlink.update_elements_at(read, &add).expect("answered"), "refused: it moved");
+        let listed = nft(&["list", "set", "inet", "kpx", "no-endpoints-v4"], None);
+        assert!(!listed.contains("10.96.9.11"), "nothing of the batch applied: {listed}");
+        assert!(netlink.update_elements_at(after_other, &add).expect("answered"), "the generation of now");
+        let listed = nft(&["list", "set", "inet", "kpx", "no-endpoints-v4"], None);
+        assert!(listed.contains("10.96.9.11"), "{listed}");
+        assert_ne!(table(), made);
+    });
+}
