@@ -107,8 +107,15 @@ impl Backend for IptablesBackend {
         for family in Family::ALL {
             saved.insert(family, self.iptables.save(family)?);
         }
+        let started = std::time::Instant::now();
         let (programmed, plan) = Programmed::full(desired, &self.rendered(context), &saved);
         self.run(&plan.scripts)?;
+        tracing::info!(
+            unchanged_chains = plan.unchanged_chains,
+            restore_bytes = plan.scripts.values().map(String::len).sum::<usize>(),
+            write_ms = started.elapsed().as_millis() as u64,
+            "full sync written"
+        );
         self.programmed = Some(programmed);
         Ok(())
     }

@@ -4,7 +4,7 @@
 //! chains of the Services that changed, and adds or deletes only their rules
 //! in the shared chains.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
@@ -31,6 +31,8 @@ pub struct Plan {
     services: Vec<(String, Option<ServiceRules>)>,
     /// The node context changed: only a full sync can rewrite the fixed chains.
     pub needs_full_sync: bool,
+    /// A full sync's chains the kernel already held exactly as wanted (not written).
+    pub unchanged_chains: usize,
 }
 
 impl Plan {
@@ -71,6 +73,59 @@ impl Script {
         block.remove_chains.insert(key.2.clone());
     }
 
+    /// Leaves out every chain written whole that the kernel already holds as wanted
+    /// (`saved`: `iptables-save` per family; rules compared as the text iptables-save
+    /// prints, which is how kpx writes them): a full sync over intact rules writes none
+    /// of them. A chain's own rules must be there in order, then the rules Services share
+    /// in it (a ClusterIP's jump in `KPX-SERVICES`) in any order: changes append those as
+    /// they come, so their order is no one's. Returns how many chains were left out.
+    fn leave_unchanged(&mut self, saved: &BTreeMap<Family, String>) -> usize {
+        let mut left_out = 0;
+        for ((family, table), block) in &mut self.blocks {
+            let Some(text) = saved.get(family) else { continue };
+            let held: HashSet<String> =
+                xtables::saved_chains(text).into_iter().filter(|(t, _)| t == table).map(|(_, c)| c).collect();
+            let mut held_rules: HashMap<&str, Vec<&str>> = HashMap::new();
+            for line in xtables::saved_rules(text, *table) {
+                held_rules.entry(chain_of(line)).or_default().push(line);
+            }
+            let mut own: HashMap<&str, Vec<&str>> = HashMap::new();
+            for line in &block.fill {
+                own.entry(chain_of(line)).or_default().push(line);
+            }
+            let mut shared: HashMap<&str, Vec<&str>> = HashMap::new();
+            for line in &block.add_rules {
+                shared.entry(chain_of(line)).or_default().push(line);
+            }
+            let same: HashSet<String> = block
+                .declare
+                .iter()
+                .filter(|chain| !block.remove_chains.contains(*chain) && held.contains(*chain))
+                .filter(|chain| {
+                    let rules = |of: &HashMap<&str, Vec<&str>>| -> Vec<String> {
+                        of.get(chain.as_str())
+                            .map(|v| v.iter().map(|l| (*l).to_owned()).collect())
+                            .unwrap_or_default()
+                    };
+                    let (own, mut shared, have) = (rules(&own), rules(&shared), rules(&held_rules));
+                    if have.len() != own.len() + shared.len() || have[..own.len()] != own[..] {
+                        return false;
+                    }
+                    let mut rest = have[own.len()..].to_vec();
+                    rest.sort_unstable();
+                    shared.sort_unstable();
+                    rest == shared
+                })
+                .cloned()
+                .collect();
+            left_out += same.len();
+            block.declare.retain(|chain| !same.contains(chain));
+            block.fill.retain(|line| !same.contains(chain_of(line)));
+            block.add_rules.retain(|line| !same.contains(chain_of(line)));
+        }
+        left_out
+    }
+
     fn finish(self) -> BTreeMap<Family, String> {
         let mut out: BTreeMap<Family, String> = BTreeMap::new();
         for ((family, table), b) in self.blocks {
@@ -96,6 +151,11 @@ impl Script {
         }
         out
     }
+}
+
+/// The chain an `-A CHAIN …` line appends to.
+fn chain_of(line: &str) -> &str {
+    line.strip_prefix("-A ").and_then(|rest| rest.split(' ').next()).unwrap_or("")
 }
 
 impl Programmed {
@@ -139,6 +199,7 @@ impl Programmed {
                 script.block(*family, table).add_rules.extend(hooks);
             }
         }
+        plan.unchanged_chains = script.leave_unchanged(saved);
         plan.scripts = script.finish();
         let mut programmed = empty;
         programmed.commit(std::mem::take(&mut plan.services).into_iter().collect());

@@ -269,9 +269,9 @@ impl PortRenderer<'_> {
         for (i, (ep, chain)) in endpoints.iter().zip(&chains).enumerate() {
             let comment = names::comment(view, port, &format!("-> {}", socket(&ep.address, ep.port)));
             if i + 1 < n {
-                let probability = 1.0 / (n - i) as f64;
+                let probability = saved_probability(n - i);
                 rules.push(format!(
-                    "{comment} -m statistic --mode random --probability {probability:.10} -j {chain}"
+                    "{comment} -m statistic --mode random --probability {probability:.11} -j {chain}"
                 ));
             } else {
                 rules.push(format!("{comment} -j {chain}"));
@@ -285,14 +285,23 @@ impl PortRenderer<'_> {
         let target = socket(&ep.address, ep.port);
         let chain = names::endpoint_chain(view, port, &target);
         let comment = names::comment(view, port, "");
-        let mut rules = vec![format!("{comment} -s {} -j {}", host(&ep.address), names::MARK_MASQ)];
+        // As iptables-save prints them (header fields first, then the matches in order), so
+        // that a full sync finds them unchanged.
+        let mut rules = vec![format!("-s {} {comment} -j {}", host(&ep.address), names::MARK_MASQ)];
         let affinity = view
             .session_affinity_timeout
             .map(|_| format!(" -m recent --name {chain} --mask {} --rsource --set", full_mask(family)))
             .unwrap_or_default();
-        rules.push(format!("{comment}{affinity} -p {proto} -m {proto} -j DNAT --to-destination {target}"));
+        rules.push(format!("-p {proto} {comment}{affinity} -m {proto} -j DNAT --to-destination {target}"));
         self.chain(&chain, rules);
     }
+}
+
+/// 1/`n` as the kernel keeps it (`statistic` stores a probability as a 31-bit fraction)
+/// and iptables-save prints it: written so, a rule reads back exactly as written.
+fn saved_probability(n: usize) -> f64 {
+    const ONE: f64 = 2_147_483_648.0;
+    (ONE / n as f64).round() / ONE
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -316,8 +325,8 @@ mod tests {
         assert!(jump.spec.starts_with("-d 10.96.0.10/32 -p tcp -m tcp --dport 80 -m comment --comment \"ns/web:http cluster IP\" -j KPX-SVC-"), "{}", jump.spec);
         let svc = rules.chains.iter().find(|(k, _)| k.2.starts_with("KPX-SVC-")).expect("svc chain").1;
         assert_eq!(svc.len(), 3);
-        assert!(svc[0].contains("--probability 0.3333333333"), "{svc:?}");
-        assert!(svc[1].contains("--probability 0.5000000000"), "{svc:?}");
+        assert!(svc[0].contains("--probability 0.33333333349"), "{svc:?}");
+        assert!(svc[1].contains("--probability 0.50000000000"), "{svc:?}");
         assert!(!svc[2].contains("statistic"), "{svc:?}");
         let seps: Vec<_> = rules.chains.iter().filter(|(k, _)| k.2.starts_with("KPX-SEP-")).collect();
         assert_eq!(seps.len(), 3);

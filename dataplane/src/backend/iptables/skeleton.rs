@@ -69,15 +69,15 @@ pub fn fixed_chains(from_pods: &[String], localhost_nodeports: bool) -> Vec<Fixe
         ),
         chain(Table::Nat, names::SERVICES, vec![]),
         chain(Table::Nat, names::NODEPORTS, vec![]),
-        chain(Table::Nat, names::MARK_MASQ, vec![format!("-j MARK --or-mark {MASQ_MARK}")]),
-        chain(Table::Nat, names::MARK_DROP, vec![format!("-j MARK --or-mark {DROP_MARK}")]),
+        chain(Table::Nat, names::MARK_MASQ, vec![format!("-j MARK --set-xmark {MASQ_MARK}/{MASQ_MARK}")]),
+        chain(Table::Nat, names::MARK_DROP, vec![format!("-j MARK --set-xmark {DROP_MARK}/{DROP_MARK}")]),
         chain(Table::Nat, names::MASQ_NONLOCAL, masq_nonlocal),
         chain(
             Table::Nat,
             names::POSTROUTING,
             vec![
                 format!("-m mark ! --mark {MASQ_MARK}/{MASQ_MARK} -j RETURN"),
-                format!("-j MARK --xor-mark {MASQ_MARK}"),
+                format!("-j MARK --set-xmark {MASQ_MARK}/0x0"),
                 "-j MASQUERADE --random-fully".to_owned(),
             ],
         ),
