@@ -70,11 +70,22 @@ def table(data):
                      f"sled committed (the ACK), {b['changes']} changes",
                      f"p50 {b.get('change_to_kernel_p50_ms', '?')} / {b['change_p50_ms']} ms, "
                      f"p99 {b.get('change_to_kernel_p99_ms', '?')} / {b['change_p99_ms']} ms"))
-        rows.append((f"{what}: full sync (restarted over its store) / initial sync (start → last Service)",
-                     f"{b['full_sync_s']:.2f} s / {b['initial_sync_pipeline_s']:.2f} s"))
-        rows.append((f"{what}: agent RSS, peak (initial sync and changes) / steady / peak of a full sync",
-                     f"{b['agent_peak_rss_mib']:.0f} / {b['agent_steady_rss_mib']:.0f} / "
-                     f"{b.get('agent_full_sync_peak_rss_mib', float('nan')):.0f} MiB"))
+        if b.get("rewrite_s") is not None:
+            rows.append((f"{what}: restart over an intact table / full rewrite (its table deleted) / "
+                         f"initial sync (start → last Service)",
+                         f"{b['restart_s']:.2f} s / {b['rewrite_s']:.2f} s / {b['initial_sync_pipeline_s']:.2f} s"))
+            rows.append((f"{what}: elements written by a restart over an intact table / by a full rewrite",
+                         f"{b['restart_elements_written']:,} / {b['rewrite_elements_written']:,}"))
+            rows.append((f"{what}: agent RSS, peak (initial sync and changes) / steady / peak of a restart "
+                         f"over an intact table / peak of a full rewrite",
+                         f"{b['agent_peak_rss_mib']:.0f} / {b['agent_steady_rss_mib']:.0f} / "
+                         f"{b['restart_peak_rss_mib']:.0f} / {b['rewrite_peak_rss_mib']:.0f} MiB"))
+        else:
+            rows.append((f"{what}: full sync (restarted over its store) / initial sync (start → last Service)",
+                         f"{b['full_sync_s']:.2f} s / {b['initial_sync_pipeline_s']:.2f} s"))
+            rows.append((f"{what}: agent RSS, peak (initial sync and changes) / steady / peak of a full sync",
+                         f"{b['agent_peak_rss_mib']:.0f} / {b['agent_steady_rss_mib']:.0f} / "
+                         f"{b.get('agent_full_sync_peak_rss_mib', float('nan')):.0f} MiB"))
         rows.append((f"{what}: TCP connect to the first vs the last Service",
                      f"{b['connect_first_us']} vs {b['connect_last_us']} µs"))
     api = data.get("api")

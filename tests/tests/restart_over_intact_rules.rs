@@ -1,21 +1,26 @@
-//! A full sync over kpx's own nftables table (an agent restarted over it, the periodic
-//! resync, a repair) reads the kernel's elements back and writes only those that differ,
-//! in one transaction guarded by nf_tables' generation; someone else's write between the
-//! read and the write is caught and the table rewritten whole. Inside a network namespace
-//! of the test's, through the real `nft` and netlink; what the table holds is read with
-//! `nft`. Run as root.
+//! A full sync over kpx's own rules (an agent restarted over them, the periodic resync, a
+//! repair) writes only what differs from what the kernel holds. nftables: the kernel's
+//! elements are read back and only those that differ written, in one transaction guarded
+//! by nf_tables' generation; someone else's write between the read and the write is
+//! caught and the table rewritten whole. iptables (both flavours): chains the kernel holds
+//! exactly as wanted are not written. Inside a network namespace of the test's, through
+//! the real `nft`, netlink and iptables tools; what the kernel holds is read with the
+//! tools. Run as root.
 
 use std::sync::{Arc, Mutex};
 
 use kpx_dataplane::backend::fixtures::{node_context, state};
+use kpx_dataplane::backend::iptables::IptablesBackend;
 use kpx_dataplane::backend::nftables::NftablesBackend;
 use kpx_dataplane::backend::Backend;
+use kpx_dataplane::exec::iptables::{Flavour, Iptables, IptablesProcess};
 use kpx_dataplane::exec::nft::{Nft, NftProcess, Outline, Reconciled, RefillWith};
 use kpx_dataplane::exec::nft_elements::{ElementUpdate, Emptied, Refill};
 use kpx_dataplane::exec::nft_netlink::NftNetlink;
 use kpx_dataplane::exec::ExecError;
 use kpx_dataplane::state::NodeState;
 use kpx_e2e::netns::Netns;
+use kpx_proto::family::Family;
 
 /// The real nftables, recording what each reconcile did, and running `between` (someone
 /// else's write) after the elements were read and before anything is written.
@@ -196,4 +201,88 @@ fn a_batch_written_against_an_old_generation_is_refused_whole() {
         assert!(listed.contains("10.96.9.11"), "{listed}");
         assert_ne!(table(), made);
     });
+}
+
+/// The real iptables of a flavour, keeping every restore input it was given.
+struct Restores {
+    iptables: IptablesProcess,
+    given: Arc<Mutex<Vec<String>>>,
+}
+
+impl Iptables for Restores {
+    fn restore(&mut self, family: Family, script: &str) -> Result<(), ExecError> {
+        self.given.lock().unwrap_or_else(|p| p.into_inner()).push(script.to_owned());
+        self.iptables.restore(family, script)
+    }
+    fn save(&mut self, family: Family) -> Result<String, ExecError> {
+        self.iptables.save(family)
+    }
+    fn list_chain(&mut self, family: Family, table: &str, chain: &str) -> Result<String, ExecError> {
+        self.iptables.list_chain(family, table, chain)
+    }
+}
+
+/// The `KPX-` lines of iptables-save of `flavour` (IPv4), counters left out.
+fn kpx_lines(flavour: &str) -> String {
+    let out =
+        std::process::Command::new(format!("iptables-{flavour}-save")).output().expect("iptables-save runs");
+    assert!(out.status.success(), "iptables-save: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("KPX-") && !l.starts_with('#'))
+        .map(|l| l.split(" [").next().unwrap_or(l).to_owned() + "\n")
+        .collect()
+}
+
+fn iptables_restart(flavour: Flavour, name: &'static str) {
+    let ns = Netns::new("restart");
+    ns.run_in(move || {
+        let (desired, context) = (services(), node_context());
+        let given = Arc::new(Mutex::new(Vec::new()));
+        let backend = || {
+            let iptables = Restores { iptables: IptablesProcess { flavour }, given: Arc::clone(&given) };
+            IptablesBackend::new(Box::new(iptables))
+        };
+        let taken = || std::mem::take(&mut *given.lock().unwrap_or_else(|p| p.into_inner()));
+        backend().full_sync(&desired, &context).expect("the rules made");
+        assert!(!taken().is_empty(), "written");
+        let made = kpx_lines(name);
+        assert!(made.matches(":KPX-SVC-").count() >= 300, "a chain per Service:\n{made}");
+
+        // Restarted over them: nothing to write, nothing restored.
+        backend().full_sync(&desired, &context).expect("restarted over them");
+        let again = taken();
+        assert!(again.is_empty(), "the kernel holds every chain as wanted: {again:?}");
+
+        // One Service's chain emptied behind kpx's back: that chain alone is written.
+        let chain = made
+            .lines()
+            .find(|l| l.starts_with(":KPX-SVC-"))
+            .and_then(|l| l.strip_prefix(':'))
+            .and_then(|l| l.split(' ').next())
+            .expect("a Service chain")
+            .to_owned();
+        let out = std::process::Command::new(format!("iptables-{name}"))
+            .args(["-t", "nat", "-F", &chain])
+            .output()
+            .expect("iptables runs");
+        assert!(out.status.success(), "iptables -F: {}", String::from_utf8_lossy(&out.stderr));
+        assert_ne!(kpx_lines(name), made);
+        backend().full_sync(&desired, &context).expect("repaired");
+        let written = taken();
+        let declared: Vec<&str> =
+            written.iter().flat_map(|s| s.lines()).filter(|l| l.starts_with(':')).collect();
+        assert_eq!(declared, [format!(":{chain} - [0:0]")], "{written:?}");
+        assert_eq!(kpx_lines(name), made, "the rules are what they were made");
+    });
+}
+
+#[test]
+fn iptables_nft_restarted_over_its_rules_writes_only_the_chains_that_differ() {
+    iptables_restart(Flavour::Nft, "nft");
+}
+
+#[test]
+fn iptables_legacy_restarted_over_its_rules_writes_only_the_chains_that_differ() {
+    iptables_restart(Flavour::Legacy, "legacy");
 }

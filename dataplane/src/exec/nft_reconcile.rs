@@ -18,6 +18,12 @@
 //!
 //! A refused reconcile is [`Reconciled::Moved`]: the caller rewrites everything, as a
 //! full sync over a table of unknown contents does.
+//!
+//! What it costs: the kernel answers a set's dump in pieces of at most 32 KiB (about 680
+//! elements) and walks the set from its start for every piece, so reading a set of n
+//! elements is O(n²): at 5,000 Services × 50 endpoints (515,009 elements) one read of
+//! every set takes about 5 s, where writing them all takes about 1.3 s. Step 4 therefore
+//! reads again only when some element is to be deleted.
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -66,9 +72,13 @@ impl NftNetlink {
         if written_at != read_at.wrapping_add(1) {
             return Ok(Reconciled::Moved);
         }
+        let kept_count = kept.iter().filter(|k| **k).count();
         let mut messages = Vec::new();
         let mut deleted = 0;
-        for (index, s) in sets.iter().enumerate() {
+        // Read again only when some of the kernel's elements are not wanted (a dump of a
+        // large set costs more than writing it: see the module's documentation).
+        let sets_to_read = if kept_count < held.len() { &sets[..] } else { &[][..] };
+        for (index, s) in sets_to_read.iter().enumerate() {
             let mut open: Option<Message> = None;
             self.each_element(&s.set, |key, data| {
                 let identity = identity(&hasher, index, key, data);
@@ -90,7 +100,7 @@ impl NftNetlink {
                 messages.push((m, 0));
             }
         }
-        let kept = kept.iter().filter(|k| **k).count();
+        let kept = kept_count;
         messages.append(&mut adds);
         if !self.batch_at(written_at, messages)? {
             return Ok(Reconciled::Moved);

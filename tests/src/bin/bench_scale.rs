@@ -33,6 +33,7 @@ use kpx_e2e::backends_in_vm;
 use kpx_e2e::percentile;
 use kpx_e2e::process::{binary, KpxProcess};
 use kpx_e2e::topology::{sock, ProxyBackend, Topology};
+use kpx_e2e::traffic::Prober;
 use serde_json::json;
 
 #[derive(Debug, Clone)]
@@ -1092,30 +1093,22 @@ fn node_programming(a: &Args, scale: Scale, backend: ProxyBackend, label: &str) 
         percentile(&times, 0.5)
     };
     let (first, last) = (connect(DATA_PATH_SERVICES[0].1), connect(DATA_PATH_SERVICES[1].1));
-    // Full sync: the agent restarted over its store programs all it holds again, over
-    // the table it left (emptied and refilled in one transaction).
+    // Restart over an intact table: the agent restarted over its store programs all it
+    // holds again over the table it left (nftables: compared, only what differs written).
+    // Under continuous traffic to the data-path Services: every 10 ms, each must be
+    // answered by the pod throughout.
+    let targets: Vec<_> = DATA_PATH_SERVICES.iter().map(|(_, vip)| sock(vip, 80)).collect();
+    let prober =
+        Prober::start(&t.client, &targets, "pod0", Duration::from_millis(10), Duration::from_secs(1800));
     dp.stop();
-    let mut dp = t.start_dataplane_under(backend, &wrapper);
-    let programmed = dp.wait_event("its stored state programmed", Duration::from_secs(1800), |e| {
-        e["message"] == "programmed stored state" && e["services"].as_u64() == Some(total as u64)
+    let restart = restart_and_measure(&t, backend, &wrapper, total);
+    let probed = prober.finish();
+    // Full rewrite: the same over a node whose table is gone (nftables; the other
+    // backends rewrite at every restart).
+    let rewrite = (backend == ProxyBackend::Nftables).then(|| {
+        t.node.exec("nft", &["delete", "table", "inet", "kpx"]);
+        restart_and_measure(&t, backend, &wrapper, total)
     });
-    let full_sync = Duration::from_millis(programmed["elapsed_ms"].as_u64().unwrap_or(0));
-    let restart_pid = kpx_e2e::wait_for("the agent's pid", Duration::from_secs(5), || dp.pid());
-    let restart_peak = peak_rss_kib(restart_pid);
-    // How the backend spent it, as it logs (nftables: rendering, the script, the elements).
-    let phases: Vec<String> = dp
-        .events()
-        .iter()
-        .rfind(|e| e["message"] == "full sync written")
-        .and_then(|e| e.as_object().cloned())
-        .map(|e| {
-            e.iter()
-                .filter(|(k, _)| k.ends_with("_ms") || k.starts_with("elements"))
-                .map(|(k, v)| format!("{k} {v}"))
-                .collect()
-        })
-        .unwrap_or_default();
-    dp.stop();
     println!(
         "initial sync: {:.2} s from the agent's start to the last Service programmed (the agent applying: {:.2} s); agent peak RSS {} MiB after it",
         pipeline.as_secs_f64(),
@@ -1135,13 +1128,34 @@ fn node_programming(a: &Args, scale: Scale, backend: ProxyBackend, label: &str) 
             "page faults in the agent over those changes: {minor} minor, {major} major (read back from disk)"
         );
     }
-    if !phases.is_empty() {
-        println!("full sync, as the agent logged it: {}", phases.join(", "));
+    let told =
+        |r: &Restart| if r.phases.is_empty() { String::new() } else { format!(" ({})", r.phases.join(", ")) };
+    println!(
+        "restart over an intact table: {:.2} s, {} of {} elements written, peak RSS {} MiB{}",
+        restart.seconds,
+        restart.written.map_or("?".into(), |w| w.to_string()),
+        restart.elements.map_or("?".into(), |w| w.to_string()),
+        restart.peak_kib / 1024,
+        told(&restart)
+    );
+    if let Some(rewrite) = &rewrite {
+        println!(
+            "full rewrite (the table gone): {:.2} s, {} elements written, peak RSS {} MiB{}; restart / rewrite time {:.1} %",
+            rewrite.seconds,
+            rewrite.written.map_or("?".into(), |w| w.to_string()),
+            rewrite.peak_kib / 1024,
+            told(rewrite),
+            100.0 * restart.seconds / rewrite.seconds.max(f64::EPSILON)
+        );
     }
     println!(
-        "full sync (restarted over its store): {:.2} s, peak RSS {} MiB; agent RSS: peak {} MiB, steady {} MiB ({} s idle after the changes)",
-        full_sync.as_secs_f64(),
-        restart_peak / 1024,
+        "requests to the data-path Services across the restart (old agent stopped → new one programmed and stopped): {} sent, {} failed{}",
+        probed.sent,
+        probed.failed,
+        if probed.failures.is_empty() { String::new() } else { format!(" {:?}", probed.failures) }
+    );
+    println!(
+        "agent RSS: peak {} MiB, steady {} MiB ({} s idle after the changes)",
         peak / 1024,
         steady / 1024,
         a.node_idle_s
@@ -1155,7 +1169,12 @@ fn node_programming(a: &Args, scale: Scale, backend: ProxyBackend, label: &str) 
         "backend": label, "services": scale.services, "endpoints_per_service": scale.endpoints,
         "data_path_services": DATA_PATH_SERVICES.len(),
         "initial_sync_pipeline_s": pipeline.as_secs_f64(), "initial_sync_agent_apply_s": initial_apply.as_secs_f64(),
-        "full_sync_s": full_sync.as_secs_f64(),
+        "full_sync_s": restart.seconds,
+        "restart_s": restart.seconds, "restart_elements": restart.elements, "restart_elements_written": restart.written,
+        "restart_peak_rss_mib": restart.peak_kib as f64 / 1024.0,
+        "restart_requests_sent": probed.sent, "restart_requests_failed": probed.failed,
+        "rewrite_s": rewrite.as_ref().map(|r| r.seconds), "rewrite_elements_written": rewrite.as_ref().and_then(|r| r.written),
+        "rewrite_peak_rss_mib": rewrite.as_ref().map(|r| r.peak_kib as f64 / 1024.0),
         "changes": latencies.len(),
         "change_p50_ms": ms(percentile(&latencies, 0.5)), "change_p99_ms": ms(percentile(&latencies, 0.99)),
         "change_to_kernel_p50_ms": ms(percentile(&to_kernel, 0.5)), "change_to_kernel_p99_ms": ms(percentile(&to_kernel, 0.99)),
@@ -1163,9 +1182,49 @@ fn node_programming(a: &Args, scale: Scale, backend: ProxyBackend, label: &str) 
         "agent_minor_faults_during_changes": faults.map(|f| f.0), "agent_major_faults_during_changes": faults.map(|f| f.1), "agent_steady_rss_mib": steady as f64 / 1024.0,
         "agent_steady_after_idle_s": a.node_idle_s,
         "agent_peak_rss_after_initial_sync_mib": peak_after_sync as f64 / 1024.0,
-        "agent_full_sync_peak_rss_mib": restart_peak as f64 / 1024.0,
+        "agent_full_sync_peak_rss_mib": restart.peak_kib as f64 / 1024.0,
         "connect_first_us": first.as_micros() as u64, "connect_last_us": last.as_micros() as u64,
     })
+}
+
+/// An agent restarted over its store: how long until its stored state was programmed,
+/// its peak RSS, and what the backend logged of it.
+struct Restart {
+    seconds: f64,
+    peak_kib: u64,
+    /// The elements the full sync wanted and wrote (nftables' log).
+    elements: Option<u64>,
+    written: Option<u64>,
+    /// Each `*_ms` and `elements*` field the backend logged.
+    phases: Vec<String>,
+}
+
+/// Starts the agent over its store, measures it programming what it stored, stops it.
+fn restart_and_measure(t: &Topology, backend: ProxyBackend, wrapper: &[String], services: usize) -> Restart {
+    let mut dp = t.start_dataplane_under(backend, wrapper);
+    let programmed = kpx_e2e::wait_for("its stored state programmed", Duration::from_secs(1800), || {
+        exited_before(&dp, "programming its stored state");
+        dp.events().into_iter().find(|e| {
+            e["message"] == "programmed stored state" && e["services"].as_u64() == Some(services as u64)
+        })
+    });
+    let seconds = programmed["elapsed_ms"].as_u64().unwrap_or(0) as f64 / 1000.0;
+    let pid = kpx_e2e::wait_for("the agent's pid", Duration::from_secs(5), || dp.pid());
+    let peak_kib = peak_rss_kib(pid);
+    let written = dp.events().into_iter().rfind(|e| e["message"] == "full sync written");
+    dp.stop();
+    let field = |name: &str| written.as_ref().and_then(|e| e[name].as_u64());
+    let phases = written
+        .as_ref()
+        .and_then(|e| e.as_object().cloned())
+        .map(|e| {
+            e.iter()
+                .filter(|(k, _)| k.ends_with("_ms") || k.starts_with("elements") || *k == "compared")
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect()
+        })
+        .unwrap_or_default();
+    Restart { seconds, peak_kib, elements: field("elements"), written: field("elements_written"), phases }
 }
 
 /// IPVS beside nftables, one endpoint change at `--services` Services, in the test VM.
