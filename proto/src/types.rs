@@ -34,7 +34,7 @@ impl fmt::Display for Protocol {
 }
 
 /// One Service as one node must program it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ServiceView {
     pub cluster: String,
     pub namespace: String,
@@ -102,7 +102,7 @@ pub fn service_resource_name(cluster: &str, namespace: &str, name: &str) -> Stri
     format!("{cluster}/{namespace}/{name}")
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ServicePort {
     pub name: String,
     pub protocol: Protocol,

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use super::libnftables::NftLibrary;
 pub use super::libnftables::OpenError;
-use super::nft_elements::{ElementUpdate, Emptied, EncodeError, Refill, TextRefill};
+use super::nft_elements::{ElementUpdate, Emptied, EncodeError, Layout, Refill, TextRefill};
 use super::nft_netlink::NftNetlink;
 use super::{process, ExecError};
 
@@ -48,6 +48,23 @@ pub trait Nft: Send {
             true => Reconciled::Refilled,
             false => Reconciled::NotApart,
         })
+    }
+    /// nf_tables' generation: every committed transaction moves it on by one. `None`:
+    /// this implementation cannot read it (nothing is then certified by it).
+    fn generation(&mut self) -> Result<Option<u32>, ExecError> {
+        Ok(None)
+    }
+    /// [`Self::update_elements`] written against `generation`: `Ok(false)`, nothing
+    /// applied, when nf_tables has moved past it (or this implementation cannot tell).
+    fn update_elements_at(&mut self, generation: u32, update: &ElementUpdate) -> Result<bool, ExecError> {
+        let _ = (generation, update);
+        Ok(false)
+    }
+    /// The keys of the elements of set `set` of kpx's table (declared with `layout`), as
+    /// the kernel holds them; none when the set does not exist.
+    fn set_keys(&mut self, set: &str, layout: &Layout) -> Result<Vec<Vec<u8>>, ExecError> {
+        let _ = (set, layout);
+        Ok(Vec::new())
     }
     /// `nft list table inet kpx` ("" when it does not exist).
     fn list_table(&mut self) -> Result<String, ExecError> {
@@ -155,6 +172,18 @@ impl Nft for NftProcess {
         self.netlink.reconcile(sets, fill, run_process)
     }
 
+    fn generation(&mut self) -> Result<Option<u32>, ExecError> {
+        self.netlink.generation().map(Some)
+    }
+
+    fn update_elements_at(&mut self, generation: u32, update: &ElementUpdate) -> Result<bool, ExecError> {
+        self.netlink.update_elements_at(generation, update)
+    }
+
+    fn set_keys(&mut self, set: &str, _layout: &Layout) -> Result<Vec<Vec<u8>>, ExecError> {
+        self.netlink.set_keys(set)
+    }
+
     fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {
         self.netlink.rules_in_chain(chain)
     }
@@ -223,6 +252,18 @@ impl Nft for NftInProcess {
     fn reconcile(&mut self, sets: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<Reconciled, ExecError> {
         let library = &mut self.library;
         self.netlink.reconcile(sets, fill, |script| run_library(library, script))
+    }
+
+    fn generation(&mut self) -> Result<Option<u32>, ExecError> {
+        self.netlink.generation().map(Some)
+    }
+
+    fn update_elements_at(&mut self, generation: u32, update: &ElementUpdate) -> Result<bool, ExecError> {
+        self.netlink.update_elements_at(generation, update)
+    }
+
+    fn set_keys(&mut self, set: &str, _layout: &Layout) -> Result<Vec<Vec<u8>>, ExecError> {
+        self.netlink.set_keys(set)
     }
 
     fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {

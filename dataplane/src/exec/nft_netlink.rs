@@ -199,24 +199,25 @@ impl NftNetlink {
         set: &str,
         mut each: impl FnMut(&[u8], HeldData<'_>),
     ) -> Result<(), ExecError> {
-        let mut m = request(msg::GET_SET_ELEM);
-        m.string(elements::TABLE, TABLE).string(elements::SET, set);
+        let m = elements_request(set);
         self.with_socket("list a set's elements", |s| {
-            s.each_reply(m, true, |body| {
-                let list = find(&attributes(body), elements::LIST).ok_or(NetlinkError::Malformed)?;
-                for (kind, element) in attributes(list) {
-                    if kind != elements::LIST_ELEM {
-                        continue;
-                    }
-                    let a = attributes(element);
-                    let key = find(&a, elements::KEY_ATTR)
-                        .and_then(|k| find(&attributes(k), elements::DATA_VALUE))
-                        .ok_or(NetlinkError::Malformed)?;
-                    each(key, HeldData::read(find(&a, elements::DATA_ATTR))?);
-                }
-                Ok(())
-            })
+            s.each_reply(m, true, |body| read_elements(body, &mut each))
         })
+    }
+
+    /// The keys of set `set`'s elements; none when it (or kpx's table) does not exist.
+    pub fn set_keys(&mut self, set: &str) -> Result<Vec<Vec<u8>>, ExecError> {
+        let m = elements_request(set);
+        let mut keys = Vec::new();
+        self.with_socket("list a set's keys", |s| {
+            let read =
+                s.each_reply(m, true, |body| read_elements(body, &mut |key, _| keys.push(key.to_vec())));
+            match read {
+                Err(NetlinkError::Kernel(e)) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+                other => other,
+            }
+        })?;
+        Ok(keys)
     }
 
     /// Sends `messages` as one batch written against `generation`: `Ok(false)`, none
@@ -295,6 +296,29 @@ fn update_messages(update: &ElementUpdate) -> Result<Vec<(Message, u16)>, ExecEr
         element_messages(&mut messages, msg::NEW_SET_ELEM, NLM_F_CREATE, s)?;
     }
     Ok(messages)
+}
+
+/// The dump request of set `set`'s elements.
+fn elements_request(set: &str) -> Message {
+    let mut m = request(msg::GET_SET_ELEM);
+    m.string(elements::TABLE, TABLE).string(elements::SET, set);
+    m
+}
+
+/// Gives each element of one reply of an element dump to `each`.
+fn read_elements(body: &[u8], each: &mut impl FnMut(&[u8], HeldData<'_>)) -> Result<(), NetlinkError> {
+    let list = find(&attributes(body), elements::LIST).ok_or(NetlinkError::Malformed)?;
+    for (kind, element) in attributes(list) {
+        if kind != elements::LIST_ELEM {
+            continue;
+        }
+        let a = attributes(element);
+        let key = find(&a, elements::KEY_ATTR)
+            .and_then(|k| find(&attributes(k), elements::DATA_VALUE))
+            .ok_or(NetlinkError::Malformed)?;
+        each(key, HeldData::read(find(&a, elements::DATA_ATTR))?);
+    }
+    Ok(())
 }
 
 /// The message that empties a set or map (DELSETELEM without a list of elements).

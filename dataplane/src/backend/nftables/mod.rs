@@ -15,6 +15,7 @@ pub mod render;
 pub mod ruleset;
 pub mod service;
 pub mod skeleton;
+pub mod written;
 
 use crate::backend::{Backend, BackendError, NodeContext};
 use crate::exec::nft::{Nft, Reconciled};
@@ -24,16 +25,86 @@ use crate::state::{ChangeSet, NodeState};
 
 use outline::Elements;
 use ruleset::Programmed;
+use written::Written;
 
 pub struct NftablesBackend {
     nft: Box<dyn Nft>,
     /// What the kernel holds, as far as we know; `None` after a failure or before the first sync.
     programmed: Option<Programmed>,
+    /// What identifies this binary in the table's fingerprint ([`written`]).
+    binary: u64,
 }
 
 impl NftablesBackend {
     pub fn new(nft: Box<dyn Nft>) -> Self {
-        NftablesBackend { nft, programmed: None }
+        NftablesBackend { nft, programmed: None, binary: written::binary_identity() }
+    }
+
+    /// Records in the table what kpx's write just left (see [`written`]); when it cannot
+    /// be certified (someone else wrote meanwhile), forgets what was recorded. Never fails
+    /// a write: at worst the next start compares instead of trusting.
+    fn certify(&mut self) {
+        let Some(programmed) = &self.programmed else { return };
+        let fingerprint = programmed.fingerprint(self.binary);
+        let recorded = (|| -> Result<bool, ExecError> {
+            let Some(now) = self.nft.generation()? else { return Ok(false) };
+            let key = Written { generation: now.wrapping_add(1), fingerprint }.key();
+            if self.nft.update_elements_at(now, &written::replace_with(&key))? {
+                return Ok(true);
+            }
+            self.nft.update_elements(&written::forget())?;
+            Ok(false)
+        })();
+        if let Err(e) = recorded {
+            tracing::debug!(error = %e, "kpx's last write not recorded in its table");
+        }
+    }
+
+    /// Whether the table holds exactly what a full sync of `desired` in `context` would
+    /// write, as the element kpx's last write left proves: nf_tables' generation is still
+    /// the one that write produced, and its fingerprint is that of `desired`. If so the
+    /// bookkeeping is rebuilt (the Services rendered, nothing written).
+    fn unchanged_since_written(
+        &mut self,
+        desired: &NodeState,
+        context: &NodeContext,
+    ) -> Result<bool, BackendError> {
+        let started = std::time::Instant::now();
+        let Some(now) = self.nft.generation()? else { return Ok(false) };
+        let keys = self.nft.set_keys(written::SET, &written::layout())?;
+        let [key] = &keys[..] else { return Ok(false) };
+        let Some(last) = Written::read(key).filter(|w| w.generation == now) else { return Ok(false) };
+        let (programmed, _, elements) = Programmed::full_writing(desired, context, None, &mut Uncounted)
+            .map_err(|e| ExecError::refused("nftables", e.to_string()))?;
+        if programmed.fingerprint(self.binary) != last.fingerprint {
+            return Ok(false);
+        }
+        tracing::info!(
+            elements,
+            generation = now,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "full sync: kpx's table is as its last write left it, nothing written"
+        );
+        self.programmed = Some(programmed);
+        Ok(true)
+    }
+}
+
+/// A refill that keeps nothing: the bookkeeping of a full sync that writes nothing.
+struct Uncounted;
+
+impl Refill for Uncounted {
+    fn set(&mut self, _set: String, _layout: crate::exec::nft_elements::Layout) -> usize {
+        0
+    }
+
+    fn add(
+        &mut self,
+        _handle: usize,
+        _key: &str,
+        _data: Option<&str>,
+    ) -> Result<(), crate::exec::nft_elements::EncodeError> {
+        Ok(())
     }
 }
 
@@ -173,6 +244,7 @@ impl Backend for NftablesBackend {
         match written {
             Ok(()) => {
                 programmed.commit(plan);
+                self.certify();
                 Ok(())
             }
             Err(e) => {
@@ -183,6 +255,10 @@ impl Backend for NftablesBackend {
     }
 
     fn full_sync(&mut self, desired: &NodeState, context: &NodeContext) -> Result<(), BackendError> {
+        self.programmed = None;
+        if self.unchanged_since_written(desired, context)? {
+            return Ok(());
+        }
         let over = if endpoint_count(desired) <= COMPARED_UP_TO { Over::Compared } else { Over::Rewritten };
         if self.write_all(desired, context, over)? == Reconciled::Moved {
             tracing::warn!(
@@ -190,6 +266,7 @@ impl Backend for NftablesBackend {
             );
             self.write_all(desired, context, Over::Rewritten)?;
         }
+        self.certify();
         Ok(())
     }
 
@@ -239,21 +316,32 @@ mod tests {
             60,
         );
         backend.full_sync(&first, &context).expect("created");
-        assert_eq!(nft.element_updates(), 1, "a new table: the rules as text, then the elements");
+        assert_eq!(
+            nft.element_updates(),
+            2,
+            "a new table: the rules as text, then the elements, then the record of that write"
+        );
         let affinity: Vec<String> =
             nft.chains().into_iter().filter(|c| c.starts_with(affinity::PREFIX)).collect();
         assert_eq!(affinity.len(), 3, "an entry chain and one per endpoint: {affinity:?}");
         let created = nft.elements("endpoints-v4");
+        let transactions = nft.transactions();
         backend.full_sync(&first, &context).expect("the same again");
-        assert_eq!(nft.element_updates(), 2, "nothing to delete: the elements apart again");
+        assert_eq!(nft.transactions(), transactions, "as kpx's last write left it: nothing written");
+        // Another program's write: the table is no longer known to be kpx's last write.
+        let stray = "add element inet kpx no-endpoints-v4 { 10.96.9.9 . tcp . 99 }";
+        nft.clone().run(stray).expect("another write");
+        backend.full_sync(&first, &context).expect("the same again");
+        assert_eq!(nft.element_updates(), 4, "nothing to delete: the elements apart again, then the record");
         assert_eq!(nft.elements("endpoints-v4"), created, "refilled, not added twice");
+        assert_eq!(nft.elements("no-endpoints-v4"), Vec::<String>::new(), "what kpx does not want is gone");
         let mut second = state(&[("b", "10.96.0.2", &["10.0.0.8"])]);
         second.services.insert(
             "c/ns/c".into(),
             Versioned { version: "1".into(), value: service("c", "10.96.0.3", &["10.0.0.7"]).into() },
         );
         backend.full_sync(&second, &context).expect("refilled");
-        assert_eq!(nft.element_updates(), 2, "chains to delete: one script");
+        assert_eq!(nft.element_updates(), 5, "chains to delete: one script, then the record");
         assert_eq!(nft.table_deletions(), 0, "the table and its base chains stay");
         assert!(nft.chains().iter().all(|c| !c.starts_with(affinity::PREFIX)), "{:?}", nft.chains());
         assert_eq!(
@@ -292,12 +380,12 @@ mod tests {
         let one = crate::backend::fixtures::changed(&["a"]);
         let moved = state(&[("a", "10.96.0.1", &["10.0.0.2"])]);
         backend.apply(&moved, &context, &one).expect("applied");
-        assert_eq!(nft.element_updates(), synced + 1);
+        assert_eq!(nft.element_updates(), synced + 2, "the change, then the record of it");
         assert_eq!(nft.elements("endpoints-v4"), ["10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080"]);
         let transactions = nft.transactions();
         backend.apply(&with_affinity(moved, "a", 60), &context, &one).expect("applied");
-        assert_eq!(nft.element_updates(), synced + 1, "chains of its own: nft text");
-        assert_eq!(nft.transactions(), transactions + 1);
+        assert_eq!(nft.element_updates(), synced + 3, "chains of its own: nft text (and the record)");
+        assert_eq!(nft.transactions(), transactions + 2);
         assert!(nft.chains().iter().any(|c| c.starts_with(affinity::PREFIX)));
     }
 

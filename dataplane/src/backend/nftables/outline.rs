@@ -130,7 +130,7 @@ pub fn replace_script(contents: &Contents) -> String {
 
 /// The table's comment, naming its layout: change the number whenever a set, map or base
 /// chain is declared otherwise, so that tables of the old layout are replaced whole.
-pub const COMMENT: &str = "managed by kpx-dataplane, layout 2";
+pub const COMMENT: &str = "managed by kpx-dataplane, layout 3";
 
 /// Writes the commands that empty the table; whether they delete anything.
 fn empty_in_place(

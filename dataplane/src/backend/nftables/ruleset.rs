@@ -14,6 +14,7 @@ use super::outline::{Elements, Outline};
 use super::render::{self, Collection, Element, Shared};
 use super::service::{self, ServiceRules};
 use super::skeleton::{self, PickChains};
+use super::written;
 use crate::backend::owners::{EntryKey, Owners};
 use crate::backend::NodeContext;
 use crate::exec::nft_elements::{ElementUpdate, EncodeError, Refill};
@@ -31,6 +32,8 @@ pub struct Programmed {
     pick_chains: usize,
     /// The node context everything was rendered in.
     context: NodeContext,
+    /// The XOR of every Service's part of the fingerprint ([`written::service_part`]).
+    contents: u64,
 }
 
 /// How many Services use each shared element, kept compact (at 250k endpoints there are
@@ -98,6 +101,8 @@ impl SharedCounts {
 struct ProgrammedService {
     view: Arc<ServiceView>,
     entries: Vec<EntryKey>,
+    /// Its part of the table's fingerprint.
+    content: u64,
 }
 
 impl ProgrammedService {
@@ -235,6 +240,12 @@ impl Plan {
 }
 
 impl Programmed {
+    /// The fingerprint of what it says the table holds, as rendered by the binary `binary`
+    /// (see [`written`]).
+    pub fn fingerprint(&self, binary: u64) -> u64 {
+        written::fingerprint(binary, &self.context, self.pick_chains, self.contents)
+    }
+
     /// [`Self::full_writing`] without writing the elements of updatable collections (for
     /// the tests: the script and the bookkeeping).
     #[cfg(test)]
@@ -403,8 +414,11 @@ impl Programmed {
             deletes.extend(old_elements);
             old_objects.extend(old.objects);
             new_objects.extend(new.objects);
-            let programmed =
-                view.map(|view| ProgrammedService { view: Arc::clone(view), entries: new.entries });
+            let programmed = view.map(|view| ProgrammedService {
+                view: Arc::clone(view),
+                entries: new.entries,
+                content: written::service_part(name, view),
+            });
             plan.services.push((name.clone(), programmed));
         }
         for (shared, delta) in shared_delta {
@@ -432,6 +446,7 @@ impl Programmed {
     pub fn commit(&mut self, plan: Plan) {
         for (name, rules) in plan.services {
             let old = self.services.remove(&name);
+            self.contents ^= old.as_ref().map_or(0, |s| s.content) ^ rules.as_ref().map_or(0, |s| s.content);
             self.owners.commit(
                 &name,
                 old.as_ref().map(|r| &r.entries[..]),

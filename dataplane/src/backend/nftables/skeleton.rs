@@ -115,6 +115,7 @@ pub fn skeleton(context: &NodeContext, pick_chains: usize, picks: PickChains) ->
     for f in Family::ALL {
         declare_collections(&mut s, f);
     }
+    s.push_str(&super::written::declaration());
     let local_cidrs: Vec<Element> = context
         .local
         .cidrs()

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::exec::nft::{Nft, Outline, FAMILY, TABLE};
-use crate::exec::nft_elements::{self, ElementUpdate};
+use crate::exec::nft_elements::{self, ElementUpdate, Layout};
 use crate::exec::ExecError;
 
 const TOOL: &str = "nft (fake)";
@@ -81,12 +81,16 @@ impl FakeNft {
         self.state().transactions
     }
 
-    /// Whether kpx's table exists.
+    fn generation_now(&self) -> u32 {
+        u32::try_from(self.state().transactions).unwrap_or(u32::MAX)
+    }
+
     /// How many transactions were element updates (counted among [`Self::transactions`]).
     pub fn element_updates(&self) -> usize {
         self.state().element_updates
     }
 
+    /// Whether kpx's table exists.
     pub fn has_table(&self) -> bool {
         self.state().tables.contains_key(&table_key(FAMILY, TABLE))
     }
@@ -185,6 +189,33 @@ impl Nft for FakeNft {
                 format!("the fake lists only kpx's table or one of its chains, not {what:?}"),
             )),
         }
+    }
+
+    /// The number of transactions applied (each moves it on by one, as the kernel's does).
+    fn generation(&mut self) -> Result<Option<u32>, ExecError> {
+        Ok(Some(self.generation_now()))
+    }
+
+    fn update_elements_at(&mut self, generation: u32, update: &ElementUpdate) -> Result<bool, ExecError> {
+        if generation != self.generation_now() {
+            return Ok(false);
+        }
+        self.update_elements(update).map(|()| true)
+    }
+
+    fn set_keys(&mut self, set: &str, layout: &Layout) -> Result<Vec<Vec<u8>>, ExecError> {
+        let texts: Vec<String> = {
+            let state = self.state();
+            let table = state.tables.get(&table_key(FAMILY, TABLE));
+            table
+                .and_then(|t| t.sets.get(set))
+                .map(|s| s.elements.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        texts
+            .iter()
+            .map(|k| nft_elements::key(layout, k).map_err(|reason| ExecError::refused(TOOL, reason)))
+            .collect()
     }
 
     fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {
