@@ -1211,15 +1211,24 @@ fn restart_and_measure(t: &Topology, backend: ProxyBackend, wrapper: &[String], 
     let seconds = programmed["elapsed_ms"].as_u64().unwrap_or(0) as f64 / 1000.0;
     let pid = kpx_e2e::wait_for("the agent's pid", Duration::from_secs(5), || dp.pid());
     let peak_kib = peak_rss_kib(pid);
-    let written = dp.events().into_iter().rfind(|e| e["message"] == "full sync written");
+    // nftables logs how it wrote a full sync, or that its table needed no write.
+    let unchanged = "full sync: kpx's table is as its last write left it, nothing written";
+    let written =
+        dp.events().into_iter().rfind(|e| e["message"] == "full sync written" || e["message"] == unchanged);
     dp.stop();
-    let field = |name: &str| written.as_ref().and_then(|e| e[name].as_u64());
+    let field = |name: &str| match written.as_ref() {
+        Some(e) if e["message"] == unchanged && name == "elements_written" => Some(0),
+        Some(e) => e[name].as_u64(),
+        None => None,
+    };
     let phases = written
         .as_ref()
         .and_then(|e| e.as_object().cloned())
         .map(|e| {
             e.iter()
-                .filter(|(k, _)| k.ends_with("_ms") || k.starts_with("elements") || *k == "compared")
+                .filter(|(k, _)| {
+                    k.ends_with("_ms") || k.starts_with("elements") || *k == "compared" || *k == "message"
+                })
                 .map(|(k, v)| format!("{k} {v}"))
                 .collect()
         })
