@@ -183,6 +183,11 @@ fn a_restart_over_its_own_table_writes_nothing_or_only_what_differs() {
         let changed =
             kpx_dataplane::state::ChangeSet { services: ["c/ns/s7".to_owned()].into(), node: false };
         running.apply(&moved, &context, &changed).expect("applied");
+        let endpoints = nft(&["list", "map", "inet", "kpx", "endpoints-v4"], None);
+        assert!(
+            endpoints.contains("10.2.0.1") && !endpoints.contains(": 10.1.0.35 "),
+            "the change applied over the bookkeeping rebuilt at start: {endpoints}"
+        );
         let after_change = table();
         let before = generation();
         backend(&outcomes, None).full_sync(&moved, &context).expect("restarted after a change");

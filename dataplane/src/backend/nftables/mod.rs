@@ -19,7 +19,7 @@ pub mod written;
 
 use crate::backend::{Backend, BackendError, NodeContext};
 use crate::exec::nft::{Nft, Reconciled};
-use crate::exec::nft_elements::Refill;
+use crate::exec::nft_elements::{EncodeError, Refill};
 use crate::exec::ExecError;
 use crate::state::{ChangeSet, NodeState};
 
@@ -33,11 +33,31 @@ pub struct NftablesBackend {
     programmed: Option<Programmed>,
     /// What identifies this binary in the table's fingerprint ([`written`]).
     binary: u64,
+    /// The bookkeeping of a table found as kpx's last write left it, rebuilt on a thread
+    /// of its own so that a restart does not wait for it; taken ([`Self::settle`]) before
+    /// the table is read or changed again.
+    rebuilding: Option<std::thread::JoinHandle<Result<Programmed, EncodeError>>>,
 }
 
 impl NftablesBackend {
     pub fn new(nft: Box<dyn Nft>) -> Self {
-        NftablesBackend { nft, programmed: None, binary: written::binary_identity() }
+        NftablesBackend { nft, programmed: None, binary: written::binary_identity(), rebuilding: None }
+    }
+
+    /// Takes the bookkeeping being rebuilt, if any (waiting for it): what the table holds.
+    fn settle(&mut self) {
+        let Some(rebuilding) = self.rebuilding.take() else { return };
+        self.programmed = match rebuilding.join() {
+            Ok(Ok(programmed)) => Some(programmed),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "kpx's table could not be accounted for: the next change is a full sync");
+                None
+            }
+            Err(_) => {
+                tracing::warn!("accounting for kpx's table failed: the next change is a full sync");
+                None
+            }
+        };
     }
 
     /// Records in the table what kpx's write just left (see [`written`]); when it cannot
@@ -62,8 +82,9 @@ impl NftablesBackend {
 
     /// Whether the table holds exactly what a full sync of `desired` in `context` would
     /// write, as the element kpx's last write left proves: nf_tables' generation is still
-    /// the one that write produced, and its fingerprint is that of `desired`. If so the
-    /// bookkeeping is rebuilt (the Services rendered, nothing written).
+    /// the one that write produced, and its fingerprint is that of `desired`. If so nothing
+    /// is written, and the bookkeeping (every Service rendered) is rebuilt on a thread of
+    /// its own, taken before the next change.
     fn unchanged_since_written(
         &mut self,
         desired: &NodeState,
@@ -74,18 +95,26 @@ impl NftablesBackend {
         let keys = self.nft.set_keys(written::SET, &written::layout())?;
         let [key] = &keys[..] else { return Ok(false) };
         let Some(last) = Written::read(key).filter(|w| w.generation == now) else { return Ok(false) };
-        let (programmed, _, elements) = Programmed::full_writing(desired, context, None, &mut Uncounted)
-            .map_err(|e| ExecError::refused("nftables", e.to_string()))?;
-        if programmed.fingerprint(self.binary) != last.fingerprint {
+        if written::fingerprint_of(self.binary, context, desired) != last.fingerprint {
             return Ok(false);
         }
+        let (state, node) = (desired.clone(), context.clone());
+        let rebuild =
+            move || Programmed::full_writing(&state, &node, None, &mut Uncounted).map(|(p, _, _)| p);
+        match std::thread::Builder::new().name("nft-bookkeeping".into()).spawn(rebuild) {
+            Ok(handle) => self.rebuilding = Some(handle),
+            Err(_) => {
+                let (programmed, _, _) = Programmed::full_writing(desired, context, None, &mut Uncounted)
+                    .map_err(|e| ExecError::refused("nftables", e.to_string()))?;
+                self.programmed = Some(programmed);
+            }
+        }
         tracing::info!(
-            elements,
+            services = desired.services.len(),
             generation = now,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "full sync: kpx's table is as its last write left it, nothing written"
         );
-        self.programmed = Some(programmed);
         Ok(true)
     }
 }
@@ -227,6 +256,7 @@ impl Backend for NftablesBackend {
         context: &NodeContext,
         changes: &ChangeSet,
     ) -> Result<(), BackendError> {
+        self.settle();
         let Some(programmed) = self.programmed.as_mut() else {
             return self.full_sync(desired, context);
         };
@@ -255,6 +285,7 @@ impl Backend for NftablesBackend {
     }
 
     fn full_sync(&mut self, desired: &NodeState, context: &NodeContext) -> Result<(), BackendError> {
+        self.settle();
         self.programmed = None;
         if self.unchanged_since_written(desired, context)? {
             return Ok(());
@@ -271,6 +302,7 @@ impl Backend for NftablesBackend {
     }
 
     fn cleanup(&mut self) -> Result<(), BackendError> {
+        self.settle();
         self.programmed = None;
         Ok(self.nft.run(&render::cleanup_script())?)
     }
@@ -284,6 +316,7 @@ impl Backend for NftablesBackend {
     }
 
     fn intact(&mut self) -> Result<bool, BackendError> {
+        self.settle();
         if self.programmed.is_none() {
             return Ok(true);
         }

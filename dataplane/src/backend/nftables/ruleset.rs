@@ -243,7 +243,7 @@ impl Programmed {
     /// The fingerprint of what it says the table holds, as rendered by the binary `binary`
     /// (see [`written`]).
     pub fn fingerprint(&self, binary: u64) -> u64 {
-        written::fingerprint(binary, &self.context, self.pick_chains, self.contents)
+        written::fingerprint(binary, &self.context, self.contents)
     }
 
     /// [`Self::full_writing`] without writing the elements of updatable collections (for
@@ -414,10 +414,10 @@ impl Programmed {
             deletes.extend(old_elements);
             old_objects.extend(old.objects);
             new_objects.extend(new.objects);
-            let programmed = view.map(|view| ProgrammedService {
-                view: Arc::clone(view),
+            let programmed = desired.services.get(name).map(|s| ProgrammedService {
+                view: Arc::clone(&s.value),
                 entries: new.entries,
-                content: written::service_part(name, view),
+                content: written::service_part(name, &s.version),
             });
             plan.services.push((name.clone(), programmed));
         }

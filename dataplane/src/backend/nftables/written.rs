@@ -1,7 +1,7 @@
 //! What kpx's last write to its table left, kept in the table itself: set `written` holds
 //! one element, `GENERATION . HIGH . LOW` — the nf_tables generation that write produced
-//! and a fingerprint of what the table then held for kpx (every Service's view, the node
-//! context, the pick chains, the binary that rendered them).
+//! and a fingerprint of what the table then held for kpx (every Service's name and
+//! version, the node context, the binary that rendered them).
 //!
 //! After each write the backend reads the generation `g` and writes the element
 //! `g+1 . fingerprint` in a batch written against `g`, which the kernel refuses if anyone
@@ -21,10 +21,10 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use kpx_proto::node_context::NodeContext;
-use kpx_proto::types::ServiceView;
 
 use super::render::{FAMILY, TABLE};
 use crate::exec::nft_elements::{Data, ElementUpdate, Emptied, Field, Layout, SetElements};
+use crate::state::NodeState;
 
 /// The set's name.
 pub const SET: &str = "written";
@@ -74,19 +74,28 @@ pub fn replace_with(key: &str) -> ElementUpdate<'_> {
     update
 }
 
-/// One Service's part of a fingerprint: its name and every field of its view.
-pub fn service_part(name: &str, view: &ServiceView) -> u64 {
+/// One Service's part of a fingerprint: its name and version (the control plane's
+/// content version: another view, another version).
+pub fn service_part(name: &str, version: &str) -> u64 {
     let mut h = DefaultHasher::new();
-    (name, view).hash(&mut h);
+    (name, version).hash(&mut h);
     h.finish()
 }
 
-/// The fingerprint of a table holding `services` (the XOR of their parts) rendered in
-/// `context` with `pick_chains` pick chains by the binary `binary`.
-pub fn fingerprint(binary: u64, context: &NodeContext, pick_chains: usize, services: u64) -> u64 {
+/// The fingerprint of a table holding the Services whose parts XOR to `services`,
+/// rendered in `context` by the binary `binary`. (The pick chains are not in it: the
+/// table may hold more than a full sync would write — changes add them, none removes
+/// them —, which is harmless.)
+pub fn fingerprint(binary: u64, context: &NodeContext, services: u64) -> u64 {
     let mut h = DefaultHasher::new();
-    (binary, super::outline::COMMENT, context, pick_chains).hash(&mut h);
+    (binary, super::outline::COMMENT, context).hash(&mut h);
     h.finish() ^ services
+}
+
+/// The fingerprint of a table holding `desired` in `context` (see [`fingerprint`]).
+pub fn fingerprint_of(binary: u64, context: &NodeContext, desired: &NodeState) -> u64 {
+    let services = desired.services.iter().fold(0, |x, (name, s)| x ^ service_part(name, &s.version));
+    fingerprint(binary, context, services)
 }
 
 /// What identifies the running binary: its version, and the size and modification time
