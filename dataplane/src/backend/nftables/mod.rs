@@ -99,8 +99,15 @@ impl NftablesBackend {
             return Ok(false);
         }
         let (state, node) = (desired.clone(), context.clone());
-        let rebuild =
-            move || Programmed::full_writing(&state, &node, None, &mut Uncounted).map(|(p, _, _)| p);
+        let rebuild = move || {
+            let started = std::time::Instant::now();
+            let rebuilt = Programmed::full_writing(&state, &node, None, &mut Uncounted);
+            if let Ok((_, _, elements)) = &rebuilt {
+                let elapsed_ms = started.elapsed().as_millis() as u64;
+                tracing::info!(elements, elapsed_ms, "kpx's table accounted for: ready for changes");
+            }
+            rebuilt.map(|(programmed, _, _)| programmed)
+        };
         match std::thread::Builder::new().name("nft-bookkeeping".into()).spawn(rebuild) {
             Ok(handle) => self.rebuilding = Some(handle),
             Err(_) => {
