@@ -1242,7 +1242,9 @@ fn restart_and_measure(t: &Topology, backend: ProxyBackend, wrapper: &[String], 
         .map(|e| {
             e.iter()
                 .filter(|(k, _)| {
-                    k.ends_with("_ms") || k.starts_with("elements") || *k == "compared" || *k == "message"
+                    k.ends_with("_ms")
+                        || k.starts_with("elements")
+                        || ["compared", "message", "unchanged_chains", "restore_bytes"].contains(&k.as_str())
                 })
                 .map(|(k, v)| format!("{k} {v}"))
                 .collect()

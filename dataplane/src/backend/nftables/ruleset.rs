@@ -161,6 +161,21 @@ enum Updatable<'w, 'r> {
     Write(&'w mut ElementWriter<'r>),
 }
 
+impl<'r> Updatable<'_, 'r> {
+    /// The same, for one more plan.
+    fn reborrow(&mut self) -> Updatable<'_, 'r> {
+        match self {
+            Updatable::Keep => Updatable::Keep,
+            #[cfg(test)]
+            Updatable::Drop => Updatable::Drop,
+            Updatable::Write(writer) => Updatable::Write(writer),
+        }
+    }
+}
+
+/// How many Services a full sync plans at a time.
+const FULL_SYNC_PART: usize = 512;
+
 /// Writes elements into a refill, each set named once; the first error stops it.
 struct ElementWriter<'r> {
     refill: &'r mut dyn Refill,
@@ -283,16 +298,28 @@ impl Programmed {
         desired: &NodeState,
         context: &NodeContext,
         existing: Option<&Outline>,
-        updatable: Updatable<'_, '_>,
+        mut updatable: Updatable<'_, '_>,
     ) -> (Programmed, Contents) {
-        // Planned with pick chains enough for any Service, then made as many as needed.
-        let unbounded =
+        // Planned with pick chains enough for any Service, then made as many as needed; in
+        // parts of FULL_SYNC_PART Services, each committed before the next, so that what a
+        // plan holds beyond the bookkeeping (its shared elements' counts, its Services'
+        // entries) is one part's: at 50,000 Services one plan of all was tens of MB more at
+        // the peak. The elements of updatable collections are not collected either: a
+        // quarter-million of them as text would be most of the agent's memory.
+        let mut programmed =
             Programmed { pick_chains: usize::MAX, context: context.clone(), ..Default::default() };
-        let all = ChangeSet { services: desired.services.keys().cloned().collect(), node: false };
-        // The elements of updatable collections are not collected: a quarter-million of
-        // them as text would be most of the agent's memory at its peak.
-        let mut plan = unbounded.plan_with(desired, context, &all, updatable);
-        let pick_chains = skeleton::pick_chains_for(plan.max_endpoints);
+        let (mut max_endpoints, mut objects, mut in_script) = (0, String::new(), BTreeSet::new());
+        let names: Vec<&String> = desired.services.keys().collect();
+        for part in names.chunks(FULL_SYNC_PART) {
+            let changes = ChangeSet { services: part.iter().map(|n| (*n).clone()).collect(), node: false };
+            let mut plan = programmed.plan_with(desired, context, &changes, updatable.reborrow());
+            max_endpoints = max_endpoints.max(plan.max_endpoints);
+            // The few interval-set elements go in the script, after the objects.
+            in_script.append(&mut plan.adds);
+            objects.push_str(&plan.script());
+            programmed.commit(plan);
+        }
+        let pick_chains = skeleton::pick_chains_for(max_endpoints);
         let wanted = skeleton::pick_chain_names(pick_chains);
         let kept = match existing {
             Some(existing)
@@ -303,13 +330,10 @@ impl Programmed {
             _ => BTreeSet::new(),
         };
         let picks = if kept.is_empty() { PickChains::Write } else { PickChains::Kept };
-        // The few interval-set elements go in the script.
-        let in_script = std::mem::take(&mut plan.adds);
         let mut script = skeleton::skeleton(context, pick_chains, picks);
-        script.push_str(&plan.script());
+        script.push_str(&objects);
         render::element_commands(&mut script, "add", &in_script);
-        let mut programmed = Programmed { pick_chains, ..unbounded };
-        programmed.commit(plan);
+        programmed.pick_chains = pick_chains;
         (programmed, Contents { script, elements: BTreeSet::new(), kept_pick_chains: kept })
     }
 
@@ -467,6 +491,43 @@ mod tests {
     use super::*;
     use crate::backend::fixtures::{changed, no_context, state};
     use kpx_proto::family::Family;
+
+    #[test]
+    fn a_full_sync_planned_in_parts_holds_what_one_plan_of_all_does() {
+        // Three parts' worth of Services; every tenth claims the entry of the one before
+        // (the same ClusterIP and port), and endpoints repeat across parts (shared counts).
+        let rows: Vec<(String, String, Vec<String>)> = (0..1300)
+            .map(|i: usize| {
+                let vip_of = if i % 10 == 9 { i - 1 } else { i };
+                let vip = format!("10.96.{}.{}", vip_of / 250, vip_of % 250 + 1);
+                let endpoints = (0..3).map(|e| format!("10.0.{}.{}", e, i % 100 + 1)).collect();
+                (format!("s{i}"), vip, endpoints)
+            })
+            .collect();
+        let refs: Vec<Vec<&str>> =
+            rows.iter().map(|(_, _, e)| e.iter().map(String::as_str).collect()).collect();
+        let table: Vec<(&str, &str, &[&str])> =
+            rows.iter().zip(&refs).map(|((n, v, _), e)| (n.as_str(), v.as_str(), e.as_slice())).collect();
+        let desired = state(&table);
+        let context = no_context();
+        let (parts, _) = Programmed::full(&desired, &context, None);
+        let mut one = Programmed { pick_chains: usize::MAX, context: context.clone(), ..Default::default() };
+        let all = ChangeSet { services: desired.services.keys().cloned().collect(), node: false };
+        let plan = one.plan(&desired, &context, &all);
+        one.commit(plan);
+        assert!(parts.updatable_elements().len() > 1300 * 3, "{}", parts.updatable_elements().len());
+        assert_eq!(parts.updatable_elements(), one.updatable_elements());
+        assert_eq!(parts.fingerprint(0), one.fingerprint(0));
+        let owners = |p: &Programmed| -> Vec<(String, usize)> {
+            p.services
+                .iter()
+                .map(|(n, s)| (n.clone(), s.entries.len()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+                .into_iter()
+                .collect()
+        };
+        assert_eq!(owners(&parts), owners(&one), "each entry held by the same Service");
+    }
 
     #[test]
     fn one_endpoint_change_touches_only_that_service() {
