@@ -94,8 +94,17 @@ impl NftablesBackend {
         let Some(now) = self.nft.generation()? else { return Ok(false) };
         let keys = self.nft.set_keys(written::SET, &written::layout())?;
         let [key] = &keys[..] else { return Ok(false) };
-        let Some(last) = Written::read(key).filter(|w| w.generation == now) else { return Ok(false) };
+        let Some(last) = Written::read(key) else { return Ok(false) };
+        if last.generation != now {
+            tracing::info!(
+                recorded = last.generation,
+                now,
+                "full sync: nf_tables was written since kpx's last write (by another program, or kpx stopped between a write and its record): comparing"
+            );
+            return Ok(false);
+        }
         if written::fingerprint_of(self.binary, context, desired) != last.fingerprint {
+            tracing::info!("full sync: kpx's table holds another state, context or binary's rendering than the one to program: comparing");
             return Ok(false);
         }
         let (state, node) = (desired.clone(), context.clone());
