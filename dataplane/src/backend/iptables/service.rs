@@ -242,7 +242,15 @@ impl PortRenderer<'_> {
                 family: self.pf.family,
                 table: Table::Filter,
                 chain: names::REJECT,
-                spec: format!("{matches} {} -j REJECT", names::comment(view, port, "has no endpoints")),
+                // The reject type written out, as iptables-save prints the default.
+                spec: format!(
+                    "{matches} {} -j REJECT --reject-with {}",
+                    names::comment(view, port, "has no endpoints"),
+                    match self.pf.family {
+                        Family::V4 => "icmp-port-unreachable",
+                        Family::V6 => "icmp6-port-unreachable",
+                    }
+                ),
             },
         };
         self.rules.shared.push((key, rule));
@@ -341,7 +349,7 @@ mod tests {
         let rules = service_rules(&view(&[]), &NodeContext::default());
         assert_eq!(rules.shared.len(), 1);
         assert_eq!(rules.shared[0].1.table, Table::Filter);
-        assert!(rules.shared[0].1.spec.ends_with("-j REJECT"));
+        assert!(rules.shared[0].1.spec.ends_with("-j REJECT --reject-with icmp-port-unreachable"));
         assert!(rules.chains.is_empty());
     }
 

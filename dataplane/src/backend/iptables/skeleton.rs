@@ -90,7 +90,7 @@ pub fn fixed_chains(from_pods: &[String], localhost_nodeports: bool) -> Vec<Fixe
             ]
             .into_iter()
             .chain(localhost_nodeports.then(|| {
-                "-d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"
+                "! -s 127.0.0.0/8 -d 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"
                     .to_owned()
             }))
             .collect(),
