@@ -672,7 +672,14 @@ impl Agent {
             // put the kernel back to the last good state.
             let restart = Instant::now();
             match self.backend.full_sync(&self.state, &self.context) {
-                Ok(()) => self.synced(restart.elapsed(), true),
+                Ok(()) => {
+                    // The kernel holds the last good state again, but the node is behind
+                    // the control plane until a change succeeds (a full sync that finds
+                    // nothing to write says nothing of whether a write would succeed).
+                    self.synced(restart.elapsed(), true);
+                    self.status.out_of_sync = true;
+                    self.publish_health();
+                }
                 Err(resync) => {
                     tracing::error!(error = %resync, "could not restore the last good rules after a refused update")
                 }

@@ -141,7 +141,11 @@ fn a_refused_update_is_a_nack_and_the_last_good_state_stays_in_kernel_and_store(
     assert!(err.to_string().contains("No buffer space available"), "the reason goes back: {err}");
     assert_eq!(agent.state().services[WEB].version, good.version, "state undone");
     assert_eq!(node.table(), kernel_before, "kernel as before (restored by a full sync)");
-    assert_eq!((agent.status.nacks, agent.status.out_of_sync), (1, false));
+    assert_eq!((agent.status.nacks, agent.status.out_of_sync), (1, true), "behind until a change succeeds");
+    agent.apply(SERVICES, vec![raw(&web(&["10.244.0.2"]))], vec![]).expect("ACK: the change again");
+    assert!(!agent.status.out_of_sync, "in sync once it is in");
+    agent.apply(SERVICES, vec![good.clone()], vec![]).expect("ACK: back to the last good state");
+    assert_eq!(node.table(), kernel_before);
     drop(agent);
     let stored = node.store().load().expect("read").expect("intact");
     assert_eq!(stored.services[WEB].version, good.version, "store as before");
