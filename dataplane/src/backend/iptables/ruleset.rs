@@ -85,36 +85,16 @@ impl Script {
             let Some(text) = saved.get(family) else { continue };
             let held: HashSet<String> =
                 xtables::saved_chains(text).into_iter().filter(|(t, _)| t == table).map(|(_, c)| c).collect();
-            let mut held_rules: HashMap<&str, Vec<&str>> = HashMap::new();
-            for line in xtables::saved_rules(text, *table) {
-                held_rules.entry(chain_of(line)).or_default().push(line);
-            }
-            let mut own: HashMap<&str, Vec<&str>> = HashMap::new();
-            for line in &block.fill {
-                own.entry(chain_of(line)).or_default().push(line);
-            }
-            let mut shared: HashMap<&str, Vec<&str>> = HashMap::new();
-            for line in &block.add_rules {
-                shared.entry(chain_of(line)).or_default().push(line);
-            }
+            let held_rules = by_chain(xtables::saved_rules(text, *table));
+            let own = by_chain(block.fill.iter().map(String::as_str));
+            let shared = by_chain(block.add_rules.iter().map(String::as_str));
             let same: HashSet<String> = block
                 .declare
                 .iter()
                 .filter(|chain| !block.remove_chains.contains(*chain) && held.contains(*chain))
                 .filter(|chain| {
-                    let rules = |of: &HashMap<&str, Vec<&str>>| -> Vec<String> {
-                        of.get(chain.as_str())
-                            .map(|v| v.iter().map(|l| (*l).to_owned()).collect())
-                            .unwrap_or_default()
-                    };
-                    let (own, mut shared, have) = (rules(&own), rules(&shared), rules(&held_rules));
-                    if have.len() != own.len() + shared.len() || have[..own.len()] != own[..] {
-                        return false;
-                    }
-                    let mut rest = have[own.len()..].to_vec();
-                    rest.sort_unstable();
-                    shared.sort_unstable();
-                    rest == shared
+                    let shared = shared.get(chain.as_str()).cloned().unwrap_or_default();
+                    held_as_wanted(rules_of(&own, chain), shared, rules_of(&held_rules, chain))
                 })
                 .cloned()
                 .collect();
@@ -151,6 +131,32 @@ impl Script {
         }
         out
     }
+}
+
+/// `-A CHAIN …` lines by the chain they append to, in order.
+fn by_chain<'a>(lines: impl IntoIterator<Item = &'a str>) -> HashMap<&'a str, Vec<&'a str>> {
+    let mut out: HashMap<&str, Vec<&str>> = HashMap::new();
+    for line in lines {
+        out.entry(chain_of(line)).or_default().push(line);
+    }
+    out
+}
+
+/// The lines of `chain` among `lines` (none: empty).
+fn rules_of<'m, 'a>(lines: &'m HashMap<&'a str, Vec<&'a str>>, chain: &str) -> &'m [&'a str] {
+    lines.get(chain).map_or(&[], Vec::as_slice)
+}
+
+/// Whether a chain holding `have` holds what is wanted: its `own` rules first, in order,
+/// then the `shared` ones in any order.
+fn held_as_wanted(own: &[&str], mut shared: Vec<&str>, have: &[&str]) -> bool {
+    if have.len() != own.len() + shared.len() || have[..own.len()] != *own {
+        return false;
+    }
+    let mut rest = have[own.len()..].to_vec();
+    rest.sort_unstable();
+    shared.sort_unstable();
+    rest == shared
 }
 
 /// The chain an `-A CHAIN …` line appends to.
