@@ -107,18 +107,22 @@ fn tcp_listener(port: u16) -> impl FnOnce() -> TcpListener + Send + 'static {
     move || TcpListener::bind(("0.0.0.0", port)).expect("bind")
 }
 
-/// The agent is killed and started again: traffic to the Services never stops meanwhile
-/// (nothing is flushed, the kernel keeps serving); then an agent that lost its state
-/// directory still recognises the NodePort virtual service an earlier run made (through
-/// kpx's sets, NodePorts being on node addresses, not on kpx-ipvs0) and removes it with
-/// its Service.
+/// The agent, beside [`RESTART_SERVICES`] more Services of 10 endpoints each, is killed
+/// and started again: traffic to the Services never stops meanwhile (nothing is flushed,
+/// the kernel keeps serving). Restarted once more with no traffic, it rewrites nothing:
+/// kpx's chains keep their counters (a restore zeroes them) and its sets the hash seed
+/// each was created with (a set swapped in is a new set with a seed of its own). Then an
+/// agent that lost its state directory still recognises the NodePort virtual service an
+/// earlier run made (through kpx's sets, NodePorts being on node addresses, not on
+/// kpx-ipvs0) and removes it with its Service.
 pub fn restart_keeps_traffic(backend: ProxyBackend) {
     let spec = "  type: NodePort\n  clusterIP: 10.96.2.2\n  ports:\n  - {name: http, protocol: TCP, port: 80, nodePort: 30090}\n";
     let manifest = documents(&[
         service("restart", spec, ""),
         slice("restart", "restart-1", false, &[("http", "TCP", 8080)], &[ep(Topology::pod_ip(0))]),
     ]);
-    let mut s = Scene::start(backend, 1, &[("restart.yaml", manifest)], &[], &[]);
+    let mut s =
+        Scene::start(backend, 1, &[("restart.yaml", manifest), ("more.yaml", more_services())], &[], &[]);
     let vip = sock("10.96.2.2", 80);
     let node_port = sock(NODE_IP, 30090);
     for to in [vip, node_port] {
@@ -150,6 +154,23 @@ pub fn restart_keeps_traffic(backend: ProxyBackend) {
     let seen = prober.finish();
     assert!(seen.sent > 20, "requests were sent during the restart: {seen:?}");
     assert_eq!(seen.failed, 0, "requests failed while the agent restarted: {seen:?}");
+    assert!(
+        s.rules_mention(&format!("10.97.0.{RESTART_SERVICES}:80")),
+        "the other Services are programmed: {}",
+        s.rules()
+    );
+
+    // Restarted over its own rules with no traffic: nothing in the kernel rewritten.
+    let (counted, seeds) = (cluster_ip_counter(&s.t.node), set_seeds(&s.t.node));
+    assert!(counted > 0, "the ClusterIP rule counted the requests");
+    assert_eq!(seeds.len(), 14, "every set of both families: {seeds:?}");
+    s.dp.kill();
+    s.dp = s.t.start_dataplane_with(backend, &[]);
+    s.dp.wait_event("the restarted agent programmed its state", DEADLINE, |e| {
+        e["message"] == "programmed stored state"
+    });
+    assert_eq!(cluster_ip_counter(&s.t.node), counted, "kpx's chains were written again (counters zeroed)");
+    assert_eq!(set_seeds(&s.t.node), seeds, "kpx's sets were swapped for new ones");
 
     // An agent without its state: the Service is gone meanwhile.
     s.dp.kill();
@@ -161,6 +182,58 @@ pub fn restart_keeps_traffic(backend: ProxyBackend) {
         (!rules.is_empty() && !rules.contains(":30090/tcp") && !rules.contains("10.96.2.2")).then_some(())
     });
     assert_eq!(s.t.client.run_in(move || tcp_request(node_port)), Answer::Refused);
+}
+
+/// The other Services beside the one probed across a restart (10.97.0.1…, 10 endpoints
+/// each, none of them a pod): the restart has this many to find already programmed.
+const RESTART_SERVICES: usize = 200;
+
+fn more_services() -> String {
+    let docs: Vec<String> = (1..=RESTART_SERVICES)
+        .flat_map(|i| {
+            let name = format!("more-{i}");
+            let spec = format!(
+                "  clusterIP: 10.97.{}.{}\n  ports:\n  - {{name: http, protocol: TCP, port: 80}}\n",
+                i / 250,
+                i % 250
+            );
+            let endpoints: Vec<_> = (0..10).map(|e| ep(format!("10.250.{}.{}", i % 250, e + 1))).collect();
+            [
+                service(&name, &spec, ""),
+                slice(&name, &format!("{name}-1"), false, &[("http", "TCP", 8080)], &endpoints),
+            ]
+        })
+        .collect();
+    documents(&docs)
+}
+
+/// The packet count of kpx's rule that matches ClusterIP traffic (the first of
+/// `KPX-IPVS-SERVICES`), read with `iptables-save -c` of whichever flavour holds it.
+fn cluster_ip_counter(node: &Netns) -> u64 {
+    let rule = "-A KPX-IPVS-SERVICES -m set --match-set KPX-CLUSTER-IP-4 ";
+    for flavour in ["nft", "legacy"] {
+        let out = node.try_exec(&format!("iptables-{flavour}-save"), &["-c", "-t", "nat"]);
+        assert!(out.status.success(), "iptables-{flavour}-save: {out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        if let Some(line) = text.lines().find(|l| l.contains(rule)) {
+            let packets = line.strip_prefix('[').and_then(|l| l.split(':').next());
+            return packets.and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("no counter in {line}"));
+        }
+    }
+    panic!("no ClusterIP rule of kpx's in either flavour");
+}
+
+/// Each of kpx's sets by name, with the random hash seed (`initval`) ipset shows for it.
+fn set_seeds(node: &Netns) -> Vec<(String, String)> {
+    node.exec("ipset", &["save"])
+        .lines()
+        .filter_map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let seed = words.iter().position(|w| *w == "initval").and_then(|i| words.get(i + 1))?;
+            (words.first() == Some(&"create") && words.get(1)?.starts_with("KPX-"))
+                .then(|| (words[1].to_owned(), (*seed).to_owned()))
+        })
+        .collect()
 }
 
 /// An endpoint that goes away keeps its open connections (weight 0, no new ones) and is

@@ -122,6 +122,44 @@ pub fn saved_rules(text: &str, wanted: Table) -> Vec<&str> {
         .collect()
 }
 
+/// Whether the kernel already holds what restore input `script` (one family's) writes,
+/// given that family's `iptables-save` output: the input inserts, deletes and removes
+/// nothing, and every chain it declares is there holding exactly its `-A` lines, in order
+/// (compared as text: the input must be written as iptables-save prints rules). A restore
+/// of such input would change nothing but the chains' counters.
+pub fn already_held(saved: &str, script: &str) -> bool {
+    let mut table = None;
+    let mut declared: Vec<(Table, &str)> = Vec::new();
+    let mut wanted: Vec<(Table, &str)> = Vec::new();
+    for line in script.lines() {
+        if let Some(name) = line.strip_prefix('*') {
+            table = Table::ALL.into_iter().find(|t| t.name() == name);
+        } else if line == "COMMIT" {
+            continue;
+        } else if let (Some(t), Some(rest)) = (table, line.strip_prefix(':')) {
+            declared.push((t, rest.split_whitespace().next().unwrap_or_default()));
+        } else if let (Some(t), true) = (table, line.starts_with("-A ")) {
+            wanted.push((t, line));
+        } else {
+            return false;
+        }
+    }
+    let held = saved_chains(saved);
+    declared.iter().all(|(t, chain)| {
+        let have = saved_rules(saved, *t);
+        held.iter().any(|(ht, hc)| ht == t && hc == chain)
+            && have.iter().filter(|line| appends_to(line, chain)).eq(wanted
+                .iter()
+                .filter(|(wt, line)| wt == t && appends_to(line, chain))
+                .map(|(_, line)| line))
+    })
+}
+
+/// Whether `line` is `-A CHAIN …` for `chain`.
+fn appends_to(line: &str, chain: &str) -> bool {
+    line.strip_prefix("-A ").and_then(|rest| rest.split(' ').next()) == Some(chain)
+}
+
 /// The lines of `iptables-save` output that are kpx's (named `prefix…` or jumping there),
 /// with the table headers and commits: what `kpxctl rules` shows.
 pub fn owned_lines(saved: &str, prefix: &str) -> String {

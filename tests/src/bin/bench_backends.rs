@@ -7,7 +7,9 @@
 //! `sudo tests/vm/run-in-vm.sh target/release/bench_backends` for a kernel with IPVS) and each size, Services of one port with
 //! 10 endpoints each are programmed from scratch into a scratch network namespace
 //! (full sync), then one endpoint of one Service is replaced N times (one partial
-//! apply each, the work the agent does per delta). Prints figures; asserts nothing.
+//! apply each, the work the agent does per delta), then a new backend (an agent
+//! restarted over its store) makes a full sync over the rules the first one left: what a
+//! restart costs. Prints figures; asserts nothing.
 
 use std::time::{Duration, Instant};
 
@@ -96,10 +98,17 @@ fn wanted(names: &[String], label: &str) -> bool {
     names.is_empty() || names.iter().any(|n| label.starts_with(n.as_str()))
 }
 
-fn measure(a: &Args, label: &str, backend: &mut dyn Backend, services: usize) {
+/// Makes a backend over the namespace's kernel (each call a new one, as a restarted agent).
+type Make<'a> = &'a dyn Fn() -> Result<Box<dyn Backend>, String>;
+
+fn measure(a: &Args, label: &str, make: Make<'_>, services: usize) {
     if !wanted(&a.names, label) {
         return;
     }
+    let mut backend = match make() {
+        Ok(b) => b,
+        Err(e) => return println!("{label}: {e}"),
+    };
     let mut desired = state(services);
     let context = NodeContext::default();
     let started = Instant::now();
@@ -125,13 +134,21 @@ fn measure(a: &Args, label: &str, backend: &mut dyn Backend, services: usize) {
         changes.push(started.elapsed());
     }
     changes.sort();
+    drop(backend);
+    let Ok(mut restarted) = make() else { return println!("{label}: no second backend") };
+    let started = Instant::now();
+    let restart = restarted.full_sync(&desired, &context).map(|()| started.elapsed());
     println!(
-        "{label:<18} {services:>6}  full sync {:>9.1} ms   one endpoint change p50 {:>8.2} ms  p99 {:>8.2} ms",
+        "{label:<18} {services:>6}  full sync {:>9.1} ms   one endpoint change p50 {:>8.2} ms  p99 {:>8.2} ms   restart over its rules {}",
         full.as_secs_f64() * 1e3,
         percentile(&changes, 0.5).as_secs_f64() * 1e3,
         percentile(&changes, 0.99).as_secs_f64() * 1e3,
+        match restart {
+            Ok(took) => format!("{:>9.1} ms", took.as_secs_f64() * 1e3),
+            Err(e) => format!("failed: {e}"),
+        }
     );
-    if let Err(e) = backend.cleanup() {
+    if let Err(e) = restarted.cleanup() {
         println!("{label:<16} cleanup failed: {e}");
     }
 }
@@ -148,33 +165,41 @@ fn main() -> std::process::ExitCode {
     ns.run_in(move || {
         println!("backend          services  ({ENDPOINTS} endpoints each; {} changes)", a.changes);
         for &services in &a.sizes {
-            match nft::library() {
-                Ok(library) => measure(&a, "nftables (lib)", &mut NftablesBackend::new(library), services),
-                Err(e) => println!("nftables (lib): {e}"),
-            }
+            measure(
+                &a,
+                "nftables (lib)",
+                &|| Ok(Box::new(NftablesBackend::new(nft::library().map_err(|e| e.to_string())?))),
+                services,
+            );
             measure(
                 &a,
                 "nftables (nft -f)",
-                &mut NftablesBackend::new(Box::new(NftProcess::new())),
+                &|| Ok(Box::new(NftablesBackend::new(Box::new(NftProcess::new())))),
                 services,
             );
             for (label, flavour) in [("iptables-legacy", Flavour::Legacy), ("iptables-nft", Flavour::Nft)] {
                 measure(
                     &a,
                     label,
-                    &mut IptablesBackend::new(Box::new(IptablesProcess { flavour })),
+                    &|| Ok(Box::new(IptablesBackend::new(Box::new(IptablesProcess { flavour })))),
                     services,
                 );
             }
             match open_socket() {
                 Ok(_) => {
-                    let options = IpvsOptions {
-                        scheduler: "rr".into(),
-                        drain_grace: Duration::from_secs(900),
-                        strict_arp: false,
+                    let make = || -> Result<Box<dyn Backend>, String> {
+                        let options = IpvsOptions {
+                            scheduler: "rr".into(),
+                            drain_grace: Duration::from_secs(900),
+                            strict_arp: false,
+                        };
+                        let conntrack = std::sync::Arc::new(ConntrackProcess);
+                        Ok(Box::new(IpvsBackend::new(
+                            options,
+                            IpvsKernel::system(Flavour::detect(), conntrack),
+                        )))
                     };
-                    let kernel = IpvsKernel::system(Flavour::detect(), std::sync::Arc::new(ConntrackProcess));
-                    measure(&a, "ipvs", &mut IpvsBackend::new(options, kernel), services)
+                    measure(&a, "ipvs", &make, services)
                 }
                 Err(e) => println!("ipvs: {e}"),
             }

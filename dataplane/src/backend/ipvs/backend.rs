@@ -4,8 +4,9 @@
 //!
 //! An apply changes only what the changed Services touch (the [`Programmed`] table says
 //! what); a full sync reconciles with the kernel: it reads the IPVS table and changes what
-//! differs (a restart neither flushes nor cuts traffic), swaps every set in whole and
-//! rewrites kpx's chains. Destinations that go away are drained: weight 0 (no new
+//! differs (a restart neither flushes nor cuts traffic), swaps in whole each set whose
+//! members differ from what `ipset save` shows and rewrites kpx's chains when
+//! iptables-save does not show them as written: a restart over intact rules writes none. Destinations that go away are drained: weight 0 (no new
 //! connections), removed once IPVS counts no connection on them or after the drain grace
 //! ([`Backend::housekeeping`]); UDP ones are removed at once (nothing to drain).
 //!
@@ -238,12 +239,12 @@ impl IpvsBackend {
         had: &[Destination],
         wanted: &[Destination],
     ) -> Result<(), BackendError> {
-        self.edit_destinations(key, had, Had::Programmed, wanted)
+        self.edit_destinations(key, had, Had::Programmed, wanted).map(drop)
     }
 
     /// Takes the destinations of `key` from what the kernel holds to `wanted`: going ones
-    /// that are idle are deleted at once.
-    fn sync_destinations(&mut self, key: &ServiceKey, wanted: &[Destination]) -> Result<(), BackendError> {
+    /// that are idle are deleted at once. Returns how many destinations it edited.
+    fn sync_destinations(&mut self, key: &ServiceKey, wanted: &[Destination]) -> Result<usize, BackendError> {
         let current = self.kernel.ipvs.destinations(key)?;
         self.edit_destinations(key, &current, Had::Kernel, wanted)
     }
@@ -251,14 +252,14 @@ impl IpvsBackend {
     /// The edits from `had` to `wanted`, in one send: new ones added, weights set, going
     /// UDP ones deleted (nothing to drain), going TCP and SCTP ones deleted when known idle
     /// and otherwise drained (weight 0; housekeeping deletes them once idle, or after the
-    /// grace).
+    /// grace). Returns how many edits it sent (none when nothing differs).
     fn edit_destinations(
         &mut self,
         key: &ServiceKey,
         had: &[Destination],
         from: Had,
         wanted: &[Destination],
-    ) -> Result<(), BackendError> {
+    ) -> Result<usize, BackendError> {
         let same = |a: &Destination, b: &Destination| (a.address, a.port) == (b.address, b.port);
         let mut edits = Vec::new();
         for d in wanted {
@@ -284,13 +285,15 @@ impl IpvsBackend {
                 started.push((*key, h.address, h.port));
             }
         }
-        self.kernel.ipvs.edit_destinations(key, &edits)?;
+        if !edits.is_empty() {
+            self.kernel.ipvs.edit_destinations(key, &edits)?;
+        }
         self.draining
             .retain(|(k, a, p), _| k != key || !wanted.iter().any(|d| (d.address, d.port) == (*a, *p)));
         for d in started {
             self.draining.entry(d).or_insert_with(Instant::now);
         }
-        Ok(())
+        Ok(edits.len())
     }
 
     fn full(&mut self, desired: &NodeState, context: &NodeContext) -> Result<(), BackendError> {
@@ -306,13 +309,21 @@ impl IpvsBackend {
         self.kernel.links.ensure_dummy(INTERFACE)?;
         let was_bound = self.kernel.links.addresses(INTERFACE)?;
         let wanted = table.addresses();
-        let in_sets = keys_in_sets(&self.kernel.ipset.save()?);
-        self.kernel.ipset.restore(&ipset::swap_script(&table.members()))?;
+        let saved_sets = self.kernel.ipset.save()?;
+        let in_sets = keys_in_sets(&saved_sets);
+        let (swap, sets_swapped) = ipset::swap_script(&table.members(), &ipset::held_members(&saved_sets));
+        drop(saved_sets);
+        self.kernel.ipset.restore(&swap)?;
         self.chains.clear();
+        let mut chains_written = Vec::new();
         for family in Family::ALL {
             let inputs = chain_inputs(context, family);
             let saved = self.kernel.iptables.save(family)?;
-            self.kernel.iptables.restore(family, &chains::script(family, &inputs, Some(&saved)))?;
+            let script = chains::script(family, &inputs, Some(&saved));
+            if !xtables::already_held(&saved, &script) {
+                self.kernel.iptables.restore(family, &script)?;
+                chains_written.push(format!("ip{}", family.suffix()));
+            }
             self.chains.insert(family, inputs);
         }
         self.kernel.ipvs.reset();
@@ -322,14 +333,21 @@ impl IpvsBackend {
             self.kernel.sysctl.set(name, value)?;
         }
         let services: Vec<(VirtualService, Vec<Destination>)> = table.services().cloned().collect();
+        let (mut added, mut edited, mut destinations_edited) = (0, 0, 0);
         for (service, destinations) in &services {
             let ipvs = &mut self.kernel.ipvs;
             match current.iter().find(|s| s.key == service.key) {
-                None => ipvs.add_service(service)?,
-                Some(existing) if existing != service => ipvs.edit_service(service)?,
+                None => {
+                    ipvs.add_service(service)?;
+                    added += 1;
+                }
+                Some(existing) if existing != service => {
+                    ipvs.edit_service(service)?;
+                    edited += 1;
+                }
                 Some(_) => {}
             }
-            self.sync_destinations(&service.key, destinations)?;
+            destinations_edited += self.sync_destinations(&service.key, destinations)?;
         }
         // kpx's: what it programmed, what its sets name, and what sits on its interface.
         let ours = |key: &ServiceKey| {
@@ -344,10 +362,20 @@ impl IpvsBackend {
             &wanted.difference(&was_bound).copied().collect(),
             &was_bound.difference(&wanted).copied().collect(),
         )?;
-        for key in stale {
-            self.kernel.ipvs.delete_service(&key)?;
-            self.draining.retain(|(k, _, _), _| *k != key);
+        for key in &stale {
+            self.kernel.ipvs.delete_service(key)?;
+            self.draining.retain(|(k, _, _), _| k != key);
         }
+        tracing::info!(
+            virtual_services = services.len(),
+            added,
+            edited,
+            removed = stale.len(),
+            destinations_edited,
+            sets_swapped,
+            chains_written = chains_written.join(","),
+            "full sync: the kernel's IPVS table, kpx's sets and chains made to match, only what differed written"
+        );
         self.programmed = Some(table);
         Ok(())
     }

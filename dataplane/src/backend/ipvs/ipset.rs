@@ -1,7 +1,8 @@
 //! The ipsets that tell kpx's few iptables rules (see [`chains`](super::chains)) which
 //! packets IPVS alone cannot handle: one set per role and family, members typed
 //! ([`Member`], `10.96.0.10,tcp:80` in ipset's text). A full sync fills a fresh set and
-//! swaps it in (atomic per set); an apply adds and deletes only the members that changed
+//! swaps it in (atomic per set) for each set whose members differ from those the kernel
+//! holds; an apply adds and deletes only the members that changed
 //! ([`crate::exec::ipset::Ipset::edit`]). Pure: the scripts and members go to
 //! [`crate::exec::ipset`].
 
@@ -60,6 +61,30 @@ impl SetRole {
         }
     }
 
+    /// A member in ipset's text as `ipset save` prints it for a set of this role (a
+    /// network of one address without its prefix length); `None` if it is not one.
+    fn parse_member(self, text: &str) -> Option<Member> {
+        let mut parts = text.split(',');
+        let address: IpAddr = parts.next()?.parse().ok()?;
+        let (protocol, port) = parts.next()?.split_once(':')?;
+        let protocol = match protocol {
+            "tcp" => Protocol::Tcp,
+            "udp" => Protocol::Udp,
+            "sctp" => Protocol::Sctp,
+            _ => return None,
+        };
+        let last = match (self, parts.next()) {
+            (SetRole::LoopBack, Some(a)) => Some(Last::Address(a.parse().ok()?)),
+            (SetRole::LoadBalancerSource, Some(n)) => Some(Last::Net(match n.parse::<IpNet>() {
+                Ok(net) => net,
+                Err(_) => IpNet::from(n.parse::<IpAddr>().ok()?),
+            })),
+            (SetRole::LoopBack | SetRole::LoadBalancerSource, None) | (_, Some(_)) => return None,
+            (_, None) => None,
+        };
+        parts.next().is_none().then_some(Member { address, protocol, port: port.parse().ok()?, last })
+    }
+
     fn set_type(self) -> &'static str {
         match self {
             SetRole::LoopBack => "hash:ip,port,ip",
@@ -75,6 +100,9 @@ pub struct SetName {
     pub role: SetRole,
     pub family: Family,
 }
+
+/// The most members a set of kpx's may hold.
+const MAX_MEMBERS: &str = "1048576";
 
 /// The prefix of every set kpx owns.
 pub const PREFIX: &str = "KPX-";
@@ -101,12 +129,36 @@ impl SetName {
             .flat_map(|family| SetRole::ALL.into_iter().map(move |role| SetName { role, family }))
     }
 
-    fn create(&self, name: &str) -> String {
-        let family = match self.family {
+    fn family_word(&self) -> &'static str {
+        match self.family {
             Family::V4 => "inet",
             Family::V6 => "inet6",
-        };
-        format!("create {name} {} family {family} hashsize 1024 maxelem 1048576\n", self.role.set_type())
+        }
+    }
+
+    fn create(&self, name: &str) -> String {
+        format!(
+            "create {name} {} family {} hashsize 1024 maxelem {MAX_MEMBERS}\n",
+            self.role.set_type(),
+            self.family_word()
+        )
+    }
+
+    /// Whether a `create` line's words after the name (`ipset save`'s: type, then
+    /// `family F hashsize H maxelem M …`) describe the set kpx creates under this name.
+    fn has_header<'a>(&self, mut words: impl Iterator<Item = &'a str>) -> bool {
+        if words.next() != Some(self.role.set_type()) {
+            return false;
+        }
+        let (mut family, mut max) = (None, None);
+        while let (Some(key), Some(value)) = (words.next(), words.next()) {
+            match key {
+                "family" => family = Some(value),
+                "maxelem" => max = Some(value),
+                _ => {}
+            }
+        }
+        family == Some(self.family_word()) && max == Some(MAX_MEMBERS)
     }
 }
 
@@ -123,29 +175,71 @@ pub fn loop_back_member(address: IpAddr, protocol: Protocol, port: u16) -> Membe
     Member { address, protocol, port, last: Some(Last::Address(address)) }
 }
 
-/// `address,proto:port,net` (an allowed source of a load-balancer entry).
+/// `address,proto:port,net` (an allowed source of a load-balancer entry; the network as
+/// the kernel keeps it, host bits cleared).
 pub fn source_member(address: IpAddr, protocol: Protocol, port: u16, source: &IpNet) -> Member {
-    Member { address, protocol, port, last: Some(Last::Net(*source)) }
+    Member { address, protocol, port, last: Some(Last::Net(source.trunc())) }
 }
 
-/// `ipset restore` input that makes every set hold exactly `members`: each filled as a
-/// fresh set and swapped in, so a set is never seen half filled.
-pub fn swap_script(members: &SetMembers) -> String {
+/// `ipset restore` input that makes every set hold exactly `members`, given the sets the
+/// kernel holds (`held`, from [`held_members`]): each set that differs is filled as a fresh
+/// set and swapped in, so a set is never seen half filled; a set that already holds its
+/// members is left alone (a restart over intact sets writes none). Returns the input and
+/// how many sets it swaps.
+pub fn swap_script(members: &SetMembers, held: &SetMembers) -> (String, usize) {
     let empty = BTreeSet::new();
     let mut s = String::new();
+    let mut swapped = 0;
     for set in SetName::all() {
+        let wanted = members.get(&set).unwrap_or(&empty);
+        if held.get(&set) == Some(wanted) {
+            continue;
+        }
+        swapped += 1;
         let name = set.to_string();
         let fresh = format!("{name}-N");
         s.push_str(&set.create(&name));
         s.push_str(&set.create(&fresh));
         let _ = writeln!(s, "flush {fresh}");
-        for member in members.get(&set).unwrap_or(&empty) {
+        for member in wanted {
             let _ = writeln!(s, "add {fresh} {member}");
         }
         let _ = writeln!(s, "swap {fresh} {name}");
         let _ = writeln!(s, "destroy {fresh}");
     }
-    s
+    (s, swapped)
+}
+
+/// What kpx's sets hold, read from `ipset save`: the members of each set whose type,
+/// family and size limit are those kpx creates. A set missing, of another shape, or with
+/// a member kpx could not have written is not in the map (to be made anew).
+pub fn held_members(saved: &str) -> SetMembers {
+    let by_name: BTreeMap<String, SetName> = SetName::all().map(|s| (s.to_string(), s)).collect();
+    let mut held = SetMembers::new();
+    let mut unreadable = BTreeSet::new();
+    for line in saved.lines() {
+        let mut words = line.split_whitespace();
+        let (Some(verb), Some(name)) = (words.next(), words.next()) else { continue };
+        let Some(&set) = by_name.get(name) else { continue };
+        match verb {
+            "create" if set.has_header(&mut words) => {
+                held.insert(set, BTreeSet::new());
+            }
+            "add" => match (words.next().and_then(|m| set.role.parse_member(m)), held.get_mut(&set)) {
+                (Some(member), Some(members)) => {
+                    members.insert(member);
+                }
+                _ => {
+                    unreadable.insert(set);
+                }
+            },
+            _ => {
+                unreadable.insert(set);
+            }
+        }
+    }
+    held.retain(|set, _| !unreadable.contains(set));
+    held
 }
 
 /// `ipset restore` input that destroys the sets among `existing` that kpx owns.
@@ -187,12 +281,69 @@ mod tests {
     fn a_full_sync_swaps_every_set() {
         let set = SetName::new(SetRole::ClusterIp, Family::V4);
         let vip: IpAddr = "10.96.0.10".parse().expect("ip");
-        let script = swap_script(&members(set, &[entry_member(vip, Protocol::Tcp, 80)]));
+        let (script, swapped) =
+            swap_script(&members(set, &[entry_member(vip, Protocol::Tcp, 80)]), &SetMembers::new());
+        assert_eq!(swapped, 14);
         assert!(script.contains(
             "create KPX-CLUSTER-IP-4-N hash:ip,port family inet hashsize 1024 maxelem 1048576\nflush KPX-CLUSTER-IP-4-N\nadd KPX-CLUSTER-IP-4-N 10.96.0.10,tcp:80\nswap KPX-CLUSTER-IP-4-N KPX-CLUSTER-IP-4\ndestroy KPX-CLUSTER-IP-4-N\n"
         ));
         assert_eq!(script.matches("swap ").count(), 14, "every role in both families");
         let existing = ["KUBE-CLUSTER-IP".to_owned(), "KPX-DROP-6".to_owned()];
         assert_eq!(destroy_script(&existing), "destroy KPX-DROP-6\n");
+    }
+
+    #[test]
+    fn sets_the_kernel_holds_as_wanted_are_not_swapped() {
+        let vip: IpAddr = "10.96.0.10".parse().expect("ip");
+        let lb: IpAddr = "192.0.2.20".parse().expect("ip");
+        let v6: IpAddr = "fd00::5".parse().expect("ip");
+        let host: IpNet = "198.51.100.7/32".parse().expect("net");
+        let wide: IpNet = "203.0.113.9/24".parse().expect("net");
+        let mut wanted = SetMembers::new();
+        wanted.insert(
+            SetName::new(SetRole::ClusterIp, Family::V4),
+            [entry_member(vip, Protocol::Tcp, 80)].into(),
+        );
+        wanted.insert(
+            SetName::new(SetRole::LoadBalancerSource, Family::V4),
+            [source_member(lb, Protocol::Tcp, 80, &host), source_member(lb, Protocol::Udp, 53, &wide)].into(),
+        );
+        wanted.insert(
+            SetName::new(SetRole::LoopBack, Family::V6),
+            [loop_back_member(v6, Protocol::Sctp, 9)].into(),
+        );
+        // `ipset save` as the kernel prints those: a one-address net without its length,
+        // the wide one with its host bits cleared, headers with what ipset adds.
+        let header = |name: &str, kind: &str, family: &str| {
+            format!("create {name} {kind} family {family} hashsize 1024 maxelem 1048576 bucketsize 12 initval 0x1\n")
+        };
+        let mut saved = String::new();
+        for set in SetName::all() {
+            saved.push_str(&header(&set.to_string(), set.role.set_type(), set.family_word()));
+        }
+        saved.push_str("add KPX-CLUSTER-IP-4 10.96.0.10,tcp:80\n");
+        saved.push_str("add KPX-LB-SOURCE-4 192.0.2.20,tcp:80,198.51.100.7\n");
+        saved.push_str("add KPX-LB-SOURCE-4 192.0.2.20,udp:53,203.0.113.0/24\n");
+        saved.push_str("add KPX-LOOP-BACK-6 fd00::5,sctp:9,fd00::5\n");
+        saved.push_str("create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536\n");
+        assert_eq!(swap_script(&wanted, &held_members(&saved)), (String::new(), 0));
+
+        // One member too many, one set of another shape, one missing: those three only.
+        let changed = saved
+            .replace(
+                "add KPX-CLUSTER-IP-4 10.96.0.10,tcp:80\n",
+                "add KPX-CLUSTER-IP-4 10.96.0.10,tcp:80\nadd KPX-CLUSTER-IP-4 10.96.0.11,tcp:80\n",
+            )
+            .replace(
+                "create KPX-DROP-6 hash:ip,port family inet6 hashsize 1024 maxelem 1048576",
+                "create KPX-DROP-6 hash:ip,port family inet6 hashsize 1024 maxelem 65536",
+            )
+            .replace(&header("KPX-EXTERNAL-4", "hash:ip,port", "inet"), "");
+        let (script, swapped) = swap_script(&wanted, &held_members(&changed));
+        assert_eq!(swapped, 3, "{script}");
+        for set in ["KPX-CLUSTER-IP-4", "KPX-DROP-6", "KPX-EXTERNAL-4"] {
+            assert!(script.contains(&format!("swap {set}-N {set}\n")), "{set}: {script}");
+        }
+        assert!(script.contains("add KPX-CLUSTER-IP-4-N 10.96.0.10,tcp:80\nswap"), "{script}");
     }
 }
