@@ -48,7 +48,9 @@ pub struct RawResource {
 /// One validated response.
 #[derive(Debug, Clone, Default)]
 pub struct Delta {
-    pub services: Vec<Versioned<ServiceView>>,
+    /// Each decoded straight into the allocation the state will share it by: a response
+    /// of every Service (a node's first) never holds its views twice.
+    pub services: Vec<Versioned<Arc<ServiceView>>>,
     pub node: Option<Versioned<NodeConfig>>,
     pub removed_services: Vec<String>,
     pub node_removed: bool,
@@ -109,7 +111,7 @@ impl Delta {
                     if actual != raw.name {
                         return Err(InvalidDelta::NameMismatch { name: raw.name, actual });
                     }
-                    delta.services.push(Versioned { version: raw.version, value });
+                    delta.services.push(Versioned { version: raw.version, value: Arc::new(value) });
                 }
                 ResourceType::NodeConfig => {
                     let value = NodeConfig::decode(&raw.body)
@@ -180,7 +182,7 @@ impl NodeState {
             }
             let old = self
                 .services
-                .insert(name.clone(), Versioned { version: svc.version, value: Arc::new(svc.value) });
+                .insert(name.clone(), Versioned { version: svc.version, value: svc.value });
             undo.services.push((name.clone(), old));
             changes.services.insert(name);
         }
@@ -239,9 +241,9 @@ mod tests {
         let mut now = before.clone();
         let delta = Delta {
             services: vec![
-                versioned("2", service("a", "10.96.0.1", &["10.244.0.2"])),
-                versioned("1", service("c", "10.96.0.3", &[])),
-                versioned("1", service("b", "10.96.0.1", &["10.244.0.1"])),
+                versioned("2", Arc::new(service("a", "10.96.0.1", &["10.244.0.2"]))),
+                versioned("1", Arc::new(service("c", "10.96.0.3", &[]))),
+                versioned("1", Arc::new(service("b", "10.96.0.1", &["10.244.0.1"]))),
             ],
             node: Some(versioned("n-2", NodeConfig { zone: "z".into(), ..node_config() })),
             removed_services: vec!["c/ns/b".into(), "c/ns/unknown".into()],
