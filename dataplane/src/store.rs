@@ -25,9 +25,13 @@ const INSTALL_KEY: &[u8] = b"control-plane-service-uid";
 const FORMAT: &[u8] = b"kpx-state-v2";
 const DB: &str = "state.sled";
 /// sled's page cache. sled's own default is 1 GiB, which it lowers to a container's memory
-/// limit with an ERROR in the log (the chart's 512 MiB limit did); the whole store of
-/// 50,000 Services is tens of MB, and kpx reads it once at start.
-const CACHE_BYTES: u64 = 64 * 1024 * 1024;
+/// limit with an ERROR in the log (the chart's 512 MiB limit did). kpx reads the store
+/// whole once, at start, and afterwards only the records a change replaces: with a larger
+/// cache sled kept every record it wrote in memory (4 MB at 10,000 Services × 10
+/// endpoints, heaptrack), 2 MiB of the agent's RSS at that scale; with 1 MiB it pages
+/// them out and a change's write reads its record back from the file (the ACK's p50 did
+/// not move: `tests/bench-scale.sh --node-scales 10000x10`).
+const CACHE_BYTES: u64 = 1024 * 1024;
 /// How long opening waits for the database's lock (see [`Store::open_unlocked`]).
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
