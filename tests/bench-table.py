@@ -110,6 +110,11 @@ def table(data):
             rows.append((f"IPVS, {vm['services']:,} Services × 10 endpoints, in the test VM (emulated; "
                          f"nftables in the same run): one endpoint change, {vm['changes']} changes",
                          f"p50 {ipvs['change_p50_ms']} ms, p99 {ipvs['change_p99_ms']} ms; against {against}"))
+            if ipvs.get("restart_ms") is not None:
+                rows.append((f"IPVS, {vm['services']:,} Services × 10 endpoints, in the test VM: full sync from "
+                             "nothing / a restart's full sync over its own rules (virtual services, sets and "
+                             "chains compared, only what differs written)",
+                             f"{ipvs['full_sync_ms'] / 1000:.1f} s / {ipvs['restart_ms'] / 1000:.1f} s"))
     out = ["| what | measured |", "|---|---|"]
     out.extend(f"| {what} | {value} |" for what, value in rows)
     m = data.get("machine", {})

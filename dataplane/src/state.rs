@@ -180,9 +180,8 @@ impl NodeState {
             if self.services.get(&name).is_some_and(|old| old.version == svc.version) {
                 continue;
             }
-            let old = self
-                .services
-                .insert(name.clone(), Versioned { version: svc.version, value: svc.value });
+            let old =
+                self.services.insert(name.clone(), Versioned { version: svc.version, value: svc.value });
             undo.services.push((name.clone(), old));
             changes.services.insert(name);
         }

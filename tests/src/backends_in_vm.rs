@@ -15,10 +15,13 @@ pub struct BackendFigures {
     pub full_sync_ms: f64,
     pub change_p50_ms: f64,
     pub change_p99_ms: f64,
+    /// A new backend's full sync over the rules the first left (a restart's work).
+    pub restart_ms: Option<f64>,
 }
 
 /// The figures of `bench_backends`' output: lines like
-/// `ipvs                10000  full sync    1234.5 ms   one endpoint change p50     0.67 ms  p99     8.04 ms`.
+/// `ipvs                10000  full sync    1234.5 ms   one endpoint change p50     0.67 ms  p99     8.04 ms   restart over its rules     512.0 ms`
+/// (the restart's figure absent in older output).
 /// Other lines (its heading, a backend it could not measure) are left out.
 pub fn parse(output: &str) -> Vec<BackendFigures> {
     output.lines().filter_map(parse_line).collect()
@@ -32,13 +35,18 @@ fn parse_line(line: &str) -> Option<BackendFigures> {
     let (_, rest) = rest.split_once("one endpoint change p50 ")?;
     let (p50, rest) = rest.split_once(" ms")?;
     let (_, rest) = rest.split_once("p99 ")?;
-    let (p99, _) = rest.split_once(" ms")?;
+    let (p99, rest) = rest.split_once(" ms")?;
+    let restart = rest
+        .split_once("restart over its rules ")
+        .and_then(|(_, r)| r.split_once(" ms"))
+        .and_then(|(ms, _)| ms.trim().parse().ok());
     Some(BackendFigures {
         backend: label.trim().to_owned(),
         services: services.trim().parse().ok()?,
         full_sync_ms: full.trim().parse().ok()?,
         change_p50_ms: p50.trim().parse().ok()?,
         change_p99_ms: p99.trim().parse().ok()?,
+        restart_ms: restart,
     })
 }
 
@@ -98,7 +106,7 @@ mod tests {
             nftables (lib)      10000  full sync    3301.2 ms   one endpoint change p50     0.84 ms  p99    14.64 ms\n\
             nftables (nft -f)   10000  full sync    7012.0 ms   one endpoint change p50     0.64 ms  p99     1.97 ms\n\
             ipvs: no IPVS in this kernel\n\
-            ipvs                10000  full sync  105000.0 ms   one endpoint change p50     0.67 ms  p99     8.04 ms\n";
+            ipvs                10000  full sync  105000.0 ms   one endpoint change p50     0.67 ms  p99     8.04 ms   restart over its rules    9714.1 ms\n";
         let figures = parse(output);
         assert_eq!(figures.len(), 3, "{figures:?}");
         assert_eq!(
@@ -108,10 +116,12 @@ mod tests {
                 services: 10000,
                 full_sync_ms: 105000.0,
                 change_p50_ms: 0.67,
-                change_p99_ms: 8.04
+                change_p99_ms: 8.04,
+                restart_ms: Some(9714.1)
             }
         );
         assert_eq!(figures[1].backend, "nftables (nft -f)");
         assert_eq!(figures[0].change_p99_ms, 14.64);
+        assert_eq!(figures[0].restart_ms, None);
     }
 }
