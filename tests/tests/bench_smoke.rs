@@ -89,6 +89,7 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
         "the transport alone",
         "through the Kubernetes API",
         "IPVS, 60 Services × 10 endpoints, in the test VM",
+        "a restart's full sync over its own rules",
     ] {
         assert!(markdown.contains(row), "no {row:?} in:\n{markdown}");
     }
@@ -101,6 +102,8 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
     for b in vm["backends"].as_array().into_iter().flatten() {
         // Timed, not echoed: a change the VM never made would leave no figure above zero.
         assert!(b["change_p50_ms"].as_f64() > Some(0.0) && b["full_sync_ms"].as_f64() > Some(0.0), "{b}");
+        // And a second backend's full sync over the rules the first left (a restart).
+        assert!(b["restart_ms"].as_f64() > Some(0.0), "{b}");
     }
     assert_eq!(figures["fanout"]["nodes"], 12);
     // Every fourth node never reads its stream: the control plane closes and counts them.
