@@ -2,6 +2,7 @@
 //! mark, jumps from the built-in chains into kpx's, reading `iptables-save` output, and
 //! the restore input that removes a prefix's chains.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use kpx_proto::family::Family;
@@ -145,19 +146,33 @@ pub fn already_held(saved: &str, script: &str) -> bool {
         }
     }
     let held = saved_chains(saved);
-    declared.iter().all(|(t, chain)| {
-        let have = saved_rules(saved, *t);
-        held.iter().any(|(ht, hc)| ht == t && hc == chain)
-            && have.iter().filter(|line| appends_to(line, chain)).eq(wanted
-                .iter()
-                .filter(|(wt, line)| wt == t && appends_to(line, chain))
-                .map(|(_, line)| line))
+    Table::ALL.into_iter().all(|t| {
+        let have = by_chain(saved_rules(saved, t));
+        let want = by_chain(wanted.iter().filter(|(wt, _)| *wt == t).map(|(_, line)| *line));
+        declared.iter().filter(|(dt, _)| *dt == t).all(|(_, chain)| {
+            held.iter().any(|(ht, hc)| *ht == t && hc == chain)
+                && rules_of(&have, chain) == rules_of(&want, chain)
+        })
     })
 }
 
-/// Whether `line` is `-A CHAIN …` for `chain`.
-fn appends_to(line: &str, chain: &str) -> bool {
-    line.strip_prefix("-A ").and_then(|rest| rest.split(' ').next()) == Some(chain)
+/// `-A CHAIN …` lines by the chain they append to, in order.
+pub fn by_chain<'a>(lines: impl IntoIterator<Item = &'a str>) -> HashMap<&'a str, Vec<&'a str>> {
+    let mut out: HashMap<&str, Vec<&str>> = HashMap::new();
+    for line in lines {
+        out.entry(chain_of(line)).or_default().push(line);
+    }
+    out
+}
+
+/// The lines of `chain` among `lines` grouped by [`by_chain`] (none: empty).
+pub fn rules_of<'m, 'a>(lines: &'m HashMap<&'a str, Vec<&'a str>>, chain: &str) -> &'m [&'a str] {
+    lines.get(chain).map_or(&[], Vec::as_slice)
+}
+
+/// The chain an `-A CHAIN …` line appends to.
+pub fn chain_of(line: &str) -> &str {
+    line.strip_prefix("-A ").and_then(|rest| rest.split(' ').next()).unwrap_or("")
 }
 
 /// The lines of `iptables-save` output that are kpx's (named `prefix…` or jumping there),

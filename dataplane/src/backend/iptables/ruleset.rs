@@ -85,23 +85,27 @@ impl Script {
             let Some(text) = saved.get(family) else { continue };
             let held: HashSet<String> =
                 xtables::saved_chains(text).into_iter().filter(|(t, _)| t == table).map(|(_, c)| c).collect();
-            let held_rules = by_chain(xtables::saved_rules(text, *table));
-            let own = by_chain(block.fill.iter().map(String::as_str));
-            let shared = by_chain(block.add_rules.iter().map(String::as_str));
+            let held_rules = xtables::by_chain(xtables::saved_rules(text, *table));
+            let own = xtables::by_chain(block.fill.iter().map(String::as_str));
+            let shared = xtables::by_chain(block.add_rules.iter().map(String::as_str));
             let same: HashSet<String> = block
                 .declare
                 .iter()
                 .filter(|chain| !block.remove_chains.contains(*chain) && held.contains(*chain))
                 .filter(|chain| {
                     let shared = shared.get(chain.as_str()).cloned().unwrap_or_default();
-                    held_as_wanted(rules_of(&own, chain), shared, rules_of(&held_rules, chain))
+                    held_as_wanted(
+                        xtables::rules_of(&own, chain),
+                        shared,
+                        xtables::rules_of(&held_rules, chain),
+                    )
                 })
                 .cloned()
                 .collect();
             left_out += same.len();
             block.declare.retain(|chain| !same.contains(chain));
-            block.fill.retain(|line| !same.contains(chain_of(line)));
-            block.add_rules.retain(|line| !same.contains(chain_of(line)));
+            block.fill.retain(|line| !same.contains(xtables::chain_of(line)));
+            block.add_rules.retain(|line| !same.contains(xtables::chain_of(line)));
         }
         left_out
     }
@@ -133,20 +137,6 @@ impl Script {
     }
 }
 
-/// `-A CHAIN …` lines by the chain they append to, in order.
-fn by_chain<'a>(lines: impl IntoIterator<Item = &'a str>) -> HashMap<&'a str, Vec<&'a str>> {
-    let mut out: HashMap<&str, Vec<&str>> = HashMap::new();
-    for line in lines {
-        out.entry(chain_of(line)).or_default().push(line);
-    }
-    out
-}
-
-/// The lines of `chain` among `lines` (none: empty).
-fn rules_of<'m, 'a>(lines: &'m HashMap<&'a str, Vec<&'a str>>, chain: &str) -> &'m [&'a str] {
-    lines.get(chain).map_or(&[], Vec::as_slice)
-}
-
 /// Whether a chain holding `have` holds what is wanted: its `own` rules first, in order,
 /// then the `shared` ones in any order.
 fn held_as_wanted(own: &[&str], mut shared: Vec<&str>, have: &[&str]) -> bool {
@@ -157,11 +147,6 @@ fn held_as_wanted(own: &[&str], mut shared: Vec<&str>, have: &[&str]) -> bool {
     rest.sort_unstable();
     shared.sort_unstable();
     rest == shared
-}
-
-/// The chain an `-A CHAIN …` line appends to.
-fn chain_of(line: &str) -> &str {
-    line.strip_prefix("-A ").and_then(|rest| rest.split(' ').next()).unwrap_or("")
 }
 
 impl Programmed {
