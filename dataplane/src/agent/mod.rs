@@ -298,9 +298,15 @@ impl Agent {
 
     /// Records a successful kernel sync.
     fn synced(&mut self, elapsed: Duration, full: bool) {
+        self.record_sync(elapsed, full, Behind::No)
+    }
+
+    /// Records a sync that programmed the kernel; `behind`: the node still lacks a change
+    /// the control plane sent (health published once, as it is).
+    fn record_sync(&mut self, elapsed: Duration, full: bool, behind: Behind) {
         let now = SystemTime::now();
         self.status.last_synced_at = Some(now);
-        self.status.out_of_sync = false;
+        self.status.out_of_sync = behind == Behind::Yes;
         self.publish_health();
         let families = self.families();
         self.metrics.synced(families, elapsed, full, unix_seconds(now));
@@ -672,14 +678,10 @@ impl Agent {
             // put the kernel back to the last good state.
             let restart = Instant::now();
             match self.backend.full_sync(&self.state, &self.context) {
-                Ok(()) => {
-                    // The kernel holds the last good state again, but the node is behind
-                    // the control plane until a change succeeds (a full sync that finds
-                    // nothing to write says nothing of whether a write would succeed).
-                    self.synced(restart.elapsed(), true);
-                    self.status.out_of_sync = true;
-                    self.publish_health();
-                }
+                // The kernel holds the last good state again, but the node is behind the
+                // control plane until a change succeeds (a full sync that finds nothing to
+                // write says nothing of whether a write would succeed).
+                Ok(()) => self.record_sync(restart.elapsed(), true, Behind::Yes),
                 Err(resync) => {
                     tracing::error!(error = %resync, "could not restore the last good rules after a refused update")
                 }
@@ -750,5 +752,12 @@ impl Agent {
 
 #[cfg(test)]
 mod protocol_tests;
+/// Whether the node is still behind the control plane after a sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Behind {
+    Yes,
+    No,
+}
+
 #[cfg(test)]
 mod tests;
