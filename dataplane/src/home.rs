@@ -339,9 +339,9 @@ mod tests {
             18000,
             vec![endpoint("10.244.1.5", 18000, false), endpoint("10.244.2.5", 18000, true)],
         );
-        state.services.insert("cp".into(), view("kube-system", "kpx-controlplane", grpc));
+        state.services_mut().insert("cp".into(), view("kube-system", "kpx-controlplane", grpc));
         let api = ServicePort::new("https", Protocol::Tcp, 443, vec![endpoint("192.168.1.10", 6443, false)]);
-        state.services.insert("k".into(), view("default", "kubernetes", api));
+        state.services_mut().insert("k".into(), view("default", "kubernetes", api));
         let cp = ServiceRef { namespace: "kube-system".into(), name: "kpx-controlplane".into(), port: 18000 };
         assert_eq!(stored_addresses(&state, &cp), ["10.244.1.5:18000".parse::<SocketAddr>().expect("addr")]);
         assert!(stored_addresses(&state, &ServiceRef { port: 18002, ..cp }).is_empty());

@@ -16,13 +16,25 @@ pub struct Versioned<T> {
     pub value: T,
 }
 
+/// Every accepted Service by resource name.
+pub type Services = BTreeMap<String, Versioned<Arc<ServiceView>>>;
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeState {
     pub node: Option<Versioned<NodeConfig>>,
-    pub services: BTreeMap<String, Versioned<Arc<ServiceView>>>,
+    /// Shared: a clone of the state (what a backend's bookkeeping is rebuilt from on a
+    /// thread of its own) costs nothing until one side changes its Services
+    /// ([`NodeState::services_mut`]), which then copies them (at 50,000 Services the copy
+    /// is about 8 MB).
+    pub services: Arc<Services>,
 }
 
 impl NodeState {
+    /// The Services, to change; copied first if a clone of the state still shares them.
+    pub fn services_mut(&mut self) -> &mut Services {
+        Arc::make_mut(&mut self.services)
+    }
+
     /// name → version of every resource of a type, for `initial_resource_versions`.
     pub fn versions(&self, ty: ResourceType) -> BTreeMap<String, String> {
         match ty {
@@ -180,13 +192,14 @@ impl NodeState {
             if self.services.get(&name).is_some_and(|old| old.version == svc.version) {
                 continue;
             }
-            let old =
-                self.services.insert(name.clone(), Versioned { version: svc.version, value: svc.value });
+            let old = self
+                .services_mut()
+                .insert(name.clone(), Versioned { version: svc.version, value: svc.value });
             undo.services.push((name.clone(), old));
             changes.services.insert(name);
         }
         for name in delta.removed_services {
-            if let Some(old) = self.services.remove(&name) {
+            if let Some(old) = self.services_mut().remove(&name) {
                 undo.services.push((name.clone(), Some(old)));
                 changes.services.insert(name);
             }
@@ -206,8 +219,8 @@ impl NodeState {
     pub fn undo(&mut self, undo: Undo) {
         for (name, old) in undo.services.into_iter().rev() {
             match old {
-                Some(v) => self.services.insert(name, v),
-                None => self.services.remove(&name),
+                Some(v) => self.services_mut().insert(name, v),
+                None => self.services_mut().remove(&name),
             };
         }
         if let Some(node) = undo.node {
@@ -229,7 +242,7 @@ mod tests {
         let mut s = NodeState { node: Some(versioned("n-1", node_config())), ..Default::default() };
         for name in ["a", "b"] {
             let view = service(name, "10.96.0.1", &["10.244.0.1"]);
-            s.services.insert(view.resource_name(), versioned("1", view.into()));
+            s.services_mut().insert(view.resource_name(), versioned("1", view.into()));
         }
         s
     }
@@ -259,6 +272,21 @@ mod tests {
         assert!(changes.node && now.node.is_none());
         now.undo(undo);
         assert_eq!(now, before);
+    }
+
+    #[test]
+    fn a_clone_shares_the_services_until_either_side_changes_them() {
+        let before = state();
+        let mut now = before.clone();
+        assert!(Arc::ptr_eq(&before.services, &now.services), "a clone copies no Service");
+        let (changes, _) = now.apply(Delta { removed_services: vec!["c/ns/a".into()], ..Delta::default() });
+        assert_eq!(changes.services.len(), 1);
+        assert!(!Arc::ptr_eq(&before.services, &now.services), "the change copied them first");
+        assert!(before.services.contains_key("c/ns/a"), "the clone still holds what it was taken with");
+        assert!(!now.services.contains_key("c/ns/a"));
+        let (unchanged, _) = now.apply(Delta::default());
+        let shared = now.clone();
+        assert!(unchanged.services.is_empty() && Arc::ptr_eq(&shared.services, &now.services));
     }
 
     #[test]

@@ -291,7 +291,7 @@ impl Store {
                 if value.resource_name().as_bytes() != resource {
                     return Ok(Err(Damaged::new(name, "record does not hold the Service its key names")));
                 }
-                state.services.insert(value.resource_name(), Versioned { version, value: value.into() });
+                state.services_mut().insert(value.resource_name(), Versioned { version, value: value.into() });
             } else if key.as_ref() == NODE_KEY {
                 match NodeConfig::decode(body) {
                     Ok(value) => state.node = Some(Versioned { version, value }),
@@ -472,7 +472,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let mut state = NodeState::default();
         for name in names {
-            state.services.insert(format!("c/ns/{name}"), svc(name));
+            state.services_mut().insert(format!("c/ns/{name}"), svc(name));
         }
         let mut store = Store::open(dir.path()).expect("open");
         store.replace_all(&state).expect("commit");
@@ -485,10 +485,10 @@ mod tests {
         {
             let mut store = Store::open(dir.path()).expect("reopen");
             assert_eq!(store.load().expect("read").expect("intact"), state);
-            state.services.remove("c/ns/b");
+            state.services_mut().remove("c/ns/b");
             let changes = ChangeSet { services: ["c/ns/b".to_owned()].into(), node: false };
             store.commit(&state, &changes).expect("commit");
-            state.services.insert("c/ns/a".into(), Versioned { version: "v2".into(), ..svc("a") });
+            state.services_mut().insert("c/ns/a".into(), Versioned { version: "v2".into(), ..svc("a") });
             let changes = ChangeSet { services: ["c/ns/a".to_owned()].into(), node: false };
             store.commit(&state, &changes).expect("commit");
         }

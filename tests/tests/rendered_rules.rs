@@ -40,7 +40,7 @@ struct Step {
 fn state(views: &[ServiceView]) -> NodeState {
     let mut s = NodeState::default();
     for (i, v) in views.iter().enumerate() {
-        s.services.insert(
+        s.services_mut().insert(
             v.resource_name(),
             Versioned { version: format!("v{i}-{}", v.ports.len()), value: v.clone().into() },
         );

@@ -151,7 +151,7 @@ fn contents() -> String {
 /// `desired` with one endpoint of Service s7 moved to another address.
 fn one_endpoint_moved(desired: &NodeState) -> NodeState {
     let mut moved = desired.clone();
-    let s7 = moved.services.get_mut("c/ns/s7").expect("s7");
+    let s7 = moved.services_mut().get_mut("c/ns/s7").expect("s7");
     let view = std::sync::Arc::make_mut(&mut s7.value);
     view.ports[0].endpoints[0].address = "10.2.0.1".parse().expect("address");
     s7.version = "moved".into();
@@ -310,7 +310,7 @@ fn iptables_restart(flavour: Flavour, name: &'static str) {
         // 127.0.0.1 (the localhost drop rule): rules whose saved form differs most.
         let mut desired = services();
         let none = state(&[("empty", "10.96.9.1", &[])]);
-        desired.services.extend(none.services);
+        desired.services_mut().extend(none.services.iter().map(|(k, v)| (k.clone(), v.clone())));
         let mut context = node_context();
         context.nodeport_addresses.push("127.0.0.1".parse().expect("address"));
         let given = Arc::new(Mutex::new(Vec::new()));

@@ -175,7 +175,7 @@ impl Agent {
         };
         // Services stored under another --service-proxy-name are not this agent's.
         let stored = state.services.len();
-        state.services.retain(|_, s| s.value.service_proxy_name == settings.service_proxy_name);
+        state.services_mut().retain(|_, s| s.value.service_proxy_name == settings.service_proxy_name);
         if state.services.len() < stored {
             tracing::warn!(
                 dropped = stored - state.services.len(),

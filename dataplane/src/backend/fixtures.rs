@@ -30,7 +30,7 @@ pub fn state(services: &[(&str, &str, &[&str])]) -> NodeState {
     let mut s = NodeState::default();
     for (name, vip, endpoints) in services {
         let view = service(name, vip, endpoints);
-        s.services
+        s.services_mut()
             .insert(view.resource_name(), Versioned { version: endpoints.join(","), value: view.into() });
     }
     s

@@ -88,7 +88,8 @@ fn state(services: usize) -> NodeState {
         NodeState { node: Some(Versioned { version: "1".into(), value: node }), ..Default::default() };
     for i in 0..services {
         let v = service(i, 0);
-        s.services.insert(v.value.resource_name(), Versioned { version: v.version, value: v.value.into() });
+        s.services_mut()
+            .insert(v.value.resource_name(), Versioned { version: v.version, value: v.value.into() });
     }
     s
 }
@@ -124,7 +125,7 @@ fn measure(a: &Args, label: &str, make: Make<'_>, services: usize) {
         v.value.ports[0].endpoints[g % ENDPOINTS].address = address([10, 250], g);
         v.version = format!("{i}-changed-{g}");
         let name = v.value.resource_name();
-        desired.services.insert(name.clone(), Versioned { version: v.version, value: v.value.into() });
+        desired.services_mut().insert(name.clone(), Versioned { version: v.version, value: v.value.into() });
         let started = Instant::now();
         if let Err(e) = backend.apply(&desired, &context, &ChangeSet { services: [name].into(), node: false })
         {

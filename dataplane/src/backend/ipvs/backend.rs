@@ -301,7 +301,7 @@ impl IpvsBackend {
         self.context = Context::new(context, &self.options.scheduler);
         let mut table = Programmed::default();
         let mut delta = Delta::default();
-        for (name, view) in &desired.services {
+        for (name, view) in desired.services.iter() {
             table.set(name, Some(piece(&view.value, &self.context)), &mut delta);
         }
         drop(delta);

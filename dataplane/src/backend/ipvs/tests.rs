@@ -49,7 +49,7 @@ fn table(kernel: &FakeKernel) -> Vec<String> {
 }
 
 fn with_node_port(mut s: NodeState) -> NodeState {
-    for v in s.services.values_mut() {
+    for v in s.services_mut().values_mut() {
         Arc::make_mut(&mut v.value).ports[0].node_port = Some(30080);
     }
     s

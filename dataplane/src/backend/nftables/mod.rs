@@ -349,7 +349,7 @@ mod tests {
 
     fn with_affinity(mut s: NodeState, name: &str, timeout: u32) -> NodeState {
         let key = format!("c/ns/{name}");
-        let view = &mut s.services.get_mut(&key).expect("the service").value;
+        let view = &mut s.services_mut().get_mut(&key).expect("the service").value;
         std::sync::Arc::make_mut(view).session_affinity_timeout = Some(timeout);
         s
     }
@@ -385,7 +385,7 @@ mod tests {
         assert_eq!(nft.elements("endpoints-v4"), created, "refilled, not added twice");
         assert_eq!(nft.elements("no-endpoints-v4"), Vec::<String>::new(), "what kpx does not want is gone");
         let mut second = state(&[("b", "10.96.0.2", &["10.0.0.8"])]);
-        second.services.insert(
+        second.services_mut().insert(
             "c/ns/c".into(),
             Versioned { version: "1".into(), value: service("c", "10.96.0.3", &["10.0.0.7"]).into() },
         );
