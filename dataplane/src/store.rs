@@ -274,7 +274,8 @@ impl Store {
         let mut seen = Manifest::default();
         let mut stored: Option<Manifest> = None;
         for (key, value) in records.iter() {
-            let name = String::from_utf8_lossy(key).into_owned();
+            // Named only when reported: a restart's load reads every record.
+            let name = || String::from_utf8_lossy(key).into_owned();
             if key == FORMAT_KEY {
                 continue;
             }
@@ -286,31 +287,30 @@ impl Store {
                 continue;
             }
             let Some((version, checksum, body)) = split_record(value) else {
-                return Ok(Err(Damaged::new(name, "truncated record")));
+                return Ok(Err(Damaged::new(name(), "truncated record")));
             };
             if checksum != record_checksum(key, &version, body) {
-                return Ok(Err(Damaged::new(name, "checksum does not match the record")));
+                return Ok(Err(Damaged::new(name(), "checksum does not match the record")));
             }
             seen.count += 1;
             seen.digest ^= checksum;
             if let Some(resource) = key.strip_prefix(SERVICE_PREFIX) {
                 let value = match ServiceView::decode(body) {
                     Ok(v) => v,
-                    Err(e) => return Ok(Err(Damaged::new(name, e.to_string()))),
+                    Err(e) => return Ok(Err(Damaged::new(name(), e.to_string()))),
                 };
-                if value.resource_name().as_bytes() != resource {
-                    return Ok(Err(Damaged::new(name, "record does not hold the Service its key names")));
+                let resource_name = value.resource_name();
+                if resource_name.as_bytes() != resource {
+                    return Ok(Err(Damaged::new(name(), "record does not hold the Service its key names")));
                 }
-                state
-                    .services_mut()
-                    .insert(value.resource_name(), Versioned { version, value: value.into() });
+                state.services_mut().insert(resource_name, Versioned { version, value: value.into() });
             } else if key == NODE_KEY {
                 match NodeConfig::decode(body) {
                     Ok(value) => state.node = Some(Versioned { version, value }),
-                    Err(e) => return Ok(Err(Damaged::new(name, e.to_string()))),
+                    Err(e) => return Ok(Err(Damaged::new(name(), e.to_string()))),
                 }
             } else {
-                return Ok(Err(Damaged::new(name, "unknown key")));
+                return Ok(Err(Damaged::new(name(), "unknown key")));
             }
         }
         drop(records);
