@@ -374,10 +374,10 @@ impl Store {
             }
             match new {
                 Some((version, body)) => {
-                    let value = record(&key, version, &body);
+                    let (value, checksum) = record(&key, version, &body);
                     written += value.len() as u64;
                     manifest.count += 1;
-                    manifest.digest ^= record_checksum(&key, version, &body);
+                    manifest.digest ^= checksum;
                     batch.insert(key, value);
                 }
                 None => batch.remove(key),
@@ -465,8 +465,9 @@ fn record_checksum(key: &[u8], version: &str, body: &[u8]) -> u64 {
     xxh3_64(&text)
 }
 
-/// `<version length: u16 BE><version><checksum: u64 LE><body>`.
-fn record(key: &[u8], version: &str, body: &[u8]) -> Vec<u8> {
+/// `<version length: u16 BE><version><checksum: u64 LE><body>`, and that checksum (the
+/// manifest's part of the record).
+fn record(key: &[u8], version: &str, body: &[u8]) -> (Vec<u8>, u64) {
     let len = u16::try_from(version.len()).unwrap_or(u16::MAX);
     let version = &version.as_bytes()[..usize::from(len)];
     let checksum = record_checksum(key, std::str::from_utf8(version).unwrap_or_default(), body);
@@ -475,7 +476,7 @@ fn record(key: &[u8], version: &str, body: &[u8]) -> Vec<u8> {
     out.extend_from_slice(version);
     out.extend_from_slice(&checksum.to_le_bytes());
     out.extend_from_slice(body);
-    out
+    (out, checksum)
 }
 
 fn split_record(bytes: &[u8]) -> Option<(String, u64, &[u8])> {
@@ -608,6 +609,19 @@ mod tests {
         let loaded = store.load().expect("read").expect("intact: every record and the manifest");
         assert_eq!(loaded.services.len(), 2400 - 150);
         assert_eq!(loaded, state);
+    }
+
+    #[test]
+    fn a_version_too_long_for_its_field_is_kept_cut_and_the_manifest_agrees() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut store = Store::open(dir.path()).expect("open");
+        let mut state = NodeState::default();
+        let long = Versioned { version: "v".repeat(70_000), ..svc("a") };
+        state.services_mut().insert("c/ns/a".into(), long);
+        store.replace_all(&state).expect("commit");
+        drop(store);
+        let loaded = Store::open(dir.path()).expect("reopen").load().expect("read").expect("intact");
+        assert_eq!(loaded.services["c/ns/a"].version.len(), usize::from(u16::MAX));
     }
 
     #[test]
