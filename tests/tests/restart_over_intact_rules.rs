@@ -310,7 +310,7 @@ fn iptables_restart(flavour: Flavour, name: &'static str) {
         // 127.0.0.1 (the localhost drop rule): rules whose saved form differs most.
         let mut desired = services();
         let none = state(&[("empty", "10.96.9.1", &[])]);
-        desired.services_mut().extend(none.services.iter().map(|(k, v)| (k.clone(), v.clone())));
+        desired.services_mut().extend(Arc::unwrap_or_clone(none.services));
         let mut context = node_context();
         context.nodeport_addresses.push("127.0.0.1".parse().expect("address"));
         let given = Arc::new(Mutex::new(Vec::new()));

@@ -106,6 +106,13 @@ impl ApplyError {
     }
 }
 
+/// Whether the node is still behind the control plane after a sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Behind {
+    Yes,
+    No,
+}
+
 /// What the agent drives on the node: the backend, conntrack and the interfaces.
 pub struct Facilities {
     pub backend: Box<dyn Backend>,
@@ -296,7 +303,7 @@ impl Agent {
         }
     }
 
-    /// Records a successful kernel sync.
+    /// Records a successful kernel sync: the node is as the control plane says.
     fn synced(&mut self, elapsed: Duration, full: bool) {
         self.record_sync(elapsed, full, Behind::No)
     }
@@ -752,12 +759,5 @@ impl Agent {
 
 #[cfg(test)]
 mod protocol_tests;
-/// Whether the node is still behind the control plane after a sync.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Behind {
-    Yes,
-    No,
-}
-
 #[cfg(test)]
 mod tests;
