@@ -396,7 +396,7 @@ fn whole_many_services(t: &Topology, backend: ProxyBackend) -> BTreeSet<String> 
 }
 
 /// SIGKILL in the middle of programming 10,000 Services (the control plane sends them
-/// in responses of 500, each programmed and stored before the next is ACKed): the kernel
+/// in responses of up to 500, each programmed and stored before the next is ACKed): the kernel
 /// holds every Service whole or not at all; the agent, restarted while the control
 /// plane is down, programs what it stored (the Services it had are there, whole); once
 /// the control plane is back all 10,000 arrive; a prober on another Service sees no
