@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use kpx_proto::types::Protocol;
 
@@ -23,8 +24,10 @@ impl fmt::Display for EntryKey {
     }
 }
 
+/// Each entry's owner, its name shared with the backend's own record of that Service
+/// (one copy of each name however many entries the Service holds).
 #[derive(Debug, Default)]
-pub struct Owners(HashMap<EntryKey, String>);
+pub struct Owners(HashMap<EntryKey, Arc<str>>);
 
 /// Claims made while planning one change, over the owners programmed now.
 pub struct Claims<'a> {
@@ -39,7 +42,7 @@ impl Owners {
         let mut now = HashMap::new();
         for (name, entries) in changed {
             for entry in entries {
-                if self.0.get(entry).map(String::as_str) == Some(name) {
+                if self.0.get(entry).map(|owner| &**owner) == Some(name) {
                     now.insert(*entry, None);
                 }
             }
@@ -48,15 +51,24 @@ impl Owners {
     }
 
     /// Records what a Service holds after an accepted change (`None`: removed).
-    pub fn commit(&mut self, name: &str, old: Option<&[EntryKey]>, new: Option<&[EntryKey]>) {
+    pub fn commit(&mut self, name: &Arc<str>, old: Option<&[EntryKey]>, new: Option<&[EntryKey]>) {
         for entry in old.unwrap_or_default() {
-            if self.0.get(entry).map(String::as_str) == Some(name) {
+            if self.0.get(entry) == Some(name) {
                 self.0.remove(entry);
             }
         }
         for entry in new.unwrap_or_default() {
-            self.0.insert(*entry, name.to_owned());
+            self.0.insert(*entry, Arc::clone(name));
         }
+    }
+}
+
+/// Takes Service `name`'s record out of `services`, with the shared name it was kept
+/// under (a new one when there was none), to be kept under again.
+pub fn take_named<T>(services: &mut HashMap<Arc<str>, T>, name: String) -> (Arc<str>, Option<T>) {
+    match services.remove_entry(name.as_str()) {
+        Some((name, old)) => (name, Some(old)),
+        None => (Arc::from(name), None),
     }
 }
 
@@ -67,7 +79,7 @@ impl<'a> Claims<'a> {
         for entry in wanted {
             let owner = match self.now.get(entry) {
                 Some(now) => *now,
-                None => self.owners.0.get(entry).map(String::as_str),
+                None => self.owners.0.get(entry).map(|owner| &**owner),
             };
             match owner {
                 Some(owner) if owner != service => tracing::warn!(

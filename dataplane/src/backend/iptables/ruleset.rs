@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use super::names::PREFIX;
 use super::service::{self, ChainKey, ServiceRules, SharedRule};
@@ -18,7 +19,7 @@ use crate::state::{ChangeSet, NodeState};
 
 #[derive(Debug, Default)]
 pub struct Programmed {
-    services: HashMap<String, ServiceRules>,
+    services: HashMap<Arc<str>, ServiceRules>,
     owners: Owners,
     /// The node context everything was rendered in.
     context: NodeContext,
@@ -214,12 +215,12 @@ impl Programmed {
             changes
                 .services
                 .iter()
-                .filter_map(|n| self.services.get(n).map(|r| (n.as_str(), &r.entries[..]))),
+                .filter_map(|n| self.services.get(n.as_str()).map(|r| (n.as_str(), &r.entries[..]))),
         );
         let mut deleted: BTreeSet<SharedRule> = BTreeSet::new();
         let mut added: BTreeSet<SharedRule> = BTreeSet::new();
         for name in &changes.services {
-            let old = self.services.get(name);
+            let old = self.services.get(name.as_str());
             let new = desired.services.get(name).map(|s| {
                 let mut rules = service::service_rules(&s.value, &self.context);
                 let taken = claims.claim(name, &rules.entries);
@@ -261,7 +262,7 @@ impl Programmed {
     /// Records a plan the kernel accepted.
     pub fn commit(&mut self, services: Vec<(String, Option<ServiceRules>)>) {
         for (name, rules) in services {
-            let old = self.services.remove(&name);
+            let (name, old) = crate::backend::owners::take_named(&mut self.services, name);
             self.owners.commit(
                 &name,
                 old.as_ref().map(|r| &r.entries[..]),

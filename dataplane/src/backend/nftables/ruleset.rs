@@ -23,7 +23,7 @@ use crate::state::{ChangeSet, NodeState};
 #[derive(Debug, Default)]
 pub struct Programmed {
     /// What is programmed for each Service.
-    services: HashMap<String, ProgrammedService>,
+    services: HashMap<Arc<str>, ProgrammedService>,
     /// Which Service owns each entry.
     owners: Owners,
     /// How many Services use each shared element.
@@ -407,11 +407,11 @@ impl Programmed {
             changes
                 .services
                 .iter()
-                .filter_map(|n| self.services.get(n).map(|r| (n.as_str(), &r.entries[..]))),
+                .filter_map(|n| self.services.get(n.as_str()).map(|r| (n.as_str(), &r.entries[..]))),
         );
         for name in &changes.services {
             let view = desired.services.get(name).map(|s| &s.value);
-            let old = self.services.get(name).map(|p| p.rules(&self.context)).unwrap_or_default();
+            let old = self.services.get(name.as_str()).map(|p| p.rules(&self.context)).unwrap_or_default();
             let new = view
                 .map(|view| {
                     let rules = service::service_rules(view, &self.context);
@@ -469,7 +469,7 @@ impl Programmed {
     /// Records a plan the kernel accepted.
     pub fn commit(&mut self, plan: Plan) {
         for (name, rules) in plan.services {
-            let old = self.services.remove(&name);
+            let (name, old) = crate::backend::owners::take_named(&mut self.services, name);
             self.contents ^= old.as_ref().map_or(0, |s| s.content) ^ rules.as_ref().map_or(0, |s| s.content);
             self.owners.commit(
                 &name,
@@ -521,7 +521,7 @@ mod tests {
         let owners = |p: &Programmed| -> Vec<(String, usize)> {
             p.services
                 .iter()
-                .map(|(n, s)| (n.clone(), s.entries.len()))
+                .map(|(n, s)| (n.to_string(), s.entries.len()))
                 .collect::<std::collections::BTreeMap<_, _>>()
                 .into_iter()
                 .collect()
