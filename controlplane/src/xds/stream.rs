@@ -46,8 +46,8 @@ pub const MAX_RESOURCES_PER_RESPONSE: usize = 500;
 /// At most this many bytes of resource bodies per response (one resource larger than that
 /// goes alone). What a node agent holds while it applies a response is over ten times its
 /// bytes (decoded views, rendered elements, the kernel batch, the store's records): with
-/// 500 Services of 50 endpoints a piece, its initial sync peaked 13 MiB above its steady
-/// memory, in pieces of this size within about 1 MiB.
+/// 500 Services of 50 endpoints a piece (~740 KB), its initial sync peaked 6.7 MiB above
+/// its steady memory; in pieces of this size (~90 such Services) 1.3–1.6 MiB above.
 pub const MAX_RESPONSE_BYTES: usize = 128 << 10;
 
 /// A request the stream cannot go on after.
