@@ -15,7 +15,7 @@ use kpx_dataplane::backend::nftables::NftablesBackend;
 use kpx_dataplane::backend::Backend;
 use kpx_dataplane::exec::iptables::{Flavour, Iptables, IptablesProcess};
 use kpx_dataplane::exec::nft::{Nft, NftProcess, Outline, Reconciled, RefillWith};
-use kpx_dataplane::exec::nft_elements::{ElementUpdate, Emptied, Layout, Refill};
+use kpx_dataplane::exec::nft_elements::{ElementUpdate, Emptied, Layout, Refill, Value, Values};
 use kpx_dataplane::exec::nft_netlink::NftNetlink;
 use kpx_dataplane::exec::ExecError;
 use kpx_dataplane::state::NodeState;
@@ -249,13 +249,18 @@ fn a_batch_written_against_an_old_generation_is_refused_whole() {
             kpx_dataplane::backend::nftables::render::Collection::NoEndpoints(kpx_proto::family::Family::V4)
                 .layout()
                 .expect("an updatable set");
+        let entry = Values::of(&[
+            Value::Address("10.96.9.11".parse().expect("an address")),
+            Value::Protocol(kpx_proto::types::Protocol::Tcp),
+            Value::Port(99),
+        ]);
         let add = ElementUpdate {
             flush: vec![],
             delete: vec![],
             add: vec![kpx_dataplane::exec::nft_elements::SetElements {
                 set: "no-endpoints-v4".into(),
                 layout,
-                elements: vec![("10.96.9.11 . tcp . 99", None)],
+                elements: vec![(&entry, None)],
             }],
         };
         // Someone else's transaction moves the generation on.

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use super::libnftables::NftLibrary;
 pub use super::libnftables::OpenError;
-use super::nft_elements::{ElementUpdate, Emptied, EncodeError, Layout, Refill, TextRefill};
+use super::nft_elements::{ElementUpdate, Emptied, EncodeError, HeldRefill, Layout, Refill};
 use super::nft_netlink::NftNetlink;
 use super::{process, ExecError};
 
@@ -28,14 +28,14 @@ pub trait Nft: Send {
     /// first, as one transaction; then one more empties the sets and maps of `flush` and
     /// adds the elements. `fill` answering `None`: nothing is written (the caller writes
     /// everything as one script instead). Whether it was written. This default collects
-    /// the elements as text and writes them as one [`ElementUpdate`].
+    /// the elements and writes them as one [`ElementUpdate`].
     fn refill(&mut self, flush: Vec<Emptied>, fill: &mut RefillWith<'_>) -> Result<bool, ExecError> {
-        let mut text = TextRefill::default();
-        let Some(script) = fill(&mut text).map_err(|e| ExecError::refused(TOOL, e.to_string()))? else {
+        let mut held = HeldRefill::default();
+        let Some(script) = fill(&mut held).map_err(|e| ExecError::refused(TOOL, e.to_string()))? else {
             return Ok(false);
         };
         self.run(&script)?;
-        self.update_elements(&text.update(flush))?;
+        self.update_elements(&held.update(flush))?;
         Ok(true)
     }
     /// [`Self::refill`] over a table of this layout that may already hold most of the

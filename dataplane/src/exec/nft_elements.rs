@@ -1,18 +1,22 @@
-//! Set and map elements as nf_tables stores them: the bytes of a key or a map's data,
-//! from the text kpx renders (`10.96.0.1 . tcp . 80 . 0`, `10.0.0.1 . 8080`,
-//! `goto pick-v4-2`), by the layout the collection was declared with.
+//! Set and map elements as typed values (`10.96.0.1 . tcp . 80 . 0 : 10.0.0.1 . 8080`,
+//! `… : goto pick-v4-2`), written as nf_tables stores them by the layout the collection
+//! was declared with, or as nft text where text is wanted (scripts, dry runs, logs).
 //!
 //! A concatenation's fields each take a whole number of 32-bit registers, the value at
 //! the start, zeros after: `ipv4_addr . inet_proto . inet_service` is 4 + 4 + 4 bytes,
 //! the protocol one byte and the port two (network order). A `numgen` index is a 32-bit
 //! integer in host order. A verdict is a code (network order) and, for `goto` and
-//! `jump`, a chain's name.
+//! `jump`, a chain's name. The only way an element cannot be written is a value that does
+//! not fit the layout (a bug of kpx's, reported as such).
 
+use std::fmt;
 use std::net::IpAddr;
 
+use ipnet::IpNet;
 use kpx_proto::family::Family;
+use kpx_proto::types::Protocol;
 
-/// One field of a key or of a map's data.
+/// One field of a key or of a map's data, as the collection declares it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Field {
     /// An address of the family (`ipv4_addr`, `ipv6_addr`).
@@ -21,13 +25,13 @@ pub enum Field {
     Protocol,
     /// `inet_service`: a port.
     Port,
-    /// `numgen random mod N`: an endpoint's index.
+    /// `numgen random mod N`: an endpoint's index (and any 32-bit `mark`).
     Index,
 }
 
-/// What a map's elements map to.
+/// What a collection's elements map to, as declared.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Data {
+pub enum DataLayout {
     /// A set: nothing.
     None,
     /// A concatenation of fields.
@@ -40,15 +44,165 @@ pub enum Data {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
     pub key: Vec<Field>,
-    pub data: Data,
+    pub data: DataLayout,
 }
 
-/// Elements of one set or map, as text: key and, for maps, data.
+/// One value of a key or of a map's data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Value {
+    Address(IpAddr),
+    Protocol(Protocol),
+    Port(u16),
+    Index(u32),
+    /// A prefix: the elements of interval sets, which only nft's text writes.
+    Prefix(IpNet),
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Address(a) => write!(f, "{a}"),
+            Value::Protocol(p) => write!(f, "{p}"),
+            Value::Port(p) => write!(f, "{p}"),
+            Value::Index(i) => write!(f, "{i}"),
+            Value::Prefix(p) => write!(f, "{p}"),
+        }
+    }
+}
+
+/// The most values a concatenation of kpx's holds (`entry . index`, `entry . prefix`).
+const MOST_VALUES: usize = 4;
+
+/// A concatenation of values (`10.96.0.1 . tcp . 80`), held inline: no allocation.
+#[derive(Clone, Copy)]
+pub struct Values {
+    items: [Value; MOST_VALUES],
+    len: u8,
+}
+
+impl Values {
+    /// `values`, of which there are at most four (a layout of kpx's has no more).
+    pub fn of(values: &[Value]) -> Values {
+        let mut items = [Value::Index(0); MOST_VALUES];
+        let len = values.len().min(MOST_VALUES);
+        items[..len].copy_from_slice(&values[..len]);
+        debug_assert_eq!(len, values.len(), "more values than a concatenation holds");
+        Values { items, len: len as u8 }
+    }
+
+    /// These values and then `more` (as many as fit).
+    pub fn then(&self, more: Value) -> Values {
+        let mut out = *self;
+        if let Some(slot) = out.items.get_mut(usize::from(out.len)) {
+            *slot = more;
+            out.len += 1;
+        }
+        out
+    }
+
+    pub fn as_slice(&self) -> &[Value] {
+        &self.items[..usize::from(self.len)]
+    }
+}
+
+impl PartialEq for Values {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for Values {}
+
+impl PartialOrd for Values {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Values {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_slice().cmp(other.as_slice())
+    }
+}
+
+impl std::hash::Hash for Values {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_slice().hash(state)
+    }
+}
+
+impl fmt::Display for Values {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, v) in self.as_slice().iter().enumerate() {
+            if i > 0 {
+                f.write_str(" . ")?;
+            }
+            write!(f, "{v}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Values {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self}")
+    }
+}
+
+/// A verdict map's data.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Verdict {
+    Drop,
+    Accept,
+    Goto(String),
+    Jump(String),
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Verdict::Drop => f.write_str("drop"),
+            Verdict::Accept => f.write_str("accept"),
+            Verdict::Goto(chain) => write!(f, "goto {chain}"),
+            Verdict::Jump(chain) => write!(f, "jump {chain}"),
+        }
+    }
+}
+
+/// What a map's element maps to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Data {
+    Values(Values),
+    Verdict(Verdict),
+}
+
+impl fmt::Display for Data {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Data::Values(v) => write!(f, "{v}"),
+            Data::Verdict(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+/// An element as nft writes it: `KEY` or `KEY : DATA`.
+pub struct ElementText<'a>(pub &'a Values, pub Option<&'a Data>);
+
+impl fmt::Display for ElementText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.1 {
+            Some(data) => write!(f, "{} : {data}", self.0),
+            None => write!(f, "{}", self.0),
+        }
+    }
+}
+
+/// Elements of one set or map: key and, for maps, data.
 #[derive(Debug, Clone)]
 pub struct SetElements<'a> {
     pub set: String,
     pub layout: Layout,
-    pub elements: Vec<(&'a str, Option<&'a str>)>,
+    pub elements: Vec<(&'a Values, Option<&'a Data>)>,
 }
 
 /// A set or map an update empties.
@@ -83,16 +237,13 @@ impl ElementUpdate<'_> {
         }
         for (verb, sets) in [("delete", &self.delete), ("add", &self.add)] {
             for s in sets.iter().filter(|s| !s.elements.is_empty()) {
-                let items: Vec<String> = s
-                    .elements
-                    .iter()
-                    .map(|(k, d)| match d {
-                        Some(d) if verb == "add" => format!("{k} : {d}"),
-                        _ => (*k).to_owned(),
-                    })
-                    .collect();
-                let _ =
-                    writeln!(script, "{verb} element {FAMILY} {TABLE} {} {{ {} }}", s.set, items.join(", "));
+                let _ = write!(script, "{verb} element {FAMILY} {TABLE} {} {{ ", s.set);
+                for (i, (key, data)) in s.elements.iter().enumerate() {
+                    let separator = if i == 0 { "" } else { ", " };
+                    let data = if verb == "add" { *data } else { None };
+                    let _ = write!(script, "{separator}{}", ElementText(key, data));
+                }
+                script.push_str(" }\n");
             }
         }
         script
@@ -100,39 +251,39 @@ impl ElementUpdate<'_> {
 }
 
 /// A full sync's elements, written one at a time into a transaction that first empties
-/// its sets (see [`super::nft::Nft::refill`]): nothing holds them all as text at once.
+/// its sets (see [`super::nft::Nft::refill`]): nothing holds them all at once.
 pub trait Refill {
     /// The set or map `set` of `layout`, for the elements that follow: its handle.
     fn set(&mut self, set: String, layout: Layout) -> usize;
-    /// One element (key and, for a map, data, as text) of the set `handle` names.
-    fn add(&mut self, handle: usize, key: &str, data: Option<&str>) -> Result<(), EncodeError>;
+    /// One element (key and, for a map, data) of the set `handle` names.
+    fn add(&mut self, handle: usize, key: &Values, data: Option<&Data>) -> Result<(), EncodeError>;
 }
 
-/// A [`Refill`] kept as text, to be written as an [`ElementUpdate`] (where elements are
-/// not encoded one by one: the fake kernel, the nft text of a refill).
+/// A [`Refill`] that keeps its elements, to be written as an [`ElementUpdate`] (where
+/// elements are not encoded one by one: the fake kernel, the nft text of a refill).
 #[derive(Debug, Default)]
-pub struct TextRefill {
-    sets: Vec<(String, Layout, Vec<TextElement>)>,
+pub struct HeldRefill {
+    sets: Vec<(String, Layout, Vec<HeldElement>)>,
 }
 
-/// An element's key and, for a map's, data.
-type TextElement = (String, Option<String>);
+/// An element a [`HeldRefill`] keeps: its key and, for a map's, data.
+type HeldElement = (Values, Option<Data>);
 
-impl Refill for TextRefill {
+impl Refill for HeldRefill {
     fn set(&mut self, set: String, layout: Layout) -> usize {
         self.sets.push((set, layout, Vec::new()));
         self.sets.len() - 1
     }
 
-    fn add(&mut self, handle: usize, key: &str, data: Option<&str>) -> Result<(), EncodeError> {
+    fn add(&mut self, handle: usize, key: &Values, data: Option<&Data>) -> Result<(), EncodeError> {
         if let Some((_, _, elements)) = self.sets.get_mut(handle) {
-            elements.push((key.to_owned(), data.map(str::to_owned)));
+            elements.push((*key, data.cloned()));
         }
         Ok(())
     }
 }
 
-impl TextRefill {
+impl HeldRefill {
     /// The update that empties `flush` and adds what was written.
     pub fn update(&self, flush: Vec<Emptied>) -> ElementUpdate<'_> {
         let add = self
@@ -141,27 +292,69 @@ impl TextRefill {
             .map(|(set, layout, elements)| SetElements {
                 set: set.clone(),
                 layout: layout.clone(),
-                elements: elements.iter().map(|(k, d)| (k.as_str(), d.as_deref())).collect(),
+                elements: elements.iter().map(|(k, d)| (k, d.as_ref())).collect(),
             })
             .collect();
         ElementUpdate { flush, delete: vec![], add }
     }
 }
 
-/// A map element's data as nf_tables takes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EncodedData {
-    Value(Vec<u8>),
-    Verdict { code: i32, chain: Option<String> },
+/// The bytes of a key or of a map's data, as the kernel holds them (at most four fields
+/// of at most 16 bytes each), held inline.
+#[derive(Clone, Copy)]
+pub struct Encoded {
+    bytes: [u8; 64],
+    len: usize,
 }
 
-/// Why an element cannot be written.
+impl Encoded {
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        let end = self.len + bytes.len();
+        if let Some(slot) = self.bytes.get_mut(self.len..end) {
+            slot.copy_from_slice(bytes);
+            self.len = end;
+        }
+    }
+}
+
+impl fmt::Debug for Encoded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.as_bytes())
+    }
+}
+
+impl PartialEq for Encoded {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for Encoded {}
+
+/// A map element's data as nf_tables takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EncodedData<'a> {
+    Value(Encoded),
+    Verdict { code: i32, chain: Option<&'a str> },
+}
+
+/// An element whose values do not fit the layout of its set: kpx built it wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("element {text:?} of {set}: {reason}")]
+#[error("element {element} of {set} does not fit its layout: {reason}")]
 pub struct EncodeError {
     pub set: String,
-    pub text: String,
+    pub element: String,
     pub reason: String,
+}
+
+impl EncodeError {
+    pub fn of(set: &str, key: &Values, data: Option<&Data>, reason: String) -> EncodeError {
+        EncodeError { set: set.to_owned(), element: ElementText(key, data).to_string(), reason }
+    }
 }
 
 /// Verdict codes (`NF_DROP`, `NF_ACCEPT`, `NFT_JUMP`, `NFT_GOTO`).
@@ -173,71 +366,69 @@ pub mod verdict {
 }
 
 /// The key's bytes.
-pub fn key(layout: &Layout, text: &str) -> Result<Vec<u8>, String> {
-    fields(&layout.key, text)
+pub fn key(layout: &Layout, key: &Values) -> Result<Encoded, String> {
+    fields(&layout.key, key)
 }
 
 /// The data of a map element; `None` for a set's.
-pub fn data(layout: &Layout, text: Option<&str>) -> Result<Option<EncodedData>, String> {
-    match (&layout.data, text) {
-        (Data::None, None) => Ok(None),
-        (Data::None, Some(_)) => Err("a set's element maps to nothing".into()),
+pub fn data<'d>(layout: &Layout, data: Option<&'d Data>) -> Result<Option<EncodedData<'d>>, String> {
+    match (&layout.data, data) {
+        (DataLayout::None, None) => Ok(None),
+        (DataLayout::None, Some(_)) => Err("a set's element maps to nothing".into()),
         (_, None) => Err("a map's element needs data".into()),
-        (Data::Fields(f), Some(text)) => Ok(Some(EncodedData::Value(fields(f, text)?))),
-        (Data::Verdict, Some(text)) => Ok(Some(verdict(text)?)),
+        (DataLayout::Fields(f), Some(Data::Values(v))) => Ok(Some(EncodedData::Value(fields(f, v)?))),
+        (DataLayout::Verdict, Some(Data::Verdict(v))) => Ok(Some(verdict(v)?)),
+        (DataLayout::Fields(_), Some(Data::Verdict(v))) => {
+            Err(format!("verdict {v} where values are declared"))
+        }
+        (DataLayout::Verdict, Some(Data::Values(v))) => Err(format!("{v} where a verdict is declared")),
     }
 }
 
-fn verdict(text: &str) -> Result<EncodedData, String> {
-    let (code, chain) = match text.split_once(' ') {
-        None if text == "drop" => (verdict::DROP, None),
-        None if text == "accept" => (verdict::ACCEPT, None),
-        Some(("goto", chain)) => (verdict::GOTO, Some(chain)),
-        Some(("jump", chain)) => (verdict::JUMP, Some(chain)),
-        _ => return Err(format!("{text:?} is no verdict")),
+fn verdict(v: &Verdict) -> Result<EncodedData<'_>, String> {
+    let (code, chain) = match v {
+        Verdict::Drop => (verdict::DROP, None),
+        Verdict::Accept => (verdict::ACCEPT, None),
+        Verdict::Goto(chain) => (verdict::GOTO, Some(chain.as_str())),
+        Verdict::Jump(chain) => (verdict::JUMP, Some(chain.as_str())),
     };
     if chain.is_some_and(|c| c.is_empty() || c.contains(char::is_whitespace)) {
-        return Err(format!("{text:?} names no chain"));
+        return Err(format!("{v:?} names no chain"));
     }
-    Ok(EncodedData::Verdict { code, chain: chain.map(str::to_owned) })
+    Ok(EncodedData::Verdict { code, chain })
 }
 
-fn fields(layout: &[Field], text: &str) -> Result<Vec<u8>, String> {
-    let parts: Vec<&str> = text.split(" . ").collect();
-    if parts.len() != layout.len() {
-        return Err(format!("{} fields where {} are declared", parts.len(), layout.len()));
+fn fields(layout: &[Field], values: &Values) -> Result<Encoded, String> {
+    let values = values.as_slice();
+    if values.len() != layout.len() {
+        return Err(format!("{} values where {} fields are declared", values.len(), layout.len()));
     }
-    let mut out = Vec::with_capacity(layout.len() * 8);
-    for (field, part) in layout.iter().zip(parts) {
-        match field {
-            Field::Address(family) => {
-                let address: IpAddr = part.parse().map_err(|_| format!("{part:?} is no address"))?;
-                if Family::of(&address) != *family {
+    let mut out = Encoded { bytes: [0; 64], len: 0 };
+    for (field, value) in layout.iter().zip(values) {
+        match (field, value) {
+            (Field::Address(family), Value::Address(address)) => {
+                if Family::of(address) != *family {
                     return Err(format!("{address} is not of the set's family"));
                 }
                 match address {
-                    IpAddr::V4(a) => out.extend_from_slice(&a.octets()),
-                    IpAddr::V6(a) => out.extend_from_slice(&a.octets()),
+                    IpAddr::V4(a) => out.push(&a.octets()),
+                    IpAddr::V6(a) => out.push(&a.octets()),
                 }
             }
-            Field::Protocol => {
-                let number: u8 = match part {
-                    "tcp" => 6,
-                    "udp" => 17,
-                    "sctp" => 132,
-                    _ => return Err(format!("{part:?} is no protocol")),
+            (Field::Protocol, Value::Protocol(p)) => {
+                let number: u8 = match p {
+                    Protocol::Tcp => 6,
+                    Protocol::Udp => 17,
+                    Protocol::Sctp => 132,
                 };
-                out.extend_from_slice(&[number, 0, 0, 0]);
+                out.push(&[number, 0, 0, 0]);
             }
-            Field::Port => {
-                let port: u16 = part.parse().map_err(|_| format!("{part:?} is no port"))?;
-                out.extend_from_slice(&port.to_be_bytes());
-                out.extend_from_slice(&[0, 0]);
+            (Field::Port, Value::Port(port)) => {
+                out.push(&port.to_be_bytes());
+                out.push(&[0, 0]);
             }
-            Field::Index => {
-                let index: u32 = part.parse().map_err(|_| format!("{part:?} is no index"))?;
-                out.extend_from_slice(&index.to_ne_bytes());
-            }
+            (Field::Index, Value::Index(index)) => out.push(&index.to_ne_bytes()),
+            (field, value) => return Err(format!("{value} where {field:?} is declared")),
         }
     }
     Ok(out)
@@ -245,20 +436,15 @@ fn fields(layout: &[Field], text: &str) -> Result<Vec<u8>, String> {
 
 /// Whether every element of `update` can be encoded; else the first that cannot.
 pub fn check(update: &ElementUpdate) -> Result<(), EncodeError> {
-    let refused = |s: &SetElements, text: &str, reason| EncodeError {
-        set: s.set.clone(),
-        text: text.to_owned(),
-        reason,
-    };
     for s in &update.delete {
         for (k, _) in &s.elements {
-            key(&s.layout, k).map_err(|r| refused(s, k, r))?;
+            key(&s.layout, k).map_err(|r| EncodeError::of(&s.set, k, None, r))?;
         }
     }
     for s in &update.add {
         for (k, d) in &s.elements {
-            key(&s.layout, k).map_err(|r| refused(s, k, r))?;
-            data(&s.layout, *d).map_err(|r| refused(s, k, r))?;
+            key(&s.layout, k).map_err(|r| EncodeError::of(&s.set, k, *d, r))?;
+            data(&s.layout, *d).map_err(|r| EncodeError::of(&s.set, k, *d, r))?;
         }
     }
     Ok(())
@@ -267,60 +453,114 @@ pub fn check(update: &ElementUpdate) -> Result<(), EncodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
 
     fn entry(family: Family) -> Vec<Field> {
         vec![Field::Address(family), Field::Protocol, Field::Port]
+    }
+
+    fn address(text: &str) -> Value {
+        Value::Address(text.parse().expect("an address"))
+    }
+
+    fn vip() -> Values {
+        Values::of(&[address("10.96.0.1"), Value::Protocol(Protocol::Tcp), Value::Port(80)])
     }
 
     #[test]
     fn a_concatenation_takes_a_register_per_field() {
         let endpoints = Layout {
             key: [entry(Family::V4), vec![Field::Index]].concat(),
-            data: Data::Fields(vec![Field::Address(Family::V4), Field::Port]),
+            data: DataLayout::Fields(vec![Field::Address(Family::V4), Field::Port]),
         };
         let mut want = vec![10, 96, 0, 1, 6, 0, 0, 0, 0, 80, 0, 0];
         want.extend_from_slice(&3u32.to_ne_bytes());
-        assert_eq!(key(&endpoints, "10.96.0.1 . tcp . 80 . 3"), Ok(want));
-        assert_eq!(
-            data(&endpoints, Some("10.0.0.1 . 8080")),
-            Ok(Some(EncodedData::Value(vec![10, 0, 0, 1, 0x1f, 0x90, 0, 0])))
-        );
-        let v6 = Layout { key: entry(Family::V6), data: Data::None };
-        let k = key(&v6, "fd00::1 . udp . 53").expect("encoded");
-        assert_eq!(k.len(), 24);
-        assert_eq!(&k[16..], &[17, 0, 0, 0, 0, 53, 0, 0]);
+        let pick = vip().then(Value::Index(3));
+        assert_eq!(pick.to_string(), "10.96.0.1 . tcp . 80 . 3");
+        assert_eq!(key(&endpoints, &pick).expect("encoded").as_bytes(), want);
+        let endpoint = Data::Values(Values::of(&[address("10.0.0.1"), Value::Port(8080)]));
+        let Ok(Some(EncodedData::Value(encoded))) = data(&endpoints, Some(&endpoint)) else {
+            panic!("values for values")
+        };
+        assert_eq!(encoded.as_bytes(), [10, 0, 0, 1, 0x1f, 0x90, 0, 0]);
+        let v6 = Layout { key: entry(Family::V6), data: DataLayout::None };
+        let k = key(&v6, &Values::of(&[address("fd00::1"), Value::Protocol(Protocol::Udp), Value::Port(53)]))
+            .expect("encoded");
+        assert_eq!(k.as_bytes().len(), 24);
+        assert_eq!(&k.as_bytes()[16..], &[17, 0, 0, 0, 0, 53, 0, 0]);
     }
 
     #[test]
     fn verdicts_name_their_chain() {
-        let vmap = Layout { key: entry(Family::V4), data: Data::Verdict };
+        let vmap = Layout { key: entry(Family::V4), data: DataLayout::Verdict };
+        let goto = Data::Verdict(Verdict::Goto("pick-v4-2".into()));
+        assert_eq!(goto.to_string(), "goto pick-v4-2");
         assert_eq!(
-            data(&vmap, Some("goto pick-v4-2")),
-            Ok(Some(EncodedData::Verdict { code: verdict::GOTO, chain: Some("pick-v4-2".into()) }))
+            data(&vmap, Some(&goto)),
+            Ok(Some(EncodedData::Verdict { code: verdict::GOTO, chain: Some("pick-v4-2") }))
         );
-        assert_eq!(data(&vmap, Some("drop")), Ok(Some(EncodedData::Verdict { code: 0, chain: None })));
-        assert!(data(&vmap, Some("goto")).is_err());
-        assert!(data(&vmap, Some("reject")).is_err());
+        let drop = Data::Verdict(Verdict::Drop);
+        assert_eq!(data(&vmap, Some(&drop)), Ok(Some(EncodedData::Verdict { code: 0, chain: None })));
+        assert!(data(&vmap, Some(&Data::Verdict(Verdict::Goto(String::new())))).is_err());
+        assert!(data(&vmap, Some(&Data::Values(vip()))).is_err(), "values in a verdict map");
     }
 
     #[test]
-    fn text_that_does_not_fit_the_layout_is_refused_by_field() {
-        let set = Layout { key: entry(Family::V4), data: Data::None };
-        assert!(key(&set, "fd00::1 . tcp . 80").expect_err("v6 in v4").contains("family"));
-        assert!(key(&set, "10.0.0.1 . icmp . 80").expect_err("protocol").contains("protocol"));
-        assert!(key(&set, "10.0.0.1 . tcp . 70000").expect_err("port").contains("port"));
-        assert!(key(&set, "10.0.0.1 . tcp").expect_err("count").contains("2 fields"));
-        assert!(data(&set, Some("x")).is_err(), "a set maps to nothing");
+    fn values_that_do_not_fit_the_layout_are_refused_by_field() {
+        let set = Layout { key: entry(Family::V4), data: DataLayout::None };
+        let v6 = Values::of(&[address("fd00::1"), Value::Protocol(Protocol::Tcp), Value::Port(80)]);
+        assert!(key(&set, &v6).expect_err("v6 in v4").contains("family"));
+        let swapped = Values::of(&[address("10.0.0.1"), Value::Port(80), Value::Protocol(Protocol::Tcp)]);
+        assert!(key(&set, &swapped).expect_err("order").contains("where Protocol is declared"));
+        let short = Values::of(&[address("10.0.0.1"), Value::Protocol(Protocol::Tcp)]);
+        assert!(key(&set, &short).expect_err("count").contains("2 values"));
+        let prefix = vip().then(Value::Prefix("10.0.0.0/8".parse().expect("a prefix")));
+        assert!(key(&set, &prefix).is_err(), "prefixes are nft text only");
+        assert!(data(&set, Some(&Data::Verdict(Verdict::Drop))).is_err(), "a set maps to nothing");
+        let bad = Values::of(&[
+            Value::Address(Ipv4Addr::new(10, 0, 0, 2).into()),
+            Value::Protocol(Protocol::Tcp),
+            Value::Index(80),
+        ]);
+        let good = vip();
         let update = ElementUpdate {
             flush: vec![],
             delete: vec![],
             add: vec![SetElements {
                 set: "no-endpoints-v4".into(),
                 layout: set,
-                elements: vec![("10.0.0.1 . tcp . 80", None), ("10.0.0.300 . tcp . 80", None)],
+                elements: vec![(&good, None), (&bad, None)],
             }],
         };
         let e = check(&update).expect_err("the second");
-        assert_eq!((e.set.as_str(), e.text.as_str()), ("no-endpoints-v4", "10.0.0.300 . tcp . 80"));
+        assert_eq!((e.set.as_str(), e.element.as_str()), ("no-endpoints-v4", "10.0.0.2 . tcp . 80"));
+    }
+
+    #[test]
+    fn an_update_reads_as_the_nft_commands_it_amounts_to() {
+        let (pick, endpoint) = (
+            vip().then(Value::Index(0)),
+            Data::Values(Values::of(&[address("10.0.0.1"), Value::Port(8080)])),
+        );
+        let layout = Layout { key: vec![], data: DataLayout::None };
+        let update = ElementUpdate {
+            flush: vec![Emptied { set: "hairpin-v4".into(), map: false }],
+            delete: vec![SetElements {
+                set: "endpoints-v4".into(),
+                layout: layout.clone(),
+                elements: vec![(&pick, Some(&endpoint))],
+            }],
+            add: vec![SetElements {
+                set: "endpoints-v4".into(),
+                layout,
+                elements: vec![(&pick, Some(&endpoint)), (&pick, Some(&endpoint))],
+            }],
+        };
+        assert_eq!(
+            update.script(),
+            "flush set inet kpx hairpin-v4\n\
+             delete element inet kpx endpoints-v4 { 10.96.0.1 . tcp . 80 . 0 }\n\
+             add element inet kpx endpoints-v4 { 10.96.0.1 . tcp . 80 . 0 : 10.0.0.1 . 8080, 10.96.0.1 . tcp . 80 . 0 : 10.0.0.1 . 8080 }\n"
+        );
     }
 }

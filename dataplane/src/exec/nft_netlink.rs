@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 use super::netlink::{attributes, find, read_string, Batch, Message, NetlinkError, Socket, NLM_F_CREATE};
 use super::nft::{Outline, RefillWith, TABLE};
 use super::nft_elements::{
-    self, ElementUpdate, Emptied, EncodeError, EncodedData, Layout, Refill, SetElements,
+    self, Data, ElementUpdate, Emptied, EncodeError, EncodedData, Layout, Refill, SetElements, Values,
 };
 use super::ExecError;
 
@@ -345,12 +345,12 @@ fn write_element(
     m: &mut Message,
     command: u8,
     layout: &Layout,
-    key: &str,
-    data: Option<&str>,
+    key: &Values,
+    data: Option<&Data>,
 ) -> Result<(), String> {
     let key_bytes = nft_elements::key(layout, key)?;
     let data = if command == msg::NEW_SET_ELEM { nft_elements::data(layout, data)? } else { None };
-    write_encoded(m, &key_bytes, data.as_ref());
+    write_encoded(m, key_bytes.as_bytes(), data.as_ref());
     Ok(())
 }
 
@@ -361,7 +361,7 @@ pub(super) fn write_encoded(m: &mut Message, key: &[u8], data: Option<&EncodedDa
     match data {
         None => {}
         Some(EncodedData::Value(v)) => {
-            m.begin(elements::DATA).put(elements::DATA_VALUE, v).end();
+            m.begin(elements::DATA).put(elements::DATA_VALUE, v.as_bytes()).end();
         }
         Some(EncodedData::Verdict { code, chain }) => {
             m.begin(elements::DATA).begin(elements::DATA_VERDICT);
@@ -392,8 +392,7 @@ fn element_messages(
             holds = 0;
         }
         write_element(&mut m, command, &s.layout, key, *data).map_err(|reason| {
-            let e = EncodeError { set: s.set.clone(), text: (*key).to_owned(), reason };
-            ExecError::refused(FACILITY, e.to_string())
+            ExecError::refused(FACILITY, EncodeError::of(&s.set, key, *data, reason).to_string())
         })?;
         holds += 1;
     }
@@ -417,20 +416,13 @@ impl Refill for BatchRefill<'_> {
         self.sets.len() - 1
     }
 
-    fn add(&mut self, handle: usize, key: &str, data: Option<&str>) -> Result<(), EncodeError> {
+    fn add(&mut self, handle: usize, key: &Values, data: Option<&Data>) -> Result<(), EncodeError> {
         let Some((set, layout, open)) = self.sets.get_mut(handle) else {
-            return Err(EncodeError {
-                set: format!("#{handle}"),
-                text: key.into(),
-                reason: "no such set".into(),
-            });
+            return Err(EncodeError::of(&format!("#{handle}"), key, data, "no such set".into()));
         };
         let m = open.get_or_insert_with(|| start_elements(msg::NEW_SET_ELEM, set));
-        write_element(m, msg::NEW_SET_ELEM, layout, key, data).map_err(|reason| EncodeError {
-            set: set.clone(),
-            text: key.into(),
-            reason,
-        })?;
+        write_element(m, msg::NEW_SET_ELEM, layout, key, data)
+            .map_err(|reason| EncodeError::of(set, key, data, reason))?;
         if m.len() > elements::MESSAGE_BYTES {
             if let Some(mut full) = open.take() {
                 full.end();
@@ -466,12 +458,12 @@ pub enum HeldData<'a> {
 
 impl<'a> HeldData<'a> {
     /// The data kpx encoded.
-    pub fn of(data: Option<&'a EncodedData>) -> HeldData<'a> {
+    pub fn of(data: Option<&'a EncodedData<'a>>) -> HeldData<'a> {
         match data {
             None => HeldData::None,
-            Some(EncodedData::Value(v)) => HeldData::Value(v),
+            Some(EncodedData::Value(v)) => HeldData::Value(v.as_bytes()),
             Some(EncodedData::Verdict { code, chain }) => {
-                HeldData::Verdict { code: *code, chain: chain.as_deref().map(str::as_bytes) }
+                HeldData::Verdict { code: *code, chain: chain.map(str::as_bytes) }
             }
         }
     }

@@ -30,7 +30,7 @@ use std::hash::BuildHasher;
 
 use super::netlink::{Message, NLM_F_CREATE};
 use super::nft::{Reconciled, RefillWith};
-use super::nft_elements::{self, Emptied, EncodeError, Layout, Refill};
+use super::nft_elements::{self, Data, Emptied, EncodeError, Layout, Refill, Values};
 use super::nft_netlink::{elements, msg, start_elements, write_encoded, HeldData, NftNetlink, FACILITY};
 use super::ExecError;
 
@@ -132,19 +132,15 @@ impl Refill for Difference<'_> {
         self.sets.len() - 1
     }
 
-    fn add(&mut self, handle: usize, key: &str, data: Option<&str>) -> Result<(), EncodeError> {
+    fn add(&mut self, handle: usize, key: &Values, data: Option<&Data>) -> Result<(), EncodeError> {
         let Some((set, layout, read, open)) = self.sets.get_mut(handle) else {
-            return Err(EncodeError {
-                set: format!("#{handle}"),
-                text: key.into(),
-                reason: "no such set".into(),
-            });
+            return Err(EncodeError::of(&format!("#{handle}"), key, data, "no such set".into()));
         };
-        let refused = |reason| EncodeError { set: set.clone(), text: key.into(), reason };
+        let refused = |reason| EncodeError::of(set, key, data, reason);
         let key_bytes = nft_elements::key(layout, key).map_err(refused)?;
-        let data = nft_elements::data(layout, data).map_err(refused)?;
+        let encoded = nft_elements::data(layout, data).map_err(refused)?;
         if let Some(read) = *read {
-            let identity = identity(self.hasher, read, &key_bytes, HeldData::of(data.as_ref()));
+            let identity = identity(self.hasher, read, key_bytes.as_bytes(), HeldData::of(encoded.as_ref()));
             if let Ok(i) = self.held.binary_search(&identity) {
                 if let Some(kept) = self.kept.get_mut(i) {
                     *kept = true;
@@ -153,7 +149,7 @@ impl Refill for Difference<'_> {
             }
         }
         let m = open.get_or_insert_with(|| start_elements(msg::NEW_SET_ELEM, set));
-        write_encoded(m, &key_bytes, data.as_ref());
+        write_encoded(m, key_bytes.as_bytes(), encoded.as_ref());
         self.added += 1;
         if m.len() > elements::MESSAGE_BYTES {
             if let Some(mut full) = open.take() {

@@ -19,7 +19,7 @@ pub mod written;
 
 use crate::backend::{Backend, BackendError, NodeContext};
 use crate::exec::nft::{Nft, Reconciled};
-use crate::exec::nft_elements::{EncodeError, Refill};
+use crate::exec::nft_elements::{Data, EncodeError, Layout, Refill, Values};
 use crate::exec::ExecError;
 use crate::state::{ChangeSet, NodeState};
 
@@ -139,16 +139,11 @@ impl NftablesBackend {
 struct Uncounted;
 
 impl Refill for Uncounted {
-    fn set(&mut self, _set: String, _layout: crate::exec::nft_elements::Layout) -> usize {
+    fn set(&mut self, _set: String, _layout: Layout) -> usize {
         0
     }
 
-    fn add(
-        &mut self,
-        _handle: usize,
-        _key: &str,
-        _data: Option<&str>,
-    ) -> Result<(), crate::exec::nft_elements::EncodeError> {
+    fn add(&mut self, _handle: usize, _key: &Values, _data: Option<&Data>) -> Result<(), EncodeError> {
         Ok(())
     }
 }

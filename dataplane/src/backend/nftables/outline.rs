@@ -291,8 +291,16 @@ mod tests {
             ],
             "the rules and the interval sets are written again; the element update refills the rest"
         );
-        let element =
-            Element::map(Collection::ServiceIps(Family::V4), "10.96.0.1 . tcp . 80", "goto pick-v4-1");
+        let entry = crate::backend::owners::EntryKey {
+            address: "10.96.0.1".parse().expect("an address"),
+            protocol: kpx_proto::types::Protocol::Tcp,
+            port: 80,
+        };
+        let element = Element::map(
+            Collection::ServiceIps(Family::V4),
+            super::super::render::entry(&entry),
+            super::super::render::goto("pick-v4-1"),
+        );
         let contents = Contents { elements: [element].into(), ..contents };
         assert!(create_script(&contents, Elements::Apart).ends_with(script), "no element in the script");
         assert!(create_script(&contents, Elements::InScript)

@@ -22,10 +22,13 @@
 //! Services; an endpoint change rewrites only that Service's elements.
 //! The chains are in [`super::skeleton`]; per-Service content in [`super::service`].
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 use std::net::IpAddr;
 
-use crate::exec::nft_elements::{Data, ElementUpdate, Emptied, Field, Layout, SetElements};
+use crate::backend::owners::EntryKey;
+use crate::exec::nft_elements::{
+    Data, DataLayout, ElementText, ElementUpdate, Emptied, Field, Layout, SetElements, Value, Values, Verdict,
+};
 
 pub use crate::exec::nft::{FAMILY, TABLE};
 
@@ -118,10 +121,10 @@ impl Collection {
         }
         let f = self.family();
         let entry = || vec![Field::Address(f), Field::Protocol, Field::Port];
-        let endpoint = || Data::Fields(vec![Field::Address(f), Field::Port]);
+        let endpoint = || DataLayout::Fields(vec![Field::Address(f), Field::Port]);
         Some(match self {
             Collection::ServiceIps(_) | Collection::ExternalLocal(_) => {
-                Layout { key: entry(), data: Data::Verdict }
+                Layout { key: entry(), data: DataLayout::Verdict }
             }
             Collection::Endpoints(_) | Collection::LocalEndpoints(_) => {
                 Layout { key: [entry(), vec![Field::Index]].concat(), data: endpoint() }
@@ -130,11 +133,11 @@ impl Collection {
             | Collection::NoEndpoints(_)
             | Collection::Masquerade(_)
             | Collection::ClusterEntries(_)
-            | Collection::LbFiltered(_) => Layout { key: entry(), data: Data::None },
+            | Collection::LbFiltered(_) => Layout { key: entry(), data: DataLayout::None },
             Collection::Hairpin(_) => {
-                Layout { key: vec![Field::Address(f), Field::Address(f)], data: Data::None }
+                Layout { key: vec![Field::Address(f), Field::Address(f)], data: DataLayout::None }
             }
-            Collection::ClusterIps(_) => Layout { key: vec![Field::Address(f)], data: Data::None },
+            Collection::ClusterIps(_) => Layout { key: vec![Field::Address(f)], data: DataLayout::None },
             Collection::LocalCidrs(_) | Collection::LbAllowed(_) | Collection::ServiceCidrs(_) => {
                 return None
             }
@@ -190,30 +193,50 @@ impl Collection {
     }
 }
 
-/// One element of a set or map, in nft syntax.
+/// One element of a set or map: typed values, written to the kernel as they are and
+/// as nft text where text is wanted ([`fmt::Display`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Element {
     pub collection: Collection,
-    pub key: String,
+    pub key: Values,
     /// The mapped value; `None` for set elements.
-    pub value: Option<String>,
+    pub value: Option<Data>,
 }
 
 impl Element {
-    pub fn set(collection: Collection, key: impl Into<String>) -> Self {
-        Element { collection, key: key.into(), value: None }
+    pub fn set(collection: Collection, key: Values) -> Self {
+        Element { collection, key, value: None }
     }
 
-    pub fn map(collection: Collection, key: impl Into<String>, value: impl Into<String>) -> Self {
-        Element { collection, key: key.into(), value: Some(value.into()) }
+    pub fn map(collection: Collection, key: Values, value: Data) -> Self {
+        Element { collection, key, value: Some(value) }
     }
+}
 
-    fn text(&self) -> String {
-        match &self.value {
-            Some(v) => format!("{} : {v}", self.key),
-            None => self.key.clone(),
-        }
+impl fmt::Display for Element {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", ElementText(&self.key, self.value.as_ref()))
     }
+}
+
+/// An entry's key: `address . protocol . port`.
+pub fn entry(key: &EntryKey) -> Values {
+    Values::of(&[Value::Address(key.address), Value::Protocol(key.protocol), Value::Port(key.port)])
+}
+
+/// An endpoint as a NAT target's map data: `address . port`.
+pub fn endpoint(address: IpAddr, port: u16) -> Data {
+    Data::Values(Values::of(&[Value::Address(address), Value::Port(port)]))
+}
+
+/// The verdict that sends to `chain`.
+pub fn goto(chain: &str) -> Data {
+    Data::Verdict(Verdict::Goto(chain.to_owned()))
+}
+
+/// The verdict that drops.
+pub fn drop_verdict() -> Data {
+    Data::Verdict(Verdict::Drop)
 }
 
 /// An element several Services may need (counted, not owned): an endpoint's hairpin
@@ -228,8 +251,13 @@ pub enum Shared {
 impl Shared {
     pub fn element(self) -> Element {
         match self {
-            Shared::Hairpin(a) => Element::set(Collection::Hairpin(Family::of(&a)), format!("{a} . {a}")),
-            Shared::ClusterIp(a) => Element::set(Collection::ClusterIps(Family::of(&a)), a.to_string()),
+            Shared::Hairpin(a) => Element::set(
+                Collection::Hairpin(Family::of(&a)),
+                Values::of(&[Value::Address(a), Value::Address(a)]),
+            ),
+            Shared::ClusterIp(a) => {
+                Element::set(Collection::ClusterIps(Family::of(&a)), Values::of(&[Value::Address(a)]))
+            }
         }
     }
 }
@@ -245,14 +273,13 @@ pub fn element_commands<'a>(out: &mut String, verb: &str, elements: impl IntoIte
     }
     for (collection, elements) in by_collection {
         for chunk in elements.chunks(ELEMENTS_PER_COMMAND) {
-            let items: Vec<String> =
-                chunk.iter().map(|e| if verb == "delete" { e.key.clone() } else { e.text() }).collect();
-            let _ = writeln!(
-                out,
-                "{verb} element {FAMILY} {TABLE} {} {{ {} }}",
-                collection.name(),
-                items.join(", ")
-            );
+            let _ = write!(out, "{verb} element {FAMILY} {TABLE} {} {{ ", collection.name());
+            for (i, e) in chunk.iter().enumerate() {
+                let separator = if i == 0 { "" } else { ", " };
+                let value = if verb == "delete" { None } else { e.value.as_ref() };
+                let _ = write!(out, "{separator}{}", ElementText(&e.key, value));
+            }
+            out.push_str(" }\n");
         }
     }
 }
@@ -264,10 +291,10 @@ pub fn element_update<'a>(
     adds: impl IntoIterator<Item = &'a Element>,
 ) -> Option<ElementUpdate<'a>> {
     fn grouped<'a>(elements: impl IntoIterator<Item = &'a Element>) -> Option<Vec<SetElements<'a>>> {
-        let mut by_collection: std::collections::BTreeMap<Collection, Vec<(&'a str, Option<&'a str>)>> =
+        let mut by_collection: std::collections::BTreeMap<Collection, Vec<(&'a Values, Option<&'a Data>)>> =
             Default::default();
         for e in elements {
-            by_collection.entry(e.collection).or_default().push((&e.key, e.value.as_deref()));
+            by_collection.entry(e.collection).or_default().push((&e.key, e.value.as_ref()));
         }
         by_collection
             .into_iter()
@@ -280,7 +307,7 @@ pub fn element_update<'a>(
 /// Every updatable collection, as a refill empties them first (a full sync's elements).
 pub fn refill_flush() -> Vec<Emptied> {
     Collection::all()
-        .filter_map(|c| Some(Emptied { set: c.name(), map: c.layout()?.data != Data::None }))
+        .filter_map(|c| Some(Emptied { set: c.name(), map: c.layout()?.data != DataLayout::None }))
         .collect()
 }
 

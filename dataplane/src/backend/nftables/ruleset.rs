@@ -193,11 +193,12 @@ impl ElementWriter<'_> {
             Some(handle) => *handle,
             None => {
                 let Some(layout) = e.collection.layout() else {
-                    self.failed = Some(EncodeError {
-                        set: e.collection.name(),
-                        text: e.key.clone(),
-                        reason: "an interval set's elements are written as text".into(),
-                    });
+                    self.failed = Some(EncodeError::of(
+                        &e.collection.name(),
+                        &e.key,
+                        e.value.as_ref(),
+                        "an interval set's elements are written as text".into(),
+                    ));
                     return;
                 };
                 let handle = self.refill.set(e.collection.name(), layout);
@@ -205,7 +206,7 @@ impl ElementWriter<'_> {
                 handle
             }
         };
-        match self.refill.add(handle, &e.key, e.value.as_deref()) {
+        match self.refill.add(handle, &e.key, e.value.as_ref()) {
             Ok(()) => self.written += 1,
             Err(error) => self.failed = Some(error),
         }
@@ -607,7 +608,7 @@ mod tests {
             ("b", "10.96.0.2", &["10.0.0.1"]),
             ("c", "fd00:96::3", &["fd00::7"]),
         ]);
-        let mut refill = crate::exec::nft_elements::TextRefill::default();
+        let mut refill = crate::exec::nft_elements::HeldRefill::default();
         let (programmed, contents, written) =
             Programmed::full_writing(&desired, &no_context(), None, &mut refill).expect("written");
         assert!(contents.elements.is_empty(), "not collected: written apart or asked for");
@@ -622,11 +623,10 @@ mod tests {
         let mut got = BTreeSet::new();
         for set in &update.add {
             for (key, value) in &set.elements {
-                got.insert((set.set.clone(), key.to_string(), value.map(str::to_owned)));
+                got.insert((set.set.clone(), **key, value.cloned()));
             }
         }
-        let want: BTreeSet<(String, String, Option<String>)> =
-            want.into_iter().map(|e| (e.collection.name(), e.key, e.value)).collect();
+        let want: BTreeSet<_> = want.into_iter().map(|e| (e.collection.name(), e.key, e.value)).collect();
         assert_eq!(written, want.len(), "each once");
         assert_eq!(got, want);
         let (_, plain) = Programmed::full(&desired, &no_context(), None);

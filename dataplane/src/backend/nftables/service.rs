@@ -8,9 +8,10 @@ use kpx_proto::node_context::NodeContext;
 use kpx_proto::types::{Endpoint, ServiceView};
 
 use super::affinity::{self, NftObject};
-use super::render::{Collection, Element, Family, Shared};
+use super::render::{self, drop_verdict, goto, Collection, Element, Family, Shared};
 use super::skeleton::{endpoints_map, pick_chain_name, EndpointSet};
 use crate::backend::owners::EntryKey;
+use crate::exec::nft_elements::{Value, Values};
 use kpx_proto::policy::{self, Action, EntryKind, PortFamily};
 
 /// Everything one Service needs in the table.
@@ -55,11 +56,11 @@ fn render_port(pf: &PortFamily, ctx: &NodeContext, rules: &mut ServiceRules) {
     }
     for entry in &pf.entries {
         let entry_key = EntryKey { address: entry.address, protocol: pf.port.protocol, port: entry.port };
-        let key = entry_key.to_string();
+        let key = render::entry(&entry_key);
         rules.entries.push(entry_key);
         let mut add = |e: Element| rules.elements.push((entry_key, e));
         if entry.kind == EntryKind::ClusterIp {
-            add(Element::set(Collection::ClusterEntries(f), &key));
+            add(Element::set(Collection::ClusterEntries(f), key));
             rules.shared.insert(Shared::ClusterIp(entry.address));
         }
         let main = pf.main_set(entry.kind);
@@ -68,26 +69,26 @@ fn render_port(pf: &PortFamily, ctx: &NodeContext, rules: &mut ServiceRules) {
             (Action::Pick, Some(target)) => {
                 endpoint_elements(&mut add, main, f, &key, target, pf.endpoints(main))
             }
-            (Action::Reject, _) => add(Element::set(Collection::NoEndpoints(f), &key)),
-            _ => add(Element::map(Collection::ServiceIps(f), &key, "drop")),
+            (Action::Reject, _) => add(Element::set(Collection::NoEndpoints(f), key)),
+            _ => add(Element::map(Collection::ServiceIps(f), key, drop_verdict())),
         }
         if pf.local_action(entry.kind).is_some() {
-            add(Element::set(Collection::ExternalLocalEntries(f), &key));
+            add(Element::set(Collection::ExternalLocalEntries(f), key));
         }
         match (pf.local_action(entry.kind), &local_target) {
             (Some(Action::Pick), Some(target)) => {
                 endpoint_elements(&mut add, EndpointSet::Local, f, &key, target, &pf.local)
             }
-            (Some(_), _) => add(Element::map(Collection::ExternalLocal(f), &key, "drop")),
+            (Some(_), _) => add(Element::map(Collection::ExternalLocal(f), key, drop_verdict())),
             (None, _) => {}
         }
         if pf.masquerade_external(entry.kind) {
-            add(Element::set(Collection::Masquerade(f), &key));
+            add(Element::set(Collection::Masquerade(f), key));
         }
         if let Some(allowed) = pf.allowed_sources(entry, &ctx.node_addresses) {
-            add(Element::set(Collection::LbFiltered(f), &key));
+            add(Element::set(Collection::LbFiltered(f), key));
             for source in allowed {
-                add(Element::set(Collection::LbAllowed(f), format!("{key} . {source}")));
+                add(Element::set(Collection::LbAllowed(f), key.then(Value::Prefix(source))));
             }
         }
     }
@@ -117,7 +118,7 @@ fn endpoint_elements(
     add: &mut impl FnMut(Element),
     set: EndpointSet,
     family: Family,
-    entry: &str,
+    entry: &Values,
     target: &Target,
     endpoints: &[&Endpoint],
 ) {
@@ -127,16 +128,17 @@ fn endpoint_elements(
     };
     match target {
         Target::Pick { chain, count } => {
-            add(Element::map(vmap, entry, format!("goto {chain}")));
+            add(Element::map(vmap, *entry, goto(chain)));
             for (index, ep) in endpoints.iter().take(*count).enumerate() {
+                let index = Value::Index(index as u32);
                 add(Element::map(
                     endpoints_map(set, family),
-                    format!("{entry} . {index}"),
-                    format!("{} . {}", ep.address, ep.port),
+                    entry.then(index),
+                    render::endpoint(ep.address, ep.port),
                 ));
             }
         }
-        Target::Affinity(chain) => add(Element::map(vmap, entry, format!("goto {chain}"))),
+        Target::Affinity(chain) => add(Element::map(vmap, *entry, goto(chain))),
     }
 }
 

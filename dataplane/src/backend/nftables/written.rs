@@ -23,7 +23,9 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use kpx_proto::node_context::NodeContext;
 
 use super::render::{FAMILY, TABLE};
-use crate::exec::nft_elements::{Data, ElementUpdate, Emptied, Field, Layout, SetElements};
+use crate::exec::nft_elements::{
+    DataLayout, ElementUpdate, Emptied, Field, Layout, SetElements, Value, Values,
+};
 use crate::state::NodeState;
 
 /// The set's name.
@@ -36,7 +38,7 @@ pub fn declaration() -> String {
 
 /// How its element is laid out (a `mark` is a 32-bit integer in host order).
 pub fn layout() -> Layout {
-    Layout { key: vec![Field::Index, Field::Index, Field::Index], data: Data::None }
+    Layout { key: vec![Field::Index, Field::Index, Field::Index], data: DataLayout::None }
 }
 
 /// What a write left: the generation it produced and the fingerprint of the table's contents.
@@ -47,10 +49,10 @@ pub struct Written {
 }
 
 impl Written {
-    /// The element as nft text (`G . HIGH . LOW`).
-    pub fn key(&self) -> String {
-        let (high, low) = (self.fingerprint >> 32, self.fingerprint & 0xffff_ffff);
-        format!("{} . {high} . {low}", self.generation)
+    /// The element (`G . HIGH . LOW`).
+    pub fn key(&self) -> Values {
+        let (high, low) = ((self.fingerprint >> 32) as u32, self.fingerprint as u32);
+        Values::of(&[Value::Index(self.generation), Value::Index(high), Value::Index(low)])
     }
 
     /// The element as the kernel holds it (three 32-bit integers in host order).
@@ -68,7 +70,7 @@ pub fn forget() -> ElementUpdate<'static> {
 }
 
 /// [`forget`], then the element `key`.
-pub fn replace_with(key: &str) -> ElementUpdate<'_> {
+pub fn replace_with(key: &Values) -> ElementUpdate<'_> {
     let mut update = forget();
     update.add.push(SetElements { set: SET.into(), layout: layout(), elements: vec![(key, None)] });
     update
@@ -119,7 +121,8 @@ mod tests {
     fn an_element_reads_back_as_it_was_written() {
         let w = Written { generation: 41, fingerprint: 0x0123_4567_89ab_cdef };
         let key = crate::exec::nft_elements::key(&layout(), &w.key()).expect("encoded");
-        assert_eq!(Written::read(&key), Some(w));
+        let key = key.as_bytes();
+        assert_eq!(Written::read(key), Some(w));
         assert_eq!(Written::read(&key[..8]), None, "too short");
     }
 }

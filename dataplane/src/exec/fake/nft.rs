@@ -10,8 +10,9 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::exec::nft::{Nft, Outline, FAMILY, TABLE};
-use crate::exec::nft_elements::{self, ElementUpdate, Layout};
+use crate::exec::nft_elements::{self, ElementUpdate, Field, Layout, Value, Values};
 use crate::exec::ExecError;
+use kpx_proto::types::Protocol;
 
 const TOOL: &str = "nft (fake)";
 
@@ -212,10 +213,11 @@ impl Nft for FakeNft {
                 .map(|s| s.elements.keys().cloned().collect())
                 .unwrap_or_default()
         };
-        texts
-            .iter()
-            .map(|k| nft_elements::key(layout, k).map_err(|reason| ExecError::refused(TOOL, reason)))
-            .collect()
+        let encoded = |text: &str| {
+            let key = parse_values(&layout.key, text)?;
+            nft_elements::key(layout, &key).map(|k| k.as_bytes().to_vec())
+        };
+        texts.iter().map(|k| encoded(k).map_err(|reason| ExecError::refused(TOOL, reason))).collect()
     }
 
     fn rules_in_chain(&mut self, chain: &str) -> Result<usize, ExecError> {
@@ -404,6 +406,31 @@ fn apply(tables: &mut BTreeMap<String, Table>, line: &str) -> Result<(), Refusal
         }
         _ => Err(format!("unsupported: {verb} {object}")),
     }
+}
+
+/// An element's key or data as nft writes it (`10.96.0.1 . tcp . 80`), read by `fields`:
+/// the fake holds elements as text, as nft lists them.
+fn parse_values(fields: &[Field], text: &str) -> Result<Values, String> {
+    let parts: Vec<&str> = text.split(" . ").collect();
+    if parts.len() != fields.len() {
+        return Err(format!("{} fields where {} are declared", parts.len(), fields.len()));
+    }
+    let mut values = Vec::with_capacity(parts.len());
+    for (field, part) in fields.iter().zip(parts) {
+        let value = match field {
+            Field::Address(_) => Value::Address(part.parse().map_err(|_| format!("{part:?} is no address"))?),
+            Field::Protocol => Value::Protocol(match part {
+                "tcp" => Protocol::Tcp,
+                "udp" => Protocol::Udp,
+                "sctp" => Protocol::Sctp,
+                _ => return Err(format!("{part:?} is no protocol")),
+            }),
+            Field::Port => Value::Port(part.parse().map_err(|_| format!("{part:?} is no port"))?),
+            Field::Index => Value::Index(part.parse().map_err(|_| format!("{part:?} is no index"))?),
+        };
+        values.push(value);
+    }
+    Ok(Values::of(&values))
 }
 
 /// The chain a verdict (`goto X`, `jump X`) sends to.
