@@ -3,7 +3,8 @@
 # data-path connect latency, one endpoint change through the Kubernetes API. Prints a table; --json PATH writes the figures.
 # Usage: sudo tests/bench-scale.sh [--services N] [--endpoints N] [--nodes N] [--slow-percent P]
 #        [--changes N] [--node-scales SxE,…] [--node-changes N] [--node-idle S] [--json PATH] [--skip fanout|node|iptables|api] [--tls]
-# The README's scale table: tests/bench-table.py PATH.json --readme README.md
+#        [--baseline COMMIT=AGENT_BINARY]   (nftables' full rewrite also timed with another build's agent)
+# The documentation's tables: tests/bench-table.py PATH.json --into docs/performance.md --into README.md
 set -eu
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "run as root (it creates network namespaces)" >&2; exit 2; }

@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""Turns the JSON of tests/bench-scale.sh (--json PATH) into the README's table.
+"""Turns the JSON of tests/bench-scale.sh (--json PATH) into the documentation's tables.
 
-usage: tests/bench-table.py SCALE.json [MORE.json …] [--readme README.md]
+usage: tests/bench-table.py SCALE.json [MORE.json …] [--into FILE …]
 
 Several JSON files (runs of the benchmark with different --skip) are read as one, the
-later filling in what the earlier lack. Without --readme it prints the table; with it,
-it replaces what stands between
-<!-- bench-scale:begin --> and <!-- bench-scale:end --> in that file, so the README's
-figures are the benchmark's, never copied by hand.
+earlier's parts winning. Without --into it prints the whole table; with it (repeatable),
+it replaces, in each FILE, what stands between <!-- bench-scale:begin --> and
+<!-- bench-scale:end --> with the whole table and what stands between
+<!-- bench-headline:begin --> and <!-- bench-headline:end --> with the headline figures,
+so the figures of docs/performance.md and README.md are the benchmark's, never copied
+by hand:
+
+    tests/bench-table.py scale.json --into docs/performance.md --into README.md
 """
 import json
 import sys
@@ -91,6 +95,14 @@ def table(data):
             rows.append((f"{what}: agent RSS, peak (initial sync and changes) / steady / peak of a full sync",
                          f"{b['agent_peak_rss_mib']:.0f} / {b['agent_steady_rss_mib']:.0f} / "
                          f"{b.get('agent_full_sync_peak_rss_mib', float('nan')):.0f} MiB"))
+        c = b.get("rewrite_compared")
+        if c:
+            commit = c["baseline_commit"]
+            rows.append((f"{what}: full rewrite by this build / by {commit}'s agent, median of "
+                         f"{c['rewrites_each']} each (alternating, one run): time; the Services rendered and "
+                         f"encoded into the transaction (`render_ms`)",
+                         f"{c['rewrite_s']:.2f} / {c['baseline_rewrite_s']:.2f} s; {c['render_ms']} / "
+                         f"{c['baseline_render_ms']} ms ({c['render_ratio']:.2f} of {commit}'s)"))
         rows.append((f"{what}: TCP connect to the first vs the last Service",
                      f"{b['connect_first_us']} vs {b['connect_last_us']} µs"))
     api = data.get("api")
@@ -126,11 +138,60 @@ def table(data):
     return "\n".join(out) + "\n"
 
 
+def headline(data):
+    """The few figures the README leads with: what one node and the control plane cost."""
+    rows = []
+    for b in data.get("node_programming", []):
+        if b["backend"] != "nftables":
+            continue
+        what = f"{b['services']:,} Services × {b['endpoints_per_service']} endpoints"
+        rows.append((f"node agent (nftables), {what}: initial sync / agent RSS, peak and steady",
+                     f"{b['initial_sync_pipeline_s']:.1f} s / {b['agent_peak_rss_mib']:.0f} and "
+                     f"{b['agent_steady_rss_mib']:.0f} MiB"))
+        rows.append((f"node agent (nftables), {what}: one endpoint change, received → kernel committed, p50 "
+                     f"/ p99", f"{b.get('change_to_kernel_p50_ms', '?')} / {b.get('change_to_kernel_p99_ms', '?')} ms"))
+        if b.get("rewrite_s") is not None:
+            rows.append((f"node agent (nftables), {what}: restart over an intact table / full rewrite",
+                         f"{b['restart_s']:.3f} s, {b['restart_elements_written']:,} elements written / "
+                         f"{b['rewrite_s']:.2f} s, {b['rewrite_elements_written']:,}"))
+    f = data.get("fanout")
+    if f:
+        rows.append((f"control plane, {f['services']:,} Services × {f['endpoints']} endpoints, {f['nodes']:,} "
+                     f"nodes: one endpoint change → every node, p50", f"{f['change_p50_ms']} ms"))
+        rows.append((f"control plane: memory per connected node", f"{f['controlplane_kib_per_stream']:.1f} KiB"))
+    out = ["| what | measured |", "|---|---|"]
+    out.extend(f"| {what} | {value} |" for what, value in rows)
+    m = data.get("machine", {})
+    if m:
+        out.append("")
+        out.append(f"On {m.get('cores')} cores, {m.get('memory_gib'):.0f} GiB, Linux {m.get('kernel')}.")
+    return "\n".join(out) + "\n"
+
+
+def fill(path, parts):
+    """Replaces, in the file at `path`, each marked part it has; whether it had one."""
+    with open(path) as f:
+        text = f.read()
+    found = False
+    for name, content in parts.items():
+        begin, end = f"<!-- {name}:begin -->\n", f"<!-- {name}:end -->"
+        head, _, rest = text.partition(begin)
+        if not rest:
+            continue
+        _, _, tail = rest.partition(end)
+        text = head + begin + content + end + tail
+        found = True
+    if found:
+        with open(path, "w") as f:
+            f.write(text)
+    return found
+
+
 def main():
     args = sys.argv[1:]
-    readme = None
-    if len(args) >= 2 and args[-2] == "--readme":
-        readme = args[-1]
+    into = []
+    while len(args) >= 2 and args[-2] in ("--into", "--readme"):
+        into.insert(0, args[-1])
         args = args[:-2]
     if not args:
         print(__doc__, file=sys.stderr)
@@ -146,19 +207,13 @@ def main():
             data.setdefault("commands", []).append(run.get("command", "sudo tests/bench-scale.sh"))
             data.setdefault("machine", run.get("machine", {}))
     text = table(data)
-    if readme:
-        begin, end = "<!-- bench-scale:begin -->\n", "<!-- bench-scale:end -->"
-        with open(readme) as f:
-            current = f.read()
-        head, _, rest = current.partition(begin)
-        _, _, tail = rest.partition(end)
-        if not rest:
-            print(f"{readme} has no {begin.strip()} marker", file=sys.stderr)
+    parts = {"bench-scale": text, "bench-headline": headline(data)}
+    for path in into:
+        if not fill(path, parts):
+            print(f"{path} has no <!-- bench-scale:begin --> or <!-- bench-headline:begin --> marker", file=sys.stderr)
             return 1
-        with open(readme, "w") as f:
-            f.write(head + begin + text + end + tail)
-        return 0
-    sys.stdout.write(text)
+    if not into:
+        sys.stdout.write(text)
     return 0
 
 

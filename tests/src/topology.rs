@@ -222,19 +222,26 @@ impl Topology {
     /// The node agent driving `backend` under `wrapper` (a profiler: `heaptrack -o FILE`);
     /// without one, as [`Topology::start_dataplane_with`].
     pub fn start_dataplane_under(&self, backend: ProxyBackend, wrapper: &[String]) -> KpxProcess {
+        self.start_dataplane_from(&crate::process::binary("kpx-dataplane"), backend, wrapper)
+    }
+
+    /// [`Self::start_dataplane_under`], the agent being the binary at `binary` (another
+    /// build's, to compare with).
+    pub fn start_dataplane_from(
+        &self,
+        binary: &Path,
+        backend: ProxyBackend,
+        wrapper: &[String],
+    ) -> KpxProcess {
+        let args = Self::dataplane_args(&self.dir.path().join("state"), backend, &["--log-format=json"]);
+        let log = self.log_path("dataplane");
         let Some((program, wrapper_args)) = wrapper.split_first() else {
-            return self.start_dataplane_with(backend, &[]);
+            return KpxProcess::start_path(&self.node, binary, "kpx-dataplane", &args, log);
         };
-        let mut args = wrapper_args.to_vec();
-        args.push(crate::process::binary("kpx-dataplane").display().to_string());
-        args.extend(Self::dataplane_args(&self.dir.path().join("state"), backend, &["--log-format=json"]));
-        KpxProcess::start_path(
-            &self.node,
-            std::path::Path::new(program),
-            "kpx-dataplane",
-            &args,
-            self.log_path("dataplane"),
-        )
+        let mut wrapped = wrapper_args.to_vec();
+        wrapped.push(binary.display().to_string());
+        wrapped.extend(args);
+        KpxProcess::start_path(&self.node, Path::new(program), "kpx-dataplane", &wrapped, log)
     }
 
     /// The node agent driving `backend`, with extra flags and environment variables.

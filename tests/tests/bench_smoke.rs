@@ -29,6 +29,9 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
             "--ack-timeout",
             "3",
         ])
+        // This build's agent as its own baseline: the comparison of full rewrites runs.
+        .arg("--baseline")
+        .arg(format!("this={}", binary("kpx-dataplane").display()))
         .arg("--json")
         .arg(&json)
         .output()
@@ -69,7 +72,8 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
         // The data-path Services answered (a connect that failed would leave 0).
         assert!(r["connect_first_us"].as_u64() > Some(0) && r["connect_last_us"].as_u64() > Some(0), "{r}");
     }
-    // The README's table is generated from this JSON: the generator reads it.
+    // The documentation's tables are generated from this JSON: the generator reads it,
+    // and fills the headline of a file that has its markers.
     let table = std::process::Command::new("python3")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/bench-table.py"))
         .arg(&json)
@@ -77,6 +81,20 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
         .expect("run bench-table.py");
     let markdown = String::from_utf8_lossy(&table.stdout);
     assert!(table.status.success(), "{markdown}{}", String::from_utf8_lossy(&table.stderr));
+    let front = dir.path().join("front.md");
+    std::fs::write(&front, "# front\n<!-- bench-headline:begin -->\n<!-- bench-headline:end -->\nend\n")
+        .expect("write");
+    let filled = std::process::Command::new("python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/bench-table.py"))
+        .arg(&json)
+        .arg("--into")
+        .arg(&front)
+        .status()
+        .expect("run bench-table.py");
+    assert!(filled.success());
+    let front = std::fs::read_to_string(&front).expect("read");
+    assert!(front.contains("| node agent (nftables), 60 Services × 3 endpoints: initial sync"), "{front}");
+    assert!(front.ends_with("<!-- bench-headline:end -->\nend\n"), "{front}");
     // Each change through the API reached the kernel (a change never applied would time out).
     assert_eq!(figures["api"]["changes"], 3, "{figures}");
     assert!(figures["api"]["api_to_kernel_p50_ms"].as_f64() > Some(0.0), "{figures}");
@@ -90,6 +108,7 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
         "through the Kubernetes API",
         "IPVS, 60 Services × 10 endpoints, in the test VM",
         "a restart's full sync over its own rules",
+        "full rewrite by this build / by this's agent",
     ] {
         assert!(markdown.contains(row), "no {row:?} in:\n{markdown}");
     }

@@ -55,6 +55,9 @@ struct Args {
     skip: Vec<String>,
     /// Also run the fan-out over mutual TLS and print both side by side.
     tls: bool,
+    /// Another build's agent (its commit, its binary): nftables' full rewrite is also
+    /// timed with it, in the same run, and the two printed side by side.
+    baseline: Option<(String, PathBuf)>,
 }
 
 /// Node programming's scales: Kubernetes' per-cluster envelope of 250k endpoints (5k ×
@@ -76,6 +79,7 @@ fn parse_args() -> Result<Args, String> {
         json: None,
         skip: vec![],
         tls: false,
+        baseline: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -95,7 +99,16 @@ fn parse_args() -> Result<Args, String> {
             "--json" => a.json = Some(PathBuf::from(value()?)),
             "--skip" => a.skip.push(value()?),
             "--tls" => a.tls = true,
-            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --stuck-percent --ack-timeout SECONDS --changes --node-scales SxE,… --node-changes --node-idle SECONDS --json --skip fanout|floor|node|iptables|api|ipvs --tls)")),
+            "--baseline" => {
+                let v = value()?;
+                let (commit, path) =
+                    v.split_once('=').ok_or_else(|| format!("{flag}: {v:?} is not COMMIT=PATH"))?;
+                if !std::path::Path::new(path).is_file() {
+                    return Err(format!("{flag}: {path:?} is no file"));
+                }
+                a.baseline = Some((commit.to_owned(), PathBuf::from(path)));
+            }
+            other => return Err(format!("unknown flag {other} (--services --endpoints --nodes --slow-percent --stuck-percent --ack-timeout SECONDS --changes --node-scales SxE,… --node-changes --node-idle SECONDS --json --skip fanout|floor|node|iptables|api|ipvs --tls --baseline COMMIT=AGENT_BINARY)")),
         }
     }
     Ok(a)
@@ -1101,14 +1114,22 @@ fn node_programming(a: &Args, scale: Scale, backend: ProxyBackend, label: &str) 
     let prober =
         Prober::start(&t.client, &targets, "pod0", Duration::from_millis(10), Duration::from_secs(1800));
     dp.stop();
-    let restart = restart_and_measure(&t, backend, &wrapper, total);
+    let this_build = kpx_e2e::process::binary("kpx-dataplane");
+    let restart = restart_and_measure(&t, backend, &this_build, &wrapper, total);
     let probed = prober.finish();
     // Full rewrite: the same over a node whose table is gone (nftables; the other
     // backends rewrite at every restart).
     let rewrite = (backend == ProxyBackend::Nftables).then(|| {
         t.node.exec("nft", &["delete", "table", "inet", "kpx"]);
-        restart_and_measure(&t, backend, &wrapper, total)
+        restart_and_measure(&t, backend, &this_build, &wrapper, total)
     });
+    // The same full rewrite by another build's agent, alternating with this one's.
+    let compared = match (&rewrite, &a.baseline) {
+        (Some(rewrite), Some((commit, binary))) => {
+            Some(compare_rewrites(&t, backend, (&this_build, binary), &wrapper, total, rewrite, commit))
+        }
+        _ => None,
+    };
     println!(
         "initial sync: {:.2} s from the agent's start to the last Service programmed (the agent applying: {:.2} s); agent peak RSS {} MiB after it",
         pipeline.as_secs_f64(),
@@ -1186,6 +1207,8 @@ fn node_programming(a: &Args, scale: Scale, backend: ProxyBackend, label: &str) 
         "agent_steady_after_idle_s": a.node_idle_s,
         "agent_peak_rss_after_initial_sync_mib": peak_after_sync as f64 / 1024.0,
         "agent_full_sync_peak_rss_mib": restart.peak_kib as f64 / 1024.0,
+        "rewrite_render_ms": rewrite.as_ref().and_then(|r| r.render_ms),
+        "rewrite_compared": compared,
         "connect_first_us": first.as_micros() as u64, "connect_last_us": last.as_micros() as u64,
     })
 }
@@ -1203,13 +1226,70 @@ struct Restart {
     written: Option<u64>,
     /// Each `*_ms` and `elements*` field the backend logged.
     phases: Vec<String>,
+    /// nftables' full sync: how long the Services took to render and encode into the
+    /// transaction (the backend's `render_ms`).
+    render_ms: Option<u64>,
+}
+
+/// How many full rewrites each build makes in [`compare_rewrites`].
+const COMPARED_REWRITES: usize = 3;
+
+/// nftables' full rewrite by this build's agent and by another's (`builds`: this one's
+/// binary, then the other's), alternating, [`COMPARED_REWRITES`] times each (`first` is
+/// this build's first): the median of each one's time, and of its render, side by side.
+fn compare_rewrites(
+    t: &Topology,
+    backend: ProxyBackend,
+    builds: (&std::path::Path, &std::path::Path),
+    wrapper: &[String],
+    services: usize,
+    first: &Restart,
+    commit: &str,
+) -> serde_json::Value {
+    let (mut this, mut other) = (vec![(first.seconds, first.render_ms)], Vec::new());
+    for round in 0..COMPARED_REWRITES * 2 - 1 {
+        let (binary, runs) = if round % 2 == 0 { (builds.1, &mut other) } else { (builds.0, &mut this) };
+        t.node.exec("nft", &["delete", "table", "inet", "kpx"]);
+        let r = restart_and_measure(t, backend, binary, wrapper, services);
+        runs.push((r.seconds, r.render_ms));
+    }
+    let median = |runs: &[(f64, Option<u64>)]| {
+        let mut seconds: Vec<f64> = runs.iter().map(|r| r.0).collect();
+        let mut render: Vec<u64> = runs.iter().filter_map(|r| r.1).collect();
+        seconds.sort_by(f64::total_cmp);
+        render.sort();
+        (seconds.get(seconds.len() / 2).copied(), render.get(render.len() / 2).copied())
+    };
+    let ((this_s, this_render), (other_s, other_render)) = (median(&this), median(&other));
+    let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b.max(f64::EPSILON));
+    let render_ratio = ratio(this_render.map(|r| r as f64), other_render.map(|r| r as f64));
+    println!(
+        "full rewrite, this build against {commit}, median of {COMPARED_REWRITES} each (alternating): {} s against {} s; the Services rendered and encoded (render_ms) {} ms against {} ms: this build / {commit} = {}",
+        this_s.map_or("?".into(), |s| format!("{s:.2}")),
+        other_s.map_or("?".into(), |s| format!("{s:.2}")),
+        this_render.map_or("?".into(), |r| r.to_string()),
+        other_render.map_or("?".into(), |r| r.to_string()),
+        render_ratio.map_or("?".into(), |r| format!("{r:.2}")),
+    );
+    json!({
+        "baseline_commit": commit, "rewrites_each": COMPARED_REWRITES,
+        "rewrite_s": this_s, "baseline_rewrite_s": other_s,
+        "render_ms": this_render, "baseline_render_ms": other_render, "render_ratio": render_ratio,
+        "rewrite_ratio": ratio(this_s, other_s),
+    })
 }
 
 /// Starts the agent over its store, measures it programming what it stored, stops it.
-fn restart_and_measure(t: &Topology, backend: ProxyBackend, wrapper: &[String], services: usize) -> Restart {
+fn restart_and_measure(
+    t: &Topology,
+    backend: ProxyBackend,
+    binary: &std::path::Path,
+    wrapper: &[String],
+    services: usize,
+) -> Restart {
     // nftables logs how it wrote a full sync, or that its table needed no write.
     let unchanged = "full sync: kpx's table is as its last write left it, nothing written";
-    let mut dp = t.start_dataplane_under(backend, wrapper);
+    let mut dp = t.start_dataplane_from(binary, backend, wrapper);
     let programmed = kpx_e2e::wait_for("its stored state programmed", Duration::from_secs(1800), || {
         exited_before(&dp, "programming its stored state");
         dp.events().into_iter().find(|e| {
@@ -1256,6 +1336,7 @@ fn restart_and_measure(t: &Topology, backend: ProxyBackend, wrapper: &[String], 
         peak_kib,
         elements: field("elements"),
         written: field("elements_written"),
+        render_ms: written.as_ref().and_then(|e| e["render_ms"].as_u64()),
         phases,
     }
 }
