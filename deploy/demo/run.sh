@@ -7,8 +7,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ "$(id -u)" -eq 0 ] || { echo "deploy/demo/run.sh: run as root (it creates network namespaces)" >&2; exit 2; }
-if ! command -v nft >/dev/null || ! command -v ip >/dev/null || [ ! -x /usr/bin/python3 ] || ! command -v make >/dev/null; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables iproute2 python3 make >/dev/null
+# What the agent runs (nft, ip, conntrack: stale UDP flows are deleted with it) and the pods.
+if ! command -v nft >/dev/null || ! command -v ip >/dev/null || ! command -v conntrack >/dev/null \
+  || [ ! -x /usr/bin/python3 ] || ! command -v make >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables iproute2 conntrack python3 make >/dev/null
 fi
 cargo build --quiet --bins
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # migrate-under-load.sh [nftables|iptables]: on the real cluster of ../shared/kit (not for CI),
-# the README's migration from a running kube-proxy (nftables) to kpx and back, under load:
+# docs/install.md's migration from a running kube-proxy (nftables) to kpx and back, under load:
 # a client pod sends requests without pause to a ClusterIP and to a NodePort of a Service of
 # three agnhost pods while `switch-proxy.sh kpx-B` and then `switch-proxy.sh
 # kube-proxy-nftables` run; at the end it prints how many requests were answered and how

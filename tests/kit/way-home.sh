@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # way-home.sh [nftables|iptables]: on the real cluster of ../shared/kit (not for CI), with no
-# kube-proxy and kpx installed from its chart as the README's "A cluster without kube-proxy"
+# kube-proxy and kpx installed from its chart as docs/install.md's "A cluster without kube-proxy"
 # says, the three ways agents used to lose their control plane for good, each timed:
 #   1. the control plane scaled to 0 (20 s away) and back to 2;
-#   2. helm uninstall, the README's cleanup on every node, helm install again;
+#   2. helm uninstall, docs/install.md's cleanup on every node, helm install again;
 #   3. one node's /var/lib/kpx wiped, kpx's rules removed there (kpx-dataplane --cleanup) and
 #      its agent pod deleted: a new node.
 # After each it prints the seconds from the control plane being Ready again to every agent's

@@ -320,7 +320,7 @@ const KUBE_PROXY_METRICS: &[(&str, bool, &[&str])] = &[
     ("kubeproxy_sync_proxy_rules_no_local_endpoints_total", false, &["ip_family", "traffic_policy"]),
     ("kubeproxy_sync_proxy_rules_service_changes_pending", false, &[]),
     ("kubeproxy_sync_proxy_rules_service_changes_total", false, &[]),
-    // Not served by kpx (see README): the nfacct-based `kubeproxy_iptables_{ct_state_invalid_dropped,localhost_nodeports_accepted}_packets_total`,
+    // Not served by kpx (see docs/operate.md): the nfacct-based `kubeproxy_iptables_{ct_state_invalid_dropped,localhost_nodeports_accepted}_packets_total`,
     // `kubeproxy_sync_proxy_rules_iptables_{total,last}` and
     // `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total`.
 ];
@@ -485,10 +485,11 @@ fn reflection_v1alpha_with_python_and_v1_with_tonic_on_both_servers() {
     assert!(!agent.contains("service kpx.admin.v1.ControlPlaneAdmin"), "{agent}");
 }
 
-/// The `grpcurl …` lines of the README's code blocks.
+/// The `grpcurl …` lines of the manual's code blocks (docs/operate.md, "Seeing inside").
 fn readme_grpcurl_examples() -> Vec<String> {
-    let readme = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
-        .expect("README.md");
+    let readme =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/operate.md"))
+            .expect("docs/operate.md");
     let mut in_code = false;
     let mut out = Vec::new();
     for line in readme.lines().map(str::trim) {
@@ -502,9 +503,9 @@ fn readme_grpcurl_examples() -> Vec<String> {
 }
 
 #[test]
-fn every_grpcurl_example_of_the_readme_works() {
+fn every_grpcurl_example_of_the_manual_works() {
     let examples = readme_grpcurl_examples();
-    assert!(examples.len() >= 4, "the README shows grpcurl: {examples:?}");
+    assert!(examples.len() >= 4, "the manual shows grpcurl: {examples:?}");
     let t = Topology::new(1);
     let _backends = t.start_backends(8080);
     t.write_node();
