@@ -67,7 +67,7 @@ fn main() -> ExitCode {
         match runtime.block_on(source::prepare(spec)) {
             Ok(p) => prepared.push(p),
             Err(e) => {
-                eprintln!("kpx-controlplane: {}", causes(&e));
+                eprintln!("kpx-controlplane: {}", kpx_proto::cli::causes(&e));
                 return ExitCode::from(2);
             }
         }
@@ -79,22 +79,6 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
-}
-
-/// An error and its causes, each once: `a: b: c` (kube's errors repeat their cause in
-/// their own message, so a cause already said is not said again).
-fn causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(e) = cause {
-        let said = e.to_string();
-        if !text.contains(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        cause = e.source();
-    }
-    text
 }
 
 /// How many source events may wait for the publisher before a source waits too.

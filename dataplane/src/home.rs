@@ -285,7 +285,7 @@ async fn first_connected(control_plane: &ControlPlane, candidates: &[Option<Sock
             // routed waits far longer than a connect).
             match tokio::time::timeout(control_plane.keepalive, control_plane.connect_via(address)).await {
                 Ok(Ok(channel)) => Ok((channel, address)),
-                Ok(Err(e)) => Err(format!("connect {whom}: {}", crate::xds_client::causes(&e))),
+                Ok(Err(e)) => Err(format!("connect {whom}: {}", kpx_proto::cli::causes(&e))),
                 Err(_) => Err(format!("connect {whom}: no connection within {:?}", control_plane.keepalive)),
             }
         })

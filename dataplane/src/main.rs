@@ -16,9 +16,9 @@ use kpx_dataplane::backend::nftables::NftablesBackend;
 use kpx_dataplane::backend::Backend;
 use kpx_dataplane::config::{AgentConfig, BackendConfig, Flags, IptablesMode, Mode, RunConfig};
 use kpx_dataplane::exec::conntrack::{ConntrackProcess, SharedConntrack};
-use kpx_dataplane::exec::ipset::IpsetProcess;
+use kpx_dataplane::exec::ipset::tool::IpsetProcess;
 use kpx_dataplane::exec::iptables::{Flavour, Iptables, IptablesProcess};
-use kpx_dataplane::exec::ipvs::NetlinkIpvs;
+use kpx_dataplane::exec::ipvs::netlink::NetlinkIpvs;
 use kpx_dataplane::exec::links::IpProcess;
 use kpx_dataplane::exec::nft;
 use kpx_dataplane::exec::sysctl::ProcSys;
@@ -97,7 +97,7 @@ fn flavour(mode: IptablesMode) -> Flavour {
 /// The configured backend over the kernel's own facilities.
 fn backend(config: &BackendConfig, conntrack: &SharedConntrack) -> Box<dyn Backend> {
     match config {
-        BackendConfig::Nftables => Box::new(NftablesBackend::new(nft::system())),
+        BackendConfig::Nftables => Box::new(NftablesBackend::new(nft::open::system())),
         BackendConfig::Iptables { mode, localhost_nodeports } => {
             let backend = IptablesBackend::new(Box::new(IptablesProcess { flavour: flavour(*mode) }));
             if *localhost_nodeports {
@@ -130,7 +130,7 @@ fn make_settings(keeper: &mut Keeper) -> anyhow::Result<()> {
 fn cleanup(backend: &mut dyn Backend, own: Option<&std::path::Path>, kube_proxy: bool) -> anyhow::Result<()> {
     if kube_proxy {
         let mut kernel = KubeProxyKernel {
-            nft: nft::system(),
+            nft: nft::open::system(),
             iptables: [Flavour::Nft, Flavour::Legacy]
                 .into_iter()
                 .map(|flavour| (flavour, Box::new(IptablesProcess { flavour }) as Box<dyn Iptables>))

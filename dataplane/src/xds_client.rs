@@ -197,27 +197,11 @@ fn code_name(code: tonic::Code) -> String {
     format!("{code:?}")
 }
 
-/// An error and its causes, each once (transport errors say little at the top: the
-/// reason — a refused certificate, a closed connection — is further down).
-pub(crate) fn causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(e) = cause {
-        let said = e.to_string();
-        if !text.contains(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        cause = e.source();
-    }
-    text
-}
-
 /// A status as the agent logs it: its code, message and causes, and what they likely mean.
 fn status_text(status: &tonic::Status, tls: bool) -> String {
     let mut text = format!("{}: {}", code_name(status.code()), status.message());
     if let Some(source) = std::error::Error::source(status) {
-        let below = causes(source);
+        let below = kpx_proto::cli::causes(source);
         if below.starts_with(status.message()) {
             text = format!("{}: {below}", code_name(status.code()));
         } else if !text.contains(&below) {

@@ -1,5 +1,6 @@
 //! What both binaries' command lines share: Go-style durations (as Kubernetes writes
-//! them), the log format, and waiting for the signal to stop.
+//! them), the log format, an error told with its causes, and waiting for the signal to
+//! stop.
 
 use std::time::Duration;
 
@@ -7,6 +8,24 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0:?} is not a duration (like 30s, 1m30s, 500ms, 1h)")]
 pub struct BadDuration(pub String);
+
+/// An error and its causes, each once: `a: b: c`. Transport errors say little at the top
+/// (the reason — a refused certificate, a closed connection — is further down), and
+/// kube's repeat their cause in their own message, so a cause already said is not said
+/// again.
+pub fn causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let said = e.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = e.source();
+    }
+    text
+}
 
 /// A Go-style duration: `30s`, `1m30s`, `1.5h`, `500ms`, `0s` (or a bare `0`).
 pub fn parse_duration(text: &str) -> Result<Duration, BadDuration> {

@@ -23,8 +23,8 @@ const PORT: u16 = 8080;
 
 /// The changes the agent has programmed (endpoint and Service changes), read over HTTP.
 fn changes_programmed(node: &Netns) -> f64 {
-    crate::scenarios::agent_metric(node, "kubeproxy_sync_proxy_rules_endpoint_changes_total")
-        + crate::scenarios::agent_metric(node, "kubeproxy_sync_proxy_rules_service_changes_total")
+    crate::traffic::agent_metric(node, "kubeproxy_sync_proxy_rules_endpoint_changes_total")
+        + crate::traffic::agent_metric(node, "kubeproxy_sync_proxy_rules_service_changes_total")
 }
 
 /// Writes a Service's manifest with its slice of these endpoints.

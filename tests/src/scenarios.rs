@@ -20,8 +20,8 @@ use crate::topology::{
     sock, ProxyBackend, Topology, CLIENT_IP, CLIENT_IP_2, CLUSTER_CIDR, NODE_IP, NODE_IP6, NODE_IP_2,
 };
 use crate::traffic::{
-    http_get, http_get_path, http_get_with_headers, tcp_request, tcp_request_from, tcp_request_from_port,
-    udp_exchange, udp_request, Answer, Backend, Prober,
+    http_get, http_get_with_headers, tcp_request, tcp_request_from, tcp_request_from_port, udp_exchange,
+    udp_request, Answer, Backend, Prober,
 };
 use crate::{wait_for, DEADLINE};
 
@@ -136,7 +136,7 @@ impl Scene {
 
     /// One sample of the agent's metrics, read over HTTP (`/metrics` on 127.0.0.1:10249).
     pub fn agent_metric(&self, name: &str) -> f64 {
-        agent_metric(&self.t.node, name)
+        crate::traffic::agent_metric(&self.t.node, name)
     }
 
     /// The peers pod `i`'s backend has seen.
@@ -147,17 +147,6 @@ impl Scene {
     fn clear_peers(&self) {
         self.backends.iter().for_each(Backend::clear_peers);
     }
-}
-
-/// One sample of a metric of the agent running in `node`, read over HTTP (`/metrics` on
-/// 127.0.0.1:10249).
-pub fn agent_metric(node: &Netns, name: &str) -> f64 {
-    // A busy (or emulated) machine may answer later than one request waits: ask again.
-    let (code, body) = wait_for("the agent's metrics", DEADLINE, || {
-        node.run_in(|| http_get_path(sock("127.0.0.1", 10249), "/metrics")).ok()
-    });
-    assert_eq!(code, 200, "{body}");
-    crate::traffic::metric_value(&body, name).unwrap_or_else(|| panic!("{name} in {body}"))
 }
 
 fn pod(i: usize) -> String {

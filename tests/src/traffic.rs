@@ -341,6 +341,17 @@ pub fn http_get_with_headers(to: SocketAddr, path: &str) -> Result<(u16, Vec<Str
     Ok((status, headers, body.to_owned()))
 }
 
+/// One sample of a metric of the agent running in `node`, read over HTTP (`/metrics` on
+/// 127.0.0.1:10249).
+pub fn agent_metric(node: &crate::netns::Netns, name: &str) -> f64 {
+    // A busy (or emulated) machine may answer later than one request waits: ask again.
+    let (code, body) = crate::wait_for("the agent's metrics", crate::DEADLINE, || {
+        node.run_in(|| http_get_path(SocketAddr::from(([127, 0, 0, 1], 10249)), "/metrics")).ok()
+    });
+    assert_eq!(code, 200, "{body}");
+    metric_value(&body, name).unwrap_or_else(|| panic!("{name} in {body}"))
+}
+
 /// The value of metric `name` (no labels) in a Prometheus text exposition.
 pub fn metric_value(exposition: &str, name: &str) -> Option<f64> {
     exposition

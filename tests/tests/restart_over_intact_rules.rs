@@ -14,9 +14,10 @@ use kpx_dataplane::backend::iptables::IptablesBackend;
 use kpx_dataplane::backend::nftables::NftablesBackend;
 use kpx_dataplane::backend::Backend;
 use kpx_dataplane::exec::iptables::{Flavour, Iptables, IptablesProcess};
-use kpx_dataplane::exec::nft::{Nft, NftProcess, Outline, Reconciled, RefillWith};
-use kpx_dataplane::exec::nft_elements::{ElementUpdate, Emptied, Layout, Refill, Value, Values};
-use kpx_dataplane::exec::nft_netlink::NftNetlink;
+use kpx_dataplane::exec::nft::elements::{ElementUpdate, Emptied, Layout, Refill, Value, Values};
+use kpx_dataplane::exec::nft::netlink::NftNetlink;
+use kpx_dataplane::exec::nft::open::NftProcess;
+use kpx_dataplane::exec::nft::{Nft, Outline, Reconciled, RefillWith};
 use kpx_dataplane::exec::ExecError;
 use kpx_dataplane::state::NodeState;
 use kpx_e2e::netns::Netns;
@@ -257,7 +258,7 @@ fn a_batch_written_against_an_old_generation_is_refused_whole() {
         let add = ElementUpdate {
             flush: vec![],
             delete: vec![],
-            add: vec![kpx_dataplane::exec::nft_elements::SetElements {
+            add: vec![kpx_dataplane::exec::nft::elements::SetElements {
                 set: "no-endpoints-v4".into(),
                 layout,
                 elements: vec![(&entry, None)],

@@ -3,6 +3,7 @@
 //! defaults. Nothing else reads flags or the file; the agent, its servers and the
 //! backends receive what they need from [`AgentConfig`].
 
+mod conntrack;
 pub mod file;
 pub mod flags;
 pub mod gates;
@@ -16,13 +17,13 @@ use ipnet::IpNet;
 use kpx_proto::cli::parse_duration;
 use kpx_proto::node_context::{LocalMode, NodePortAddresses, ProxySettings};
 
+pub use conntrack::ConntrackSettings;
 pub use flags::{BackendKind, Flags, IptablesMode, ProbeKind};
 
 use crate::apiserver::{ApiCredentials, ApiServer};
 use crate::backend::ipvs::IpvsOptions;
 use crate::connection::{ClientIdentity, ClientTls, ControlPlane};
 use crate::home::ApiAccess;
-use crate::node_sysctls::ConntrackSettings;
 use crate::serve::Listen;
 use file::{KubeProxyConfiguration, ModeSection};
 use gates::{FeatureGates, KubernetesVersion};

@@ -2,7 +2,7 @@
 //! and `-save`, `ipset`, `ip`, `conntrack`), opens libnftables, the IPVS generic
 //! netlink socket, an ipset netlink socket (members added and deleted), an rtnetlink socket
 //! (the interfaces' addresses) and an nf_tables netlink socket (element updates, and reads nft would
-//! make cost the whole table: [`nft_netlink`]), and writes `/proc/sys`. Everything above it speaks to the kernel through
+//! make cost the whole table: [`nft::netlink`]), and writes `/proc/sys`. Everything above it speaks to the kernel through
 //! the traits here, so that [`fake`] — an in-memory model of each facility that applies
 //! a transaction whole or refuses it whole, as the kernel does, and dumps canonical text —
 //! can stand in for the kernel in tests that run without root.
@@ -25,17 +25,11 @@ pub mod conntrack;
 pub mod fake;
 pub mod interfaces;
 pub mod ipset;
-mod ipset_netlink;
 pub mod iptables;
 pub mod ipvs;
-mod ipvs_netlink;
-mod libnftables;
 pub mod links;
 mod netlink;
 pub mod nft;
-pub mod nft_elements;
-pub mod nft_netlink;
-mod nft_reconcile;
 mod process;
 pub mod sysctl;
 

@@ -19,8 +19,8 @@ use kpx_dataplane::backend::nftables::NftablesBackend;
 use kpx_dataplane::backend::{Backend, NodeContext};
 use kpx_dataplane::exec::conntrack::ConntrackProcess;
 use kpx_dataplane::exec::iptables::{Flavour, IptablesProcess};
-use kpx_dataplane::exec::ipvs::open_socket;
-use kpx_dataplane::exec::nft::{self, NftProcess};
+use kpx_dataplane::exec::ipvs::netlink::open_socket;
+use kpx_dataplane::exec::nft::open::{self, NftProcess};
 use kpx_dataplane::state::{ChangeSet, NodeState, Versioned};
 use kpx_e2e::netns::Netns;
 use kpx_e2e::percentile;
@@ -169,7 +169,7 @@ fn main() -> std::process::ExitCode {
             measure(
                 &a,
                 "nftables (lib)",
-                &|| Ok(Box::new(NftablesBackend::new(nft::library().map_err(|e| e.to_string())?))),
+                &|| Ok(Box::new(NftablesBackend::new(open::library().map_err(|e| e.to_string())?))),
                 services,
             );
             measure(

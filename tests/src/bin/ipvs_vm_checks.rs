@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use kpx_dataplane::exec::ipvs::{
-    open_socket, Destination, Ipvs, ServiceKey, VirtualService, FLAG_PERSISTENT, PROTO_TCP,
+    netlink::open_socket, Destination, Ipvs, ServiceKey, VirtualService, FLAG_PERSISTENT, PROTO_TCP,
 };
 use kpx_e2e::topology::{sock, Topology};
 use kpx_e2e::traffic::{tcp_request, Answer};

@@ -26,11 +26,12 @@ use super::ipset::{self, SetRole};
 use super::programmed::{Changes, Delta, Programmed};
 use crate::backend::{xtables, Backend, BackendError, Family, NodeContext};
 use crate::exec::conntrack::{FlowFilter, SharedConntrack};
-use crate::exec::ipset::{Edit, Ipset, IpsetNetlink};
+use crate::exec::ipset::netlink::IpsetNetlink;
+use crate::exec::ipset::{Edit, Ipset};
 use crate::exec::iptables::{Flavour, Iptables, IptablesProcess};
 use crate::exec::ipvs::{
-    Destination, DestinationEdit, Ipvs, IpvsError, NetlinkIpvs, ServiceKey, VirtualService, PROTO_SCTP,
-    PROTO_TCP, PROTO_UDP,
+    Destination, DestinationEdit, Ipvs, IpvsError, ServiceKey, VirtualService, PROTO_SCTP, PROTO_TCP,
+    PROTO_UDP,
 };
 use crate::exec::links::{IpProcess, Links};
 use crate::exec::sysctl::{ProcSys, Sysctl};
@@ -67,7 +68,7 @@ impl IpvsKernel {
     /// whole sets through the tool), the `iptables` (of `flavour`) and `ip` tools, `/proc/sys`.
     pub fn system(flavour: Flavour, conntrack: SharedConntrack) -> Self {
         IpvsKernel {
-            ipvs: Box::new(NetlinkIpvs::default()),
+            ipvs: Box::new(crate::exec::ipvs::netlink::NetlinkIpvs::default()),
             ipset: Box::new(IpsetNetlink::default()),
             iptables: Box::new(IptablesProcess { flavour }),
             links: Box::new(IpProcess),

@@ -18,8 +18,8 @@ pub mod skeleton;
 pub mod written;
 
 use crate::backend::{Backend, BackendError, NodeContext};
+use crate::exec::nft::elements::{Data, EncodeError, Layout, Refill, Values};
 use crate::exec::nft::{Nft, Reconciled};
-use crate::exec::nft_elements::{Data, EncodeError, Layout, Refill, Values};
 use crate::exec::ExecError;
 use crate::state::{ChangeSet, NodeState};
 

@@ -33,8 +33,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use super::affinity;
-use super::render::{Collection, FAMILY, TABLE};
-use super::ruleset::Contents;
+use super::render::{self, Collection, Element, FAMILY, LAYOUT_COMMENT as COMMENT, TABLE};
 use super::skeleton;
 
 pub use crate::exec::nft::Outline;
@@ -70,13 +69,44 @@ impl Outline {
     }
 }
 
+/// What a full sync writes into an emptied table: the fixed part and every Service's
+/// chains and interval-set elements as `add` commands (`script`), the pick chains it keeps
+/// as they are, and, when they go in the script, the other elements (`elements`, empty
+/// until [`super::ruleset::Programmed::updatable_elements`] fills it: when they are written apart,
+/// [`super::ruleset::Programmed::full_writing`] streams them instead).
+#[derive(Debug, Default)]
+pub struct Contents {
+    pub script: String,
+    pub elements: BTreeSet<Element>,
+    pub kept_pick_chains: BTreeSet<String>,
+}
+
+impl Contents {
+    /// Appends the script to `out`, and the elements too when they go in it (last: their
+    /// verdicts name chains of the script).
+    pub fn write(&self, out: &mut String, elements: Elements) {
+        out.push_str(&self.script);
+        if elements == Elements::InScript {
+            render::element_commands(out, "add", &self.elements);
+        }
+    }
+
+    /// Everything as `add` commands.
+    #[cfg(test)]
+    pub fn whole_script(&self) -> String {
+        let mut script = String::new();
+        self.write(&mut script, Elements::InScript);
+        script
+    }
+}
+
 /// Where a full sync writes the elements of the updatable sets and maps (every one but
 /// the interval sets).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Elements {
     /// In the script, last: the whole full sync is one transaction.
     InScript,
-    /// In the element update that follows the script ([`Contents::element_update`]: it
+    /// In the element update that follows the script (it
     /// empties those sets and fills them again, one transaction of its own); the script
     /// leaves them as they are, so that in between they hold what they held before.
     Apart,
@@ -127,10 +157,6 @@ pub fn replace_script(contents: &Contents) -> String {
     // Adding first makes the delete valid whether or not the table exists.
     format!("add table {t}\ndelete table {t}\n{}", create_script(contents, Elements::InScript))
 }
-
-/// The table's comment, naming its layout: change the number whenever a set, map or base
-/// chain is declared otherwise, so that tables of the old layout are replaced whole.
-pub const COMMENT: &str = "managed by kpx-dataplane, layout 3";
 
 /// Writes the commands that empty the table; whether they delete anything.
 fn empty_in_place(

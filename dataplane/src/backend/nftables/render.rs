@@ -26,11 +26,16 @@ use std::fmt::{self, Write as _};
 use std::net::IpAddr;
 
 use crate::backend::owners::EntryKey;
-use crate::exec::nft_elements::{
+use crate::exec::nft::elements::{
     Data, DataLayout, ElementText, ElementUpdate, Emptied, Field, Layout, SetElements, Value, Values, Verdict,
 };
 
 pub use crate::exec::nft::{FAMILY, TABLE};
+
+/// The comment of kpx's table, naming its layout: change the number whenever a set, map
+/// or base chain is declared otherwise, so that tables of the old layout are replaced
+/// whole (see [`super::outline`]).
+pub const LAYOUT_COMMENT: &str = "managed by kpx-dataplane, layout 3";
 
 /// The packet mark bit that asks nat-postrouting to masquerade.
 pub const MASQUERADE_MARK: u32 = 0x2000;

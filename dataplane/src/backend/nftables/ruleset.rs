@@ -10,14 +10,14 @@ use std::sync::Arc;
 use kpx_proto::types::ServiceView;
 
 use super::affinity::{self, NftObject, ObjectCommands};
-use super::outline::{Elements, Outline};
+use super::outline::{Contents, Outline};
 use super::render::{self, Collection, Element, Shared};
 use super::service::{self, ServiceRules};
 use super::skeleton::{self, PickChains};
 use super::written;
 use crate::backend::owners::{EntryKey, Owners};
 use crate::backend::NodeContext;
-use crate::exec::nft_elements::{ElementUpdate, EncodeError, Refill};
+use crate::exec::nft::elements::{ElementUpdate, EncodeError, Refill};
 use crate::state::{ChangeSet, NodeState};
 
 #[derive(Debug, Default)]
@@ -117,37 +117,6 @@ fn held(mut rules: ServiceRules, held: Vec<EntryKey>) -> ServiceRules {
     rules.elements.retain(|(entry, _)| held.contains(entry));
     rules.entries = held;
     rules
-}
-
-/// What a full sync writes into an emptied table: the fixed part and every Service's
-/// chains and interval-set elements as `add` commands (`script`), the pick chains it keeps
-/// as they are, and, when they go in the script, the other elements (`elements`, empty
-/// until [`Programmed::updatable_elements`] fills it: when they are written apart,
-/// [`Programmed::full_writing`] streams them instead).
-#[derive(Debug, Default)]
-pub struct Contents {
-    pub script: String,
-    pub elements: BTreeSet<Element>,
-    pub kept_pick_chains: BTreeSet<String>,
-}
-
-impl Contents {
-    /// Appends the script to `out`, and the elements too when they go in it (last: their
-    /// verdicts name chains of the script).
-    pub fn write(&self, out: &mut String, elements: Elements) {
-        out.push_str(&self.script);
-        if elements == Elements::InScript {
-            render::element_commands(out, "add", &self.elements);
-        }
-    }
-
-    /// Everything as `add` commands.
-    #[cfg(test)]
-    pub fn whole_script(&self) -> String {
-        let mut script = String::new();
-        self.write(&mut script, Elements::InScript);
-        script
-    }
 }
 
 /// What a plan does with the elements of updatable collections it adds.
@@ -608,7 +577,7 @@ mod tests {
             ("b", "10.96.0.2", &["10.0.0.1"]),
             ("c", "fd00:96::3", &["fd00::7"]),
         ]);
-        let mut refill = crate::exec::nft_elements::HeldRefill::default();
+        let mut refill = crate::exec::nft::elements::HeldRefill::default();
         let (programmed, contents, written) =
             Programmed::full_writing(&desired, &no_context(), None, &mut refill).expect("written");
         assert!(contents.elements.is_empty(), "not collected: written apart or asked for");

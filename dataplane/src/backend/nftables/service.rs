@@ -11,7 +11,7 @@ use super::affinity::{self, NftObject};
 use super::render::{self, drop_verdict, goto, Collection, Element, Family, Shared};
 use super::skeleton::{endpoints_map, pick_chain_name, EndpointSet};
 use crate::backend::owners::EntryKey;
-use crate::exec::nft_elements::{Value, Values};
+use crate::exec::nft::elements::{Value, Values};
 use kpx_proto::policy::{self, Action, EntryKind, PortFamily};
 
 /// Everything one Service needs in the table.

@@ -26,7 +26,7 @@ use std::fmt::Write as _;
 use kpx_proto::node_context::{LocalMatch, NodeContext};
 
 use super::render::{Collection, Element, Family, NftFamily, FAMILY, MASQUERADE_MARK, TABLE};
-use crate::exec::nft_elements::{Value, Values};
+use crate::exec::nft::elements::{Value, Values};
 
 /// A chain nothing jumps to, holding one rule: while the rule is there, nothing flushed
 /// kpx's table behind its back (see [`crate::backend::Backend::intact`]).

@@ -23,7 +23,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use kpx_proto::node_context::NodeContext;
 
 use super::render::{FAMILY, TABLE};
-use crate::exec::nft_elements::{
+use crate::exec::nft::elements::{
     DataLayout, ElementUpdate, Emptied, Field, Layout, SetElements, Value, Values,
 };
 use crate::state::NodeState;
@@ -90,7 +90,7 @@ pub fn service_part(name: &str, version: &str) -> u64 {
 /// them —, which is harmless.)
 pub fn fingerprint(binary: u64, context: &NodeContext, services: u64) -> u64 {
     let mut h = DefaultHasher::new();
-    (binary, super::outline::COMMENT, context).hash(&mut h);
+    (binary, super::render::LAYOUT_COMMENT, context).hash(&mut h);
     h.finish() ^ services
 }
 
@@ -120,7 +120,7 @@ mod tests {
     #[test]
     fn an_element_reads_back_as_it_was_written() {
         let w = Written { generation: 41, fingerprint: 0x0123_4567_89ab_cdef };
-        let key = crate::exec::nft_elements::key(&layout(), &w.key()).expect("encoded");
+        let key = crate::exec::nft::elements::key(&layout(), &w.key()).expect("encoded");
         let key = key.as_bytes();
         assert_eq!(Written::read(key), Some(w));
         assert_eq!(Written::read(&key[..8]), None, "too short");

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::exec::nft::elements::{self, ElementUpdate, Field, Layout, Value, Values};
 use crate::exec::nft::{Nft, Outline, FAMILY, TABLE};
-use crate::exec::nft_elements::{self, ElementUpdate, Field, Layout, Value, Values};
 use crate::exec::ExecError;
 use kpx_proto::types::Protocol;
 
@@ -165,7 +165,7 @@ impl Nft for FakeNft {
     /// Encodes every element as the kernel's writer does (refusing what it would), then
     /// applies the update as the `flush`/`delete element`/`add element` commands it amounts to.
     fn update_elements(&mut self, update: &ElementUpdate) -> Result<(), ExecError> {
-        nft_elements::check(update).map_err(|e| ExecError::refused(TOOL, e.to_string()))?;
+        elements::check(update).map_err(|e| ExecError::refused(TOOL, e.to_string()))?;
         let script = update.script();
         self.run(&script)?;
         self.state().element_updates += 1;
@@ -215,7 +215,7 @@ impl Nft for FakeNft {
         };
         let encoded = |text: &str| {
             let key = parse_values(&layout.key, text)?;
-            nft_elements::key(layout, &key).map(|k| k.as_bytes().to_vec())
+            elements::key(layout, &key).map(|k| k.as_bytes().to_vec())
         };
         texts.iter().map(|k| encoded(k).map_err(|reason| ExecError::refused(TOOL, reason))).collect()
     }

@@ -5,12 +5,13 @@
 use std::net::IpAddr;
 
 #[cfg(test)]
-use super::ipvs::PROTO_TCP;
-use super::ipvs::{
-    Destination, DestinationEdit, IpvsError, ServiceKey, VirtualService, FLAG_PERSISTENT, FORWARD_MASQUERADE,
+use super::PROTO_TCP;
+use super::{
+    Destination, DestinationEdit, Ipvs, IpvsError, ServiceKey, VirtualService, FLAG_PERSISTENT,
+    FORWARD_MASQUERADE,
 };
 
-use super::netlink::{attributes, find, Message, NetlinkError, Socket};
+use crate::exec::netlink::{attributes, find, Message, NetlinkError, Socket};
 
 const NETLINK_GENERIC: i32 = 16;
 const GENL_ID_CTRL: u16 = 0x10;
@@ -314,6 +315,75 @@ impl IpvsSocket {
         destination_attrs(&mut m, d);
         m
     }
+}
+
+/// IPVS in the kernel of the calling thread's network namespace, over a generic netlink
+/// socket opened on first use.
+#[derive(Default)]
+pub struct NetlinkIpvs {
+    socket: Option<IpvsSocket>,
+}
+
+impl NetlinkIpvs {
+    fn socket(&mut self) -> Result<&mut IpvsSocket, IpvsError> {
+        if self.socket.is_none() {
+            self.socket = Some(IpvsSocket::open()?);
+        }
+        self.socket.as_mut().ok_or(IpvsError::NoIpvs)
+    }
+}
+
+impl Ipvs for NetlinkIpvs {
+    fn services(&mut self) -> Result<Vec<VirtualService>, IpvsError> {
+        self.socket()?.services()
+    }
+
+    fn destinations(&mut self, key: &ServiceKey) -> Result<Vec<Destination>, IpvsError> {
+        self.socket()?.destinations(key)
+    }
+
+    fn add_service(&mut self, s: &VirtualService) -> Result<(), IpvsError> {
+        self.socket()?.add_service(s)
+    }
+
+    fn edit_service(&mut self, s: &VirtualService) -> Result<(), IpvsError> {
+        self.socket()?.edit_service(s)
+    }
+
+    fn delete_service(&mut self, key: &ServiceKey) -> Result<(), IpvsError> {
+        self.socket()?.delete_service(key)
+    }
+
+    fn add_destination(&mut self, key: &ServiceKey, d: &Destination) -> Result<(), IpvsError> {
+        self.socket()?.add_destination(key, d)
+    }
+
+    fn edit_destination(&mut self, key: &ServiceKey, d: &Destination) -> Result<(), IpvsError> {
+        self.socket()?.edit_destination(key, d)
+    }
+
+    fn delete_destination(&mut self, key: &ServiceKey, d: &Destination) -> Result<(), IpvsError> {
+        self.socket()?.delete_destination(key, d)
+    }
+
+    fn edit_destinations(
+        &mut self,
+        key: &ServiceKey,
+        edits: &[(DestinationEdit, Destination)],
+    ) -> Result<(), IpvsError> {
+        self.socket()?.edit_destinations(key, edits)
+    }
+
+    fn reset(&mut self) {
+        self.socket = None;
+    }
+}
+
+/// The raw socket, for tests that check the netlink layer against a real IPVS kernel.
+pub fn open_socket() -> Result<impl Ipvs, IpvsError> {
+    let mut ipvs = NetlinkIpvs::default();
+    ipvs.socket()?;
+    Ok(ipvs)
 }
 
 #[cfg(test)]

@@ -16,12 +16,16 @@
 
 use std::collections::BTreeSet;
 
-use super::netlink::{attributes, find, read_string, Batch, Message, NetlinkError, Socket, NLM_F_CREATE};
-use super::nft::{Outline, RefillWith, TABLE};
-use super::nft_elements::{
-    self, Data, ElementUpdate, Emptied, EncodeError, EncodedData, Layout, Refill, SetElements, Values,
+use super::elements::{
+    self as encoding, Data, ElementUpdate, Emptied, EncodeError, EncodedData, Layout, Refill, SetElements,
+    Values,
 };
-use super::ExecError;
+use super::table::TABLE;
+use super::{Outline, RefillWith};
+use crate::exec::netlink::{
+    attributes, find, read_string, Batch, Message, NetlinkError, Socket, NLM_F_CREATE,
+};
+use crate::exec::ExecError;
 
 pub(super) const NETLINK_NETFILTER: i32 = 12;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
@@ -152,7 +156,7 @@ impl NftNetlink {
         self.batch_at(generation, messages)
     }
 
-    /// What [`super::nft::Nft::refill`] does, the rules' script run by `run`: `fill`
+    /// What [`super::Nft::refill`] does, the rules' script run by `run`: `fill`
     /// writes each element into a batch as it comes; the script runs; the batch (empty
     /// `flush`, add the elements) is sent as one transaction.
     pub fn refill(
@@ -348,8 +352,8 @@ fn write_element(
     key: &Values,
     data: Option<&Data>,
 ) -> Result<(), String> {
-    let key_bytes = nft_elements::key(layout, key)?;
-    let data = if command == msg::NEW_SET_ELEM { nft_elements::data(layout, data)? } else { None };
+    let key_bytes = encoding::key(layout, key)?;
+    let data = if command == msg::NEW_SET_ELEM { encoding::data(layout, data)? } else { None };
     write_encoded(m, key_bytes.as_bytes(), data.as_ref());
     Ok(())
 }

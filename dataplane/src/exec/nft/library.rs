@@ -7,7 +7,7 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
-use super::ExecError;
+use crate::exec::ExecError;
 
 type CtxNew = unsafe extern "C" fn(u32) -> *mut c_void;
 type CtxFree = unsafe extern "C" fn(*mut c_void);

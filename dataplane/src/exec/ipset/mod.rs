@@ -1,5 +1,5 @@
 //! ipset: the `ipset` tool for whole sets (create, swap, destroy, save) and, for members
-//! added to and deleted from sets that exist, netlink ([`IpsetNetlink`]): a change of one
+//! added to and deleted from sets that exist, netlink ([`netlink::IpsetNetlink`]): a change of one
 //! endpoint is then two messages rather than two processes.
 
 use std::collections::BTreeSet;
@@ -9,8 +9,10 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use kpx_proto::types::Protocol;
 
-use super::ipset_netlink::IpsetSocket;
-use super::{process, ExecError};
+pub mod netlink;
+pub mod tool;
+
+use super::ExecError;
 
 /// One member of kpx's sets: `address,proto:port` (`hash:ip,port`), and for the sets of
 /// three dimensions a second address (`hash:ip,port,ip`) or a network (`hash:ip,port,net`).
@@ -72,65 +74,6 @@ pub fn edit_script(edit: Edit, set: &str, members: &BTreeSet<Member>) -> String 
         Edit::Delete => "del",
     };
     members.iter().map(|m| format!("{verb} {set} {m}\n")).collect()
-}
-
-/// Runs the `ipset` tool, one process per call.
-pub struct IpsetProcess;
-
-const TOOL: &str = "ipset";
-
-impl Ipset for IpsetProcess {
-    fn restore(&mut self, script: &str) -> Result<(), ExecError> {
-        if script.is_empty() {
-            return Ok(());
-        }
-        process::run(TOOL, TOOL, &["-exist", "restore"], Some(script)).map(drop)
-    }
-
-    fn names(&mut self) -> Result<Vec<String>, ExecError> {
-        Ok(process::run(TOOL, TOOL, &["list", "-n"], None)?.lines().map(str::to_owned).collect())
-    }
-
-    fn save(&mut self) -> Result<String, ExecError> {
-        process::run(TOOL, TOOL, &["save"], None)
-    }
-}
-
-/// The node's ipset: whole sets through the tool, member edits over netlink (the socket
-/// opened at the first edit, in the network namespace of the thread that makes it).
-#[derive(Default)]
-pub struct IpsetNetlink {
-    socket: Option<IpsetSocket>,
-}
-
-impl Ipset for IpsetNetlink {
-    fn restore(&mut self, script: &str) -> Result<(), ExecError> {
-        IpsetProcess.restore(script)
-    }
-
-    fn names(&mut self) -> Result<Vec<String>, ExecError> {
-        IpsetProcess.names()
-    }
-
-    fn save(&mut self) -> Result<String, ExecError> {
-        IpsetProcess.save()
-    }
-
-    fn edit(&mut self, edit: Edit, set: &str, members: &BTreeSet<Member>) -> Result<(), ExecError> {
-        if members.is_empty() {
-            return Ok(());
-        }
-        let socket = match &mut self.socket {
-            Some(socket) => socket,
-            empty => empty.insert(IpsetSocket::open()?),
-        };
-        let result = socket.edit(edit, set, members);
-        if result.is_err() {
-            // Opened again next time: a socket that failed may hold a stale answer.
-            self.socket = None;
-        }
-        result
-    }
 }
 
 #[cfg(test)]

@@ -1,10 +1,10 @@
 //! IPVS: virtual services and their destinations ([`Ipvs`]), over generic netlink in the
-//! kernel ([`NetlinkIpvs`]).
+//! kernel ([`netlink::NetlinkIpvs`]).
 
 use std::io;
 use std::net::IpAddr;
 
-use super::ipvs_netlink::IpvsSocket;
+pub mod netlink;
 
 /// `IPPROTO_*` numbers of the protocols IPVS balances.
 pub const PROTO_TCP: u16 = 6;
@@ -126,73 +126,4 @@ impl IpvsError {
             _ => None,
         }
     }
-}
-
-/// IPVS in the kernel of the calling thread's network namespace, over a generic netlink
-/// socket opened on first use.
-#[derive(Default)]
-pub struct NetlinkIpvs {
-    socket: Option<IpvsSocket>,
-}
-
-impl NetlinkIpvs {
-    fn socket(&mut self) -> Result<&mut IpvsSocket, IpvsError> {
-        if self.socket.is_none() {
-            self.socket = Some(IpvsSocket::open()?);
-        }
-        self.socket.as_mut().ok_or(IpvsError::NoIpvs)
-    }
-}
-
-impl Ipvs for NetlinkIpvs {
-    fn services(&mut self) -> Result<Vec<VirtualService>, IpvsError> {
-        self.socket()?.services()
-    }
-
-    fn destinations(&mut self, key: &ServiceKey) -> Result<Vec<Destination>, IpvsError> {
-        self.socket()?.destinations(key)
-    }
-
-    fn add_service(&mut self, s: &VirtualService) -> Result<(), IpvsError> {
-        self.socket()?.add_service(s)
-    }
-
-    fn edit_service(&mut self, s: &VirtualService) -> Result<(), IpvsError> {
-        self.socket()?.edit_service(s)
-    }
-
-    fn delete_service(&mut self, key: &ServiceKey) -> Result<(), IpvsError> {
-        self.socket()?.delete_service(key)
-    }
-
-    fn add_destination(&mut self, key: &ServiceKey, d: &Destination) -> Result<(), IpvsError> {
-        self.socket()?.add_destination(key, d)
-    }
-
-    fn edit_destination(&mut self, key: &ServiceKey, d: &Destination) -> Result<(), IpvsError> {
-        self.socket()?.edit_destination(key, d)
-    }
-
-    fn delete_destination(&mut self, key: &ServiceKey, d: &Destination) -> Result<(), IpvsError> {
-        self.socket()?.delete_destination(key, d)
-    }
-
-    fn edit_destinations(
-        &mut self,
-        key: &ServiceKey,
-        edits: &[(DestinationEdit, Destination)],
-    ) -> Result<(), IpvsError> {
-        self.socket()?.edit_destinations(key, edits)
-    }
-
-    fn reset(&mut self) {
-        self.socket = None;
-    }
-}
-
-/// The raw socket, for tests that check the netlink layer against a real IPVS kernel.
-pub fn open_socket() -> Result<impl Ipvs, IpvsError> {
-    let mut ipvs = NetlinkIpvs::default();
-    ipvs.socket()?;
-    Ok(ipvs)
 }

@@ -228,7 +228,7 @@ impl ElementUpdate<'_> {
 
     /// The same transaction as nft text (`flush set`, `delete element`, `add element`).
     pub fn script(&self) -> String {
-        use super::nft::{FAMILY, TABLE};
+        use super::table::{FAMILY, TABLE};
         use std::fmt::Write as _;
         let mut script = String::new();
         for e in &self.flush {
@@ -251,7 +251,7 @@ impl ElementUpdate<'_> {
 }
 
 /// A full sync's elements, written one at a time into a transaction that first empties
-/// its sets (see [`super::nft::Nft::refill`]): nothing holds them all at once.
+/// its sets (see [`super::Nft::refill`]): nothing holds them all at once.
 pub trait Refill {
     /// The set or map `set` of `layout`, for the elements that follow: its handle.
     fn set(&mut self, set: String, layout: Layout) -> usize;

@@ -28,11 +28,11 @@
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 
-use super::netlink::{Message, NLM_F_CREATE};
-use super::nft::{Reconciled, RefillWith};
-use super::nft_elements::{self, Data, Emptied, EncodeError, Layout, Refill, Values};
-use super::nft_netlink::{elements, msg, start_elements, write_encoded, HeldData, NftNetlink, FACILITY};
-use super::ExecError;
+use super::elements::{self as encoding, Data, Emptied, EncodeError, Layout, Refill, Values};
+use super::netlink::{elements, msg, start_elements, write_encoded, HeldData, NftNetlink, FACILITY};
+use super::{Reconciled, RefillWith};
+use crate::exec::netlink::{Message, NLM_F_CREATE};
+use crate::exec::ExecError;
 
 /// One element's identity: its set (by position among those read), key and data.
 fn identity(hasher: &RandomState, set: usize, key: &[u8], data: HeldData<'_>) -> u64 {
@@ -137,8 +137,8 @@ impl Refill for Difference<'_> {
             return Err(EncodeError::of(&format!("#{handle}"), key, data, "no such set".into()));
         };
         let refused = |reason| EncodeError::of(set, key, data, reason);
-        let key_bytes = nft_elements::key(layout, key).map_err(refused)?;
-        let encoded = nft_elements::data(layout, data).map_err(refused)?;
+        let key_bytes = encoding::key(layout, key).map_err(refused)?;
+        let encoded = encoding::data(layout, data).map_err(refused)?;
         if let Some(read) = *read {
             let identity = identity(self.hasher, read, key_bytes.as_bytes(), HeldData::of(encoded.as_ref()));
             if let Ok(i) = self.held.binary_search(&identity) {

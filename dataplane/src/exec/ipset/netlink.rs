@@ -7,9 +7,10 @@ use std::net::IpAddr;
 
 use kpx_proto::types::Protocol;
 
-use super::ipset::{Edit, Last, Member};
-use super::netlink::{Message, NetlinkError, Socket, NLA_F_NET_BYTEORDER};
-use super::ExecError;
+use super::tool::IpsetProcess;
+use super::{Edit, Ipset, Last, Member};
+use crate::exec::netlink::{Message, NetlinkError, Socket, NLA_F_NET_BYTEORDER};
+use crate::exec::ExecError;
 
 const NETLINK_NETFILTER: i32 = 12;
 const NFNL_SUBSYS_IPSET: u16 = 6;
@@ -141,6 +142,43 @@ fn ipset_error(code: i32) -> Option<&'static str> {
         4355 => "protocol missing, but must be specified",
         _ => return None,
     })
+}
+
+/// The node's ipset: whole sets through the tool, member edits over netlink (the socket
+/// opened at the first edit, in the network namespace of the thread that makes it).
+#[derive(Default)]
+pub struct IpsetNetlink {
+    socket: Option<IpsetSocket>,
+}
+
+impl Ipset for IpsetNetlink {
+    fn restore(&mut self, script: &str) -> Result<(), ExecError> {
+        IpsetProcess.restore(script)
+    }
+
+    fn names(&mut self) -> Result<Vec<String>, ExecError> {
+        IpsetProcess.names()
+    }
+
+    fn save(&mut self) -> Result<String, ExecError> {
+        IpsetProcess.save()
+    }
+
+    fn edit(&mut self, edit: Edit, set: &str, members: &BTreeSet<Member>) -> Result<(), ExecError> {
+        if members.is_empty() {
+            return Ok(());
+        }
+        let socket = match &mut self.socket {
+            Some(socket) => socket,
+            empty => empty.insert(IpsetSocket::open()?),
+        };
+        let result = socket.edit(edit, set, members);
+        if result.is_err() {
+            // Opened again next time: a socket that failed may hold a stale answer.
+            self.socket = None;
+        }
+        result
+    }
 }
 
 #[cfg(test)]
