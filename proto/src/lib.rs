@@ -19,6 +19,7 @@ pub mod memory;
 pub mod names;
 pub mod node_context;
 pub mod policy;
+pub mod sync;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tls;

@@ -2,11 +2,12 @@
 //! from — kept once per pair: at 250k endpoints on 5,000 nodes, one copy per node, not
 //! per endpoint, and one pointer in each endpoint for both.
 
+use crate::sync::Locked as _;
 use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Below this many origins the table is never pruned.
 const PRUNE_FROM: usize = 1024;
@@ -44,7 +45,7 @@ impl Origin {
         if node_name.is_empty() && cluster.is_empty() {
             return NOWHERE.get_or_init(fresh).clone();
         }
-        let mut table = origins().lock().unwrap_or_else(PoisonError::into_inner);
+        let mut table = origins().locked();
         if let Some(known) = table.known.get(cluster).and_then(|nodes| nodes.get(node_name)) {
             return known.clone();
         }
@@ -115,7 +116,7 @@ mod tests {
     use super::*;
 
     fn held(node_name: &str) -> bool {
-        let table = origins().lock().unwrap_or_else(PoisonError::into_inner);
+        let table = origins().locked();
         table.known.get("c").is_some_and(|nodes| nodes.contains_key(node_name))
     }
 

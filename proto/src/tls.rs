@@ -5,6 +5,7 @@
 //! Identity rule (shared/DESIGN.md): the Subject CN `system:node:NAME` of the leaf
 //! certificate (kubelet's client certificates qualify), else its first DNS SAN.
 
+use crate::sync::Locked as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -143,7 +144,7 @@ impl ReloadingServerConfig {
 
     /// The configuration for the next connection.
     pub fn current(&self) -> Arc<ServerConfig> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.state.locked();
         if state.checked.elapsed() >= RELOAD_CHECK {
             state.checked = Instant::now();
             let fingerprint = self.files.fingerprint();
@@ -268,12 +269,12 @@ mod tests {
         let reloading = ReloadingServerConfig::load(files.clone()).expect("valid");
         let first = reloading.current();
         std::fs::write(&files.cert, "half written").expect("write");
-        reloading.state.lock().expect("lock").checked -= RELOAD_CHECK;
+        reloading.state.locked().checked -= RELOAD_CHECK;
         assert!(Arc::ptr_eq(&first, &reloading.current()), "an unusable replacement keeps the last good one");
         let (renewed, renewed_key) = leaf(&ca, "kpx-controlplane", &["localhost", "renewed"]);
         std::fs::write(&files.key, renewed_key.serialize_pem()).expect("write");
         std::fs::write(&files.cert, renewed.pem()).expect("write");
-        reloading.state.lock().expect("lock").checked -= RELOAD_CHECK;
+        reloading.state.locked().checked -= RELOAD_CHECK;
         assert!(!Arc::ptr_eq(&first, &reloading.current()), "a renewed pair is taken up");
     }
 }

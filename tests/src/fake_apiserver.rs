@@ -7,6 +7,7 @@
 //! hold lists, expire history, drop watch connections and restart the server on the same
 //! address.
 
+use kpx_proto::sync::Locked as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -228,7 +229,7 @@ impl FakeApiServer {
     }
 
     fn lock(&self) -> MutexGuard<'_, ApiState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 
     /// Creates or replaces the objects of a manifest (YAML documents of the served kinds).
@@ -394,7 +395,7 @@ fn param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
 
 async fn serve(State(state): State<Arc<Mutex<ApiState>>>, RawQuery(query): RawQuery, kind: Kind) -> Response {
     let query = query.unwrap_or_default();
-    let lock = || state.lock().unwrap_or_else(|p| p.into_inner());
+    let lock = || state.locked();
     let watch = matches!(param(&query, "watch"), Some("true" | "1"));
     lock().requests.push((if watch { "watch" } else { "list" }, kind));
     let refusal = match lock().service_cidrs {
@@ -472,7 +473,7 @@ async fn get_service(
     State(state): State<Arc<Mutex<ApiState>>>,
     Path((namespace, name)): Path<(String, String)>,
 ) -> Response {
-    let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+    let mut s = state.locked();
     s.agent_requests.push(format!("GET service {namespace}/{name}"));
     match s.objects.get(&(Kind::Service, format!("{namespace}/{name}"))) {
         Some(object) => json_response(object),
@@ -496,7 +497,7 @@ async fn list_slices_of(
         .and_then(|l| l.strip_prefix("kubernetes.io/service-name="))
         .unwrap_or_default()
         .to_owned();
-    let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+    let mut s = state.locked();
     s.agent_requests.push(format!("LIST endpointslices {namespace} {service}"));
     let items: Vec<Value> = s
         .objects
@@ -523,7 +524,7 @@ async fn create_event(
     let Ok(mut event) = serde_json::from_slice::<Value>(&body) else {
         return (StatusCode::BAD_REQUEST, "not JSON").into_response();
     };
-    let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+    let mut s = state.locked();
     s.agent_requests.push("POST event".to_owned());
     event["metadata"]["namespace"] = json!(namespace);
     s.events.push(event.clone());
@@ -541,7 +542,7 @@ async fn token_review(State(state): State<Arc<Mutex<ApiState>>>, body: Bytes) ->
         .filter_map(|a| a.as_str().map(str::to_owned))
         .collect();
     let known = {
-        let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = state.locked();
         s.reviews += 1;
         s.tokens.get(&token).cloned()
     };

@@ -5,6 +5,7 @@
 //! `Connection: close`, before it is closed. The clients count every request that
 //! failed and keep the latency of each.
 
+use kpx_proto::sync::Locked as _;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -73,7 +74,7 @@ impl HttpPod {
                                 (Arc::clone(&closing), Arc::clone(&stop), Arc::clone(&served), name.clone());
                             let handle =
                                 std::thread::spawn(move || serve(conn, &name, &closing, &stop, &served));
-                            let mut open = connections.lock().unwrap_or_else(|p| p.into_inner());
+                            let mut open = connections.locked();
                             // A finished connection's thread is let go (its handle dropped).
                             open.retain(|h| !h.is_finished());
                             open.push(handle);
@@ -123,7 +124,7 @@ impl Drop for HttpPod {
     fn drop(&mut self) {
         self.close_listeners();
         self.stop.store(true, Ordering::Relaxed);
-        let connections = std::mem::take(&mut *self.connections.lock().unwrap_or_else(|p| p.into_inner()));
+        let connections = std::mem::take(&mut *self.connections.locked());
         for t in connections {
             let _ = t.join();
         }
@@ -253,7 +254,7 @@ impl Load {
                 let began = Instant::now();
                 let outcome = session.request(&shared);
                 let took = began.elapsed();
-                let mut r = shared.lock().unwrap_or_else(|p| p.into_inner());
+                let mut r = shared.locked();
                 r.sent += 1;
                 r.latencies.push((began - started, took));
                 match outcome {
@@ -278,12 +279,12 @@ impl Load {
 
     /// What it saw so far.
     pub fn result(&self) -> LoadResult {
-        self.result.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.result.locked().clone()
     }
 
     /// Requests sent so far.
     pub fn sent(&self) -> usize {
-        self.result.lock().unwrap_or_else(|p| p.into_inner()).sent
+        self.result.locked().sent
     }
 
     /// Stops it and returns what it saw.
@@ -352,7 +353,7 @@ impl Session {
                     Ok::<_, String>(String::from_utf8_lossy(&buf[..n]).into_owned())
                 };
                 exchange().or_else(|_| {
-                    shared.lock().unwrap_or_else(|p| p.into_inner()).resent += 1;
+                    shared.locked().resent += 1;
                     exchange()
                 })
             }
@@ -363,7 +364,7 @@ impl Session {
 /// A new connection to `to`, counted in `shared`.
 fn connect(to: SocketAddr, shared: &Mutex<LoadResult>) -> Result<BufReader<TcpStream>, String> {
     let conn = open(to)?;
-    shared.lock().unwrap_or_else(|p| p.into_inner()).connections += 1;
+    shared.locked().connections += 1;
     Ok(conn)
 }
 

@@ -3,6 +3,7 @@
 //! kernel sent it, and remembers who connected, so a test sees whether the
 //! client address was kept or masqueraded.
 
+use kpx_proto::sync::Locked as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -38,11 +39,11 @@ impl Backend {
 
     /// The source addresses and ports of every connection and datagram seen so far.
     pub fn peer_sockets(&self) -> BTreeSet<SocketAddr> {
-        self.peers.lock().expect("peers").clone()
+        self.peers.locked().clone()
     }
 
     pub fn clear_peers(&self) {
-        self.peers.lock().expect("peers").clear();
+        self.peers.locked().clear();
     }
 }
 
@@ -65,7 +66,7 @@ fn listen(
         while !stop_tcp.load(Ordering::Relaxed) {
             match tcp.accept() {
                 Ok((mut conn, from)) => {
-                    peers_tcp.lock().expect("peers").insert(canonical(from));
+                    peers_tcp.locked().insert(canonical(from));
                     let _ = conn.set_nonblocking(false);
                     let _ = conn.write_all(name_tcp.as_bytes());
                 }
@@ -78,7 +79,7 @@ fn listen(
         let mut buf = [0u8; 512];
         while !stop_udp.load(Ordering::Relaxed) {
             if let Ok((_, from)) = udp.recv_from(&mut buf) {
-                peers_udp.lock().expect("peers").insert(canonical(from));
+                peers_udp.locked().insert(canonical(from));
                 let _ = udp.send_to(name_udp.as_bytes(), from);
             }
         }
@@ -462,7 +463,7 @@ impl Prober {
                     let (at, began) = (std::time::SystemTime::now(), std::time::Instant::now());
                     let answer =
                         tcp_request_within(*to, Duration::from_secs(2) * PATIENCE.load(Ordering::Relaxed));
-                    let mut r = shared.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut r = shared.locked();
                     r.sent += 1;
                     if answer == want && began.elapsed() > Duration::from_secs(2) {
                         r.slow += 1;
@@ -488,7 +489,7 @@ impl Prober {
 
     /// What it saw so far.
     pub fn result(&self) -> ProbeResult {
-        self.result.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.result.locked().clone()
     }
 
     /// Waits until it has run its time limit, and returns what it saw.

@@ -3,6 +3,7 @@
 //! Debian kernel (6.1 on bookworm) is older than this machine's. It caught a map lookup
 //! that only newer kernels accept. The two runs take turns (one VM at a time).
 
+use kpx_proto::sync::Locked as _;
 use std::sync::Mutex;
 
 use kpx_e2e::process::binary;
@@ -11,7 +12,7 @@ use kpx_e2e::scenarios;
 static ONE_VM_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn suite_in_vm(backend: &str) {
-    let _turn = ONE_VM_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _turn = ONE_VM_AT_A_TIME.locked();
     let runner = concat!(env!("CARGO_MANIFEST_DIR"), "/vm/run-in-vm.sh");
     let out = std::process::Command::new(runner)
         .arg(binary("behaviour_in_vm"))

@@ -7,6 +7,7 @@
 //! the real `nft`, netlink and iptables tools; what the kernel holds is read with the
 //! tools. Run as root.
 
+use kpx_proto::sync::Locked as _;
 use std::sync::{Arc, Mutex};
 
 use kpx_dataplane::backend::fixtures::{node_context, state};
@@ -51,7 +52,7 @@ impl Nft for Recording {
             script
         };
         let outcome = self.nft.reconcile(sets, &mut wrapped)?;
-        self.outcomes.lock().unwrap_or_else(|p| p.into_inner()).push(outcome);
+        self.outcomes.locked().push(outcome);
         Ok(outcome)
     }
     fn generation(&mut self) -> Result<Option<u32>, ExecError> {
@@ -141,7 +142,7 @@ fn backend(outcomes: &Arc<Mutex<Vec<Reconciled>>>, between: Option<String>) -> N
 }
 
 fn last(outcomes: &Arc<Mutex<Vec<Reconciled>>>) -> Option<Reconciled> {
-    outcomes.lock().unwrap_or_else(|p| p.into_inner()).last().copied()
+    outcomes.locked().last().copied()
 }
 
 /// kpx's table without the element recording kpx's last write (its generation moves).
@@ -286,7 +287,7 @@ struct Restores {
 
 impl Iptables for Restores {
     fn restore(&mut self, family: Family, script: &str) -> Result<(), ExecError> {
-        self.given.lock().unwrap_or_else(|p| p.into_inner()).push(script.to_owned());
+        self.given.locked().push(script.to_owned());
         self.iptables.restore(family, script)
     }
     fn save(&mut self, family: Family) -> Result<String, ExecError> {
@@ -324,7 +325,7 @@ fn iptables_restart(flavour: Flavour, name: &'static str) {
             let iptables = Restores { iptables: IptablesProcess { flavour }, given: Arc::clone(&given) };
             IptablesBackend::new(Box::new(iptables))
         };
-        let taken = || std::mem::take(&mut *given.lock().unwrap_or_else(|p| p.into_inner()));
+        let taken = || std::mem::take(&mut *given.locked());
         backend().full_sync(&desired, &context).expect("the rules made");
         assert!(!taken().is_empty(), "written");
         let made = kpx_lines(name);

@@ -1,6 +1,7 @@
 //! What the control plane knows of each connected node, for the admin API:
 //! written by the stream tasks, read by `ListNodes`.
 
+use kpx_proto::sync::Locked as _;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,7 +60,7 @@ pub struct StreamEntry {
 }
 
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    m.locked()
 }
 
 impl StreamEntry {

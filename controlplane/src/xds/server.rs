@@ -3,6 +3,7 @@
 //! The publisher never waits for a stream: it replaces the snapshot in a
 //! `watch` channel and each stream task catches up at its own pace.
 
+use kpx_proto::sync::Locked as _;
 use std::sync::Arc;
 
 use std::collections::BTreeMap;
@@ -50,7 +51,7 @@ impl WalkPermit {
     }
 
     fn slot(&self) -> std::sync::MutexGuard<'_, Option<OwnedSemaphorePermit>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.0.locked()
     }
 
     /// Whether the permit is still taken.

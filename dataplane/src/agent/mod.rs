@@ -5,6 +5,7 @@
 //! The agent is shared (`SharedAgent`) between the xDS client, which applies,
 //! and the admin and health servers, which read.
 
+use kpx_proto::sync::Locked as _;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -64,7 +65,7 @@ impl SharedAgent {
 
     /// The agent; a panic elsewhere while it was held does not make it unusable.
     pub fn lock(&self) -> MutexGuard<'_, Agent> {
-        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.0.locked()
     }
 }
 

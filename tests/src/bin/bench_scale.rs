@@ -21,6 +21,7 @@
 //! 5. IPVS beside nftables at `--services` Services, `--node-changes` changes, in the
 //!    test VM (`tests/vm/run-in-vm.sh`: this kernel has no IPVS).
 
+use kpx_proto::sync::Locked as _;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -464,7 +465,7 @@ async fn run_node(
         have += response.resources;
         responses += 1;
         {
-            let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+            let mut log = log.locked();
             log.bytes += response.bytes;
             if have >= services && log.synced_at.is_none() {
                 log.synced_at = Some(now);

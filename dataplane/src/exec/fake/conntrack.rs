@@ -1,5 +1,6 @@
 //! Conntrack and sysctl stand-ins that record what was asked of them.
 
+use kpx_proto::sync::Locked as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -24,26 +25,26 @@ impl FakeConntrack {
     /// A TCP attempt to `address:port` that no rule translated, as a client sending
     /// before the rules exist leaves one.
     pub fn attempt(&self, address: IpAddr, port: u16) {
-        self.untranslated.lock().unwrap_or_else(|p| p.into_inner()).insert((address, port));
+        self.untranslated.locked().insert((address, port));
     }
 
     /// The filters deleted so far, oldest first; the record is emptied.
     pub fn take(&self) -> Vec<FlowFilter> {
-        std::mem::take(&mut *self.deleted.lock().unwrap_or_else(|p| p.into_inner()))
+        std::mem::take(&mut *self.deleted.locked())
     }
 }
 
 impl Conntrack for FakeConntrack {
     fn delete(&self, filter: &FlowFilter) -> Result<u64, ExecError> {
         if let (true, Some(address)) = (filter.untranslated, filter.destination) {
-            self.untranslated.lock().unwrap_or_else(|p| p.into_inner()).remove(&(address, filter.port));
+            self.untranslated.locked().remove(&(address, filter.port));
         }
-        self.deleted.lock().unwrap_or_else(|p| p.into_inner()).push(filter.clone());
+        self.deleted.locked().push(filter.clone());
         Ok(1)
     }
 
     fn untranslated_tcp(&self, ipv6: bool) -> Result<BTreeSet<(IpAddr, u16)>, ExecError> {
-        let all = self.untranslated.lock().unwrap_or_else(|p| p.into_inner());
+        let all = self.untranslated.locked();
         Ok(all.iter().filter(|(a, _)| a.is_ipv6() == ipv6).copied().collect())
     }
 }
@@ -64,17 +65,17 @@ impl FakeSysctl {
     }
 
     pub fn get(&self, name: &str) -> Option<String> {
-        self.values.lock().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
+        self.values.locked().get(name).cloned()
     }
 
     /// Gives `name` a value, as the kernel had it.
     pub fn preset(&self, name: &str, value: &str) {
-        self.values.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_owned(), value.to_owned());
+        self.values.locked().insert(name.to_owned(), value.to_owned());
     }
 
     /// Makes `name` absent, as a setting of a module not loaded.
     pub fn hide(&self, name: &str) {
-        self.hidden.lock().unwrap_or_else(|p| p.into_inner()).push(name.to_owned());
+        self.hidden.locked().push(name.to_owned());
     }
 
     pub fn make_read_only(&self) {
@@ -83,13 +84,13 @@ impl FakeSysctl {
 
     /// The names written so far (a value it had already is no write).
     pub fn writes(&self) -> Vec<String> {
-        self.writes.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.writes.locked().clone()
     }
 }
 
 impl Sysctl for FakeSysctl {
     fn read(&self, name: &str) -> Result<String, ExecError> {
-        if self.hidden.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|h| h == name) {
+        if self.hidden.locked().iter().any(|h| h == name) {
             return Err(ExecError::Sysctl {
                 name: name.to_owned(),
                 action: "read".into(),
@@ -111,7 +112,7 @@ impl Sysctl for FakeSysctl {
                 error: std::io::Error::from_raw_os_error(libc::EROFS),
             });
         }
-        self.writes.lock().unwrap_or_else(|p| p.into_inner()).push(name.to_owned());
+        self.writes.locked().push(name.to_owned());
         self.preset(name, value);
         Ok(())
     }

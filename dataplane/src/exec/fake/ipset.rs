@@ -3,6 +3,7 @@
 //! same type is no error), `flush`, `add`, `del` (a member that is not there is no error),
 //! `swap` (both sets must exist and be of one type), `destroy`.
 
+use kpx_proto::sync::Locked as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,7 +32,7 @@ impl FakeIpset {
     }
 
     fn state(&self) -> MutexGuard<'_, IpsetState> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.locked()
     }
 
     /// Refuses the next restore with `message`, changing nothing (called twice: the next two).

@@ -6,6 +6,7 @@
 //! `-j`/`-g` must name a target or an existing chain. `iptables-save` gives the tool's
 //! layout: chain declarations, then rules, per table.
 
+use kpx_proto::sync::Locked as _;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -73,7 +74,7 @@ impl FakeIptables {
     }
 
     fn state(&self) -> MutexGuard<'_, IptablesState> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.locked()
     }
 
     /// Refuses the next restore with `message`, changing nothing (called twice: the next two).

@@ -2,6 +2,7 @@
 //! editing or deleting a service that does not (`ESRCH`) or a destination that does not
 //! (`ENOENT`). Tests set the connection counters IPVS would count.
 
+use kpx_proto::sync::Locked as _;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -32,7 +33,7 @@ impl FakeIpvs {
     }
 
     fn state(&self) -> MutexGuard<'_, IpvsState> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.locked()
     }
 
     /// Refuses the next change with `errno` (called twice: the next two).

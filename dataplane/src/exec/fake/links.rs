@@ -1,5 +1,6 @@
 //! In-memory links: dummy interfaces and the addresses on them.
 
+use kpx_proto::sync::Locked as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -21,7 +22,7 @@ impl FakeLinks {
     }
 
     fn links(&self) -> MutexGuard<'_, BTreeMap<String, BTreeSet<IpAddr>>> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.locked()
     }
 
     /// Whether the interface exists.

@@ -5,6 +5,7 @@
 //! referred to cannot be deleted; an element deleted must exist; an element added again
 //! with other data is refused. `list table` gives canonical text in nft's layout.
 
+use kpx_proto::sync::Locked as _;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -64,7 +65,7 @@ impl FakeNft {
     }
 
     fn state(&self) -> MutexGuard<'_, NftState> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.locked()
     }
 
     /// Refuses the next transaction with `message`, changing nothing (called twice: the next two).
