@@ -248,7 +248,7 @@ fn a_batch_written_against_an_old_generation_is_refused_whole() {
         let mut netlink = NftNetlink::new();
         let read = netlink.generation().expect("the generation");
         let layout =
-            kpx_dataplane::backend::nftables::render::Collection::NoEndpoints(kpx_proto::family::Family::V4)
+            kpx_dataplane::backend::nftables::names::Collection::NoEndpoints(kpx_proto::family::Family::V4)
                 .layout()
                 .expect("an updatable set");
         let entry = Values::of(&[

@@ -3,11 +3,11 @@
 //!
 //! [`names`] names chains and quotes comments, [`skeleton`] holds the fixed
 //! chains and hooks, [`service`] renders one Service (pure, tested as text),
-//! [`ruleset`] keeps what is programmed and diffs it into `iptables-restore
+//! [`programmed`] keeps what is programmed and diffs it into `iptables-restore
 //! --noflush` input, which [`crate::exec::iptables`] feeds to the tools.
 
 pub mod names;
-pub mod ruleset;
+pub mod programmed;
 pub mod service;
 pub mod skeleton;
 
@@ -19,7 +19,7 @@ use crate::backend::{xtables, Backend, BackendError, Family, NodeContext};
 use crate::exec::iptables::Iptables;
 use crate::state::{ChangeSet, NodeState};
 
-use ruleset::Programmed;
+use programmed::Programmed;
 
 pub struct IptablesBackend {
     iptables: Box<dyn Iptables>,

@@ -7,8 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use super::desired::Piece;
 use super::ipset::{Member, SetMembers, SetName};
+use super::service::Piece;
 use crate::exec::ipvs::{Destination, ServiceKey, VirtualService};
 
 #[derive(Debug, Default)]
@@ -171,7 +171,7 @@ impl Programmed {
 mod tests {
     use super::*;
     use crate::backend::fixtures;
-    use crate::backend::ipvs::desired::{piece, Context};
+    use crate::backend::ipvs::service::{piece, Context};
 
     #[test]
     fn a_change_touches_only_what_differs_and_shared_things_stay() {

@@ -5,8 +5,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::backend::INTERFACE;
-use super::{IpvsBackend, IpvsKernel, IpvsOptions};
+use super::INTERFACE;
+use super::{keys_in_sets, IpvsBackend, IpvsKernel, IpvsOptions};
 use crate::backend::fixtures::{changed, node_context, state};
 use crate::backend::{Backend, Family, NodeContext};
 use crate::exec::fake::FakeKernel;
@@ -212,4 +212,13 @@ fn a_refused_change_is_reported_and_the_next_apply_reconciles() {
         .table()
         .iter()
         .any(|(s, ds)| s.key == key("10.96.0.11", 80) && ds == std::slice::from_ref(&d)));
+}
+
+#[test]
+fn earlier_entries_are_read_back_from_the_sets() {
+    let saved = "create KPX-EXTERNAL-4 hash:ip,port family inet hashsize 1024 maxelem 1048576\n\
+                 add KPX-EXTERNAL-4 10.0.0.1,tcp:30080\nadd KPX-CLUSTER-IP-6 fd00::10,udp:53\n\
+                 add KPX-LOOP-BACK-4 10.244.0.5,tcp:8080,10.244.0.5\nadd KUBE-CLUSTER-IP 10.96.0.1,tcp:443\n";
+    let keys: Vec<String> = keys_in_sets(saved).iter().map(ToString::to_string).collect();
+    assert_eq!(keys, ["10.0.0.1:30080/tcp", "[fd00::10]:53/udp"]);
 }

@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 
 use kpx_proto::types::{Endpoint, ServicePort};
 
-use super::render::{socket_text, Family, NftFamily, FAMILY, TABLE};
+use super::names::{socket_text, Family, NftFamily, FAMILY, TABLE};
 use super::skeleton::EndpointSet;
 
 /// A chain or set of a Service's own.

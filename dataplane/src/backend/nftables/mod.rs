@@ -2,17 +2,17 @@
 //! map lookup (O(1) in the number of Services) and one endpoint change is a
 //! handful of element updates.
 //!
-//! [`render`] names the table's sets and maps, [`skeleton`] writes its fixed
+//! [`names`] names the table's sets and maps, [`skeleton`] writes its fixed
 //! chains, [`service`] turns a Service into the elements it needs and
 //! [`affinity`] into its session-affinity chains (all pure, tested as text);
-//! [`ruleset`] keeps what is programmed and diffs it into one transaction,
+//! [`programmed`] keeps what is programmed and diffs it into one transaction,
 //! which [`crate::exec::nft`] runs; [`outline`] makes a full sync empty and refill the
 //! table in place.
 
 pub mod affinity;
+pub mod names;
 pub mod outline;
-pub mod render;
-pub mod ruleset;
+pub mod programmed;
 pub mod service;
 pub mod skeleton;
 pub mod written;
@@ -24,7 +24,7 @@ use crate::exec::ExecError;
 use crate::state::{ChangeSet, NodeState};
 
 use outline::Elements;
-use ruleset::Programmed;
+use programmed::Programmed;
 use written::Written;
 
 pub struct NftablesBackend {
@@ -202,8 +202,8 @@ impl NftablesBackend {
             Ok(apart)
         };
         let done = match (current, over) {
-            (Some(_), Over::Compared) => self.nft.reconcile(render::refill_flush(), &mut fill)?,
-            _ => match self.nft.refill(render::refill_flush(), &mut fill)? {
+            (Some(_), Over::Compared) => self.nft.reconcile(names::refill_flush(), &mut fill)?,
+            _ => match self.nft.refill(names::refill_flush(), &mut fill)? {
                 true => Reconciled::Refilled,
                 false => Reconciled::NotApart,
             },
@@ -315,7 +315,7 @@ impl Backend for NftablesBackend {
     fn cleanup(&mut self) -> Result<(), BackendError> {
         self.settle();
         self.programmed = None;
-        Ok(self.nft.run(&render::cleanup_script())?)
+        Ok(self.nft.run(&names::cleanup_script())?)
     }
 
     fn dump(&mut self) -> Result<String, BackendError> {

@@ -33,7 +33,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use super::affinity;
-use super::render::{self, Collection, Element, FAMILY, LAYOUT_COMMENT as COMMENT, TABLE};
+use super::names::{self, Collection, Element, FAMILY, LAYOUT_COMMENT as COMMENT, TABLE};
 use super::skeleton;
 
 pub use crate::exec::nft::Outline;
@@ -72,8 +72,8 @@ impl Outline {
 /// What a full sync writes into an emptied table: the fixed part and every Service's
 /// chains and interval-set elements as `add` commands (`script`), the pick chains it keeps
 /// as they are, and, when they go in the script, the other elements (`elements`, empty
-/// until [`super::ruleset::Programmed::updatable_elements`] fills it: when they are written apart,
-/// [`super::ruleset::Programmed::full_writing`] streams them instead).
+/// until [`super::programmed::Programmed::updatable_elements`] fills it: when they are written apart,
+/// [`super::programmed::Programmed::full_writing`] streams them instead).
 #[derive(Debug, Default)]
 pub struct Contents {
     pub script: String,
@@ -87,7 +87,7 @@ impl Contents {
     pub fn write(&self, out: &mut String, elements: Elements) {
         out.push_str(&self.script);
         if elements == Elements::InScript {
-            render::element_commands(out, "add", &self.elements);
+            names::element_commands(out, "add", &self.elements);
         }
     }
 
@@ -201,7 +201,7 @@ fn empty_in_place(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::nftables::render::{Element, Family};
+    use crate::backend::nftables::names::{Element, Family};
 
     /// A table of this layout, as the kernel lists it.
     fn listed() -> Outline {
@@ -324,8 +324,8 @@ mod tests {
         };
         let element = Element::map(
             Collection::ServiceIps(Family::V4),
-            super::super::render::entry(&entry),
-            super::super::render::goto("pick-v4-1"),
+            super::super::names::entry(&entry),
+            super::super::names::goto("pick-v4-1"),
         );
         let contents = Contents { elements: [element].into(), ..contents };
         assert!(create_script(&contents, Elements::Apart).ends_with(script), "no element in the script");

@@ -8,7 +8,7 @@ use kpx_proto::node_context::NodeContext;
 use kpx_proto::types::{Endpoint, ServiceView};
 
 use super::affinity::{self, NftObject};
-use super::render::{self, drop_verdict, goto, Collection, Element, Family, Shared};
+use super::names::{self, drop_verdict, goto, Collection, Element, Family, Shared};
 use super::skeleton::{endpoints_map, pick_chain_name, EndpointSet};
 use crate::backend::owners::EntryKey;
 use crate::exec::nft::elements::{Value, Values};
@@ -56,7 +56,7 @@ fn render_port(pf: &PortFamily, ctx: &NodeContext, rules: &mut ServiceRules) {
     }
     for entry in &pf.entries {
         let entry_key = EntryKey { address: entry.address, protocol: pf.port.protocol, port: entry.port };
-        let key = render::entry(&entry_key);
+        let key = names::entry(&entry_key);
         rules.entries.push(entry_key);
         let mut add = |e: Element| rules.elements.push((entry_key, e));
         if entry.kind == EntryKind::ClusterIp {
@@ -134,7 +134,7 @@ fn endpoint_elements(
                 add(Element::map(
                     endpoints_map(set, family),
                     entry.then(index),
-                    render::endpoint(ep.address, ep.port),
+                    names::endpoint(ep.address, ep.port),
                 ));
             }
         }
@@ -144,7 +144,7 @@ fn endpoint_elements(
 
 #[cfg(test)]
 mod tests {
-    use super::super::render::element_commands;
+    use super::super::names::element_commands;
     use super::*;
     use crate::backend::fixtures::{endpoint as ep, web as view};
 

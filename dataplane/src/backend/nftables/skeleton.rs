@@ -25,7 +25,7 @@ use std::fmt::Write as _;
 
 use kpx_proto::node_context::{LocalMatch, NodeContext};
 
-use super::render::{Collection, Element, Family, NftFamily, FAMILY, MASQUERADE_MARK, TABLE};
+use super::names::{Collection, Element, Family, NftFamily, FAMILY, MASQUERADE_MARK, TABLE};
 use crate::exec::nft::elements::{Value, Values};
 
 /// A chain nothing jumps to, holding one rule: while the rule is there, nothing flushed
@@ -123,13 +123,13 @@ pub fn skeleton(context: &NodeContext, pick_chains: usize, picks: PickChains) ->
         .iter()
         .map(|c| Element::set(Collection::LocalCidrs(Family::of_net(c)), Values::of(&[Value::Prefix(*c)])))
         .collect();
-    super::render::element_commands(&mut s, "add", &local_cidrs);
+    super::names::element_commands(&mut s, "add", &local_cidrs);
     let service_cidrs: Vec<Element> = context
         .service_cidrs
         .iter()
         .map(|c| Element::set(Collection::ServiceCidrs(Family::of_net(c)), Values::of(&[Value::Prefix(*c)])))
         .collect();
-    super::render::element_commands(&mut s, "add", &service_cidrs);
+    super::names::element_commands(&mut s, "add", &service_cidrs);
     let _ = writeln!(s, "add chain {t} services");
     let _ = writeln!(s, "add chain {t} reject-no-endpoints");
     let _ = writeln!(s, "add chain {t} cluster-ips-check");

@@ -22,7 +22,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use kpx_proto::node_context::NodeContext;
 
-use super::render::{FAMILY, TABLE};
+use super::names::{FAMILY, TABLE};
 use crate::exec::nft::elements::{
     DataLayout, ElementUpdate, Emptied, Field, Layout, SetElements, Value, Values,
 };
@@ -90,7 +90,7 @@ pub fn service_part(name: &str, version: &str) -> u64 {
 /// them —, which is harmless.)
 pub fn fingerprint(binary: u64, context: &NodeContext, services: u64) -> u64 {
     let mut h = DefaultHasher::new();
-    (binary, super::render::LAYOUT_COMMENT, context).hash(&mut h);
+    (binary, super::names::LAYOUT_COMMENT, context).hash(&mut h);
     h.finish() ^ services
 }
 

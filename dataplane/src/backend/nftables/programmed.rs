@@ -10,8 +10,8 @@ use std::sync::Arc;
 use kpx_proto::types::ServiceView;
 
 use super::affinity::{self, NftObject, ObjectCommands};
+use super::names::{self, Collection, Element, Shared};
 use super::outline::{Contents, Outline};
-use super::render::{self, Collection, Element, Shared};
 use super::service::{self, ServiceRules};
 use super::skeleton::{self, PickChains};
 use super::written;
@@ -207,10 +207,10 @@ impl Plan {
     /// value change.
     pub fn script(&self) -> String {
         let mut script = String::new();
-        render::element_commands(&mut script, "delete", &self.deletes);
+        names::element_commands(&mut script, "delete", &self.deletes);
         script.push_str(&self.objects.remove);
         script.push_str(&self.objects.create);
-        render::element_commands(&mut script, "add", &self.adds);
+        names::element_commands(&mut script, "add", &self.adds);
         script
     }
 
@@ -220,7 +220,7 @@ impl Plan {
         if !self.objects.is_empty() {
             return None;
         }
-        render::element_update(&self.deletes, &self.adds)
+        names::element_update(&self.deletes, &self.adds)
     }
 }
 
@@ -302,7 +302,7 @@ impl Programmed {
         let picks = if kept.is_empty() { PickChains::Write } else { PickChains::Kept };
         let mut script = skeleton::skeleton(context, pick_chains, picks);
         script.push_str(&objects);
-        render::element_commands(&mut script, "add", &in_script);
+        names::element_commands(&mut script, "add", &in_script);
         programmed.pick_chains = pick_chains;
         (programmed, Contents { script, elements: BTreeSet::new(), kept_pick_chains: kept })
     }
