@@ -1,4 +1,3 @@
-
 use super::*;
 
 /// The batches `arrivals` (each: milliseconds from the start, an item) make, and

@@ -1,4 +1,3 @@
-
 use super::*;
 
 /// `address node state [z:zone,…] [n:node,…]`; state is R (ready), T

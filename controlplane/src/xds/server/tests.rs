@@ -1,4 +1,3 @@
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -7,8 +6,9 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::*;
 use crate::source::manifest::state_of;
+use crate::xds::snapshot::ResourceType;
 use crate::xds::snapshot::{BuildOptions, Snapshot};
-use crate::xds::stream::MAX_RESOURCES_PER_RESPONSE;
+use crate::xds::stream::{Response, MAX_RESOURCES_PER_RESPONSE};
 use tokio::sync::watch;
 
 /// `n` Services `s0000…`, the one numbered `changed` on port 81.

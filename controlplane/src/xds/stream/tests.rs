@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::source::manifest::state_of;
 use crate::xds::snapshot::BuildOptions;

@@ -1,4 +1,3 @@
-
 use super::super::{parse, Object};
 use super::*;
 
