@@ -27,7 +27,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// jemalloc reads its options from this symbol when it starts.
 #[export_name = "_rjem_malloc_conf"]
 #[used]
-static JEMALLOC_OPTIONS: &[u8; 60] = kpx_proto::memory::JEMALLOC_OPTIONS;
+static JEMALLOC_OPTIONS: &[u8; 60] = kpx_controlplane::memory::JEMALLOC_OPTIONS;
 
 fn main() -> ExitCode {
     let flags = match Flags::try_parse() {
@@ -155,8 +155,8 @@ async fn run(
         "serving delta xDS and the admin API"
     );
     let router = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(kpx_proto::grpc::ads_transport::KEEPALIVE))
-        .http2_keepalive_timeout(Some(kpx_proto::grpc::ads_transport::KEEPALIVE))
+        .http2_keepalive_interval(Some(xds::transport::KEEPALIVE))
+        .http2_keepalive_timeout(Some(xds::transport::KEEPALIVE))
         .add_routes(reflection)
         .add_service(health_service)
         .add_service(admin)

@@ -4,11 +4,18 @@
 //! Why not glibc's: with thousands of streams, each connection's buffers (h2's 16 KiB
 //! write and 8 KiB read buffer, the stream's task) came from heap memory the first syncs
 //! had already written, so all of it was resident; jemalloc gives freed pages back within
-//! the decay of its options ([`kpx_proto::memory::JEMALLOC_OPTIONS`]), and later buffers
+//! the decay of its options ([`JEMALLOC_OPTIONS`]), and later buffers
 //! come from pages not yet touched. At 1,000 nodes it took the control plane from about 37
 //! to 30 KiB per stream (`bench_scale`'s fan-out, measured against a baseline taken before
 //! loading's freed pages went back; against today's settled baseline jemalloc's figure is
 //! about 37 KiB, and glibc was not measured that way again).
+
+/// The control plane's jemalloc options (its `malloc_conf`, which `main` exports; also
+/// those of the fan-out benchmark's transport floor, which must allocate as the control
+/// plane does): freed pages go back to the system after about a second, from a
+/// background thread, so an idle control plane shrinks too. (A byte array, not a slice:
+/// jemalloc reads the symbol as a `const char *`.)
+pub const JEMALLOC_OPTIONS: &[u8; 60] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 
 /// Gives every jemalloc arena's free pages back to the system now (after a wave of first
 /// syncs). Does nothing where jemalloc is not the allocator in use (the library's tests).

@@ -6,6 +6,7 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
@@ -23,6 +24,17 @@ use crate::trust::{self, Trust};
 const DELTA_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 const STATE_OF_THE_WORLD_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+
+/// An HTTP/2 PING every this often, the connection dropped when one goes unanswered for
+/// as long: the stream of a node behind a dead link is closed and its memory freed
+/// within twice this. (The fan-out benchmark's transport floor serves with the same.)
+pub const KEEPALIVE: Duration = Duration::from_secs(10);
+
+/// A stream's codec buffers: its requests are small ACKs after the first, so they start
+/// small (tonic's default of 8 KiB each way would be per stream).
+pub fn buffers() -> tonic::codec::BufferSettings {
+    tonic::codec::BufferSettings::new(1024, 32 << 10)
+}
 
 /// Largest request accepted (a reconnecting node's `initial_resource_versions` of 10k
 /// Services is about 0.5 MB).
@@ -92,9 +104,8 @@ impl AdsService {
                     return status.into_http();
                 }
             };
-        let decoder = tonic_prost::ProstCodec::<DeltaDiscoveryResponse, DeltaDiscoveryRequest>::raw_decoder(
-            kpx_proto::grpc::ads_transport::buffers(),
-        );
+        let decoder =
+            tonic_prost::ProstCodec::<DeltaDiscoveryResponse, DeltaDiscoveryRequest>::raw_decoder(buffers());
         let inbound = Streaming::new_request(decoder, request.into_body(), None, Some(MAX_REQUEST_BYTES));
         let responses = self.server.open(peer, closer, caller, inbound);
         let body = ResponseBody { responses, writing: None, done: false };

@@ -29,7 +29,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// The control plane's jemalloc options.
 #[export_name = "_rjem_malloc_conf"]
 #[used]
-static JEMALLOC_OPTIONS: &[u8; 60] = kpx_proto::memory::JEMALLOC_OPTIONS;
+static JEMALLOC_OPTIONS: &[u8; 60] = kpx_controlplane::memory::JEMALLOC_OPTIONS;
 
 /// The resource name the benchmark's nodes look for (its Service 0).
 const SERVICE0: &str = "default/bench/svc-0";
@@ -109,13 +109,13 @@ impl tonic::codec::Codec for SmallBuffers {
 
     fn encoder(&mut self) -> Self::Encoder {
         tonic_prost::ProstCodec::<DeltaDiscoveryResponse, DeltaDiscoveryRequest>::raw_encoder(
-            kpx_proto::grpc::ads_transport::buffers(),
+            kpx_controlplane::xds::transport::buffers(),
         )
     }
 
     fn decoder(&mut self) -> Self::Decoder {
         tonic_prost::ProstCodec::<DeltaDiscoveryResponse, DeltaDiscoveryRequest>::raw_decoder(
-            kpx_proto::grpc::ads_transport::buffers(),
+            kpx_controlplane::xds::transport::buffers(),
         )
     }
 }
@@ -216,8 +216,8 @@ fn main() -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(args.listen).await?;
         println!("ads_floor serving on {}", args.listen);
         tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(kpx_proto::grpc::ads_transport::KEEPALIVE))
-            .http2_keepalive_timeout(Some(kpx_proto::grpc::ads_transport::KEEPALIVE))
+            .http2_keepalive_interval(Some(kpx_controlplane::xds::transport::KEEPALIVE))
+            .http2_keepalive_timeout(Some(kpx_controlplane::xds::transport::KEEPALIVE))
             .add_service(FloorService(floor))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
             .await?;

@@ -1,15 +1,7 @@
 //! Giving freed memory back to the system after large work: glibc's allocator keeps what
 //! was freed in its arenas, so a process that once needed hundreds of MB (an agent's full
 //! sync) would otherwise stay at its peak RSS for good. (The node agent's allocator; the
-//! control plane runs jemalloc, which gives pages back by itself: its own `memory`, with
-//! [`JEMALLOC_OPTIONS`].)
-
-/// The control plane's jemalloc options (its `malloc_conf`; also those of the fan-out
-/// benchmark's transport floor, which must allocate as the control plane does): freed
-/// pages go back to the system after about a second, from a background thread, so an
-/// idle control plane shrinks too. (A byte array, not a slice: jemalloc reads the symbol
-/// as a `const char *`.)
-pub const JEMALLOC_OPTIONS: &[u8; 60] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+//! control plane runs jemalloc, which gives pages back by itself: its own `memory`.)
 
 /// Returns the allocator's free memory to the system.
 pub fn release_freed() {

@@ -12,23 +12,6 @@ pub const REFLECTION: [&str; 2] =
 /// Envoy's aggregated discovery service (delta ADS), served by the control plane.
 pub const ADS: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
 
-/// How the control plane serves delta ADS, which the fan-out benchmark's transport floor
-/// (`ads_floor`) serves with too, so that the floor is measured with the same transport.
-pub mod ads_transport {
-    use std::time::Duration;
-
-    /// An HTTP/2 PING every this often, the connection dropped when one goes unanswered
-    /// for as long: the stream of a node behind a dead link is closed and its memory
-    /// freed within twice this.
-    pub const KEEPALIVE: Duration = Duration::from_secs(10);
-
-    /// A stream's codec buffers: its requests are small ACKs after the first, so they
-    /// start small (tonic's default of 8 KiB each way would be per stream).
-    pub fn buffers() -> tonic::codec::BufferSettings {
-        tonic::codec::BufferSettings::new(1024, 32 << 10)
-    }
-}
-
 /// Which of kpx's servers the reflection is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Server {
