@@ -1,27 +1,21 @@
-//! The harness of kpx's end-to-end tests: network namespaces joined by veth,
-//! real listeners in "pod" namespaces, real kpx processes, real traffic.
+//! kpx's end-to-end tests, by role:
+//! - [`harness`]: network namespaces joined by veth, real listeners in "pod" namespaces,
+//!   real kpx processes, real traffic, fake API servers and control planes, and the
+//!   measuring helpers;
+//! - [`scenarios`]: what the test files and the VM run, written once (the behaviour suite
+//!   per backend, faults under traffic, rolling updates, IPVS-only behaviour);
+//! - [`bench`]: the parts of the benchmarks (`src/bin/bench_*`) that are not their `main`.
+//!
+//! The test files (`tests/*.rs`) say what they prove; `src/bin/` holds the benchmarks and
+//! what runs inside the IPVS VM.
 //!
 //! Everything a test creates is removed when its handle drops, also when the
 //! test fails. Nothing is created in the host namespace: veth pairs are made
 //! inside the node namespace with their peer directly in the other one.
 
-pub mod backends_in_vm;
-pub mod fake_apiserver;
-pub mod fake_control_plane;
-pub mod fault_scenarios;
-pub mod http_traffic;
-pub mod install;
-pub mod ipvs_scenarios;
-pub mod kernel_rules;
-pub mod manifests;
-pub mod netns;
-pub mod pki;
-pub mod pod;
-pub mod process;
-pub mod rolling_update;
+pub mod bench;
+pub mod harness;
 pub mod scenarios;
-pub mod topology;
-pub mod traffic;
 
 use std::time::{Duration, Instant};
 
@@ -39,11 +33,3 @@ pub fn wait_for<T>(what: &str, deadline: Duration, mut check: impl FnMut() -> Op
 
 /// A generous deadline for things that take well under a second on an idle machine.
 pub const DEADLINE: Duration = Duration::from_secs(30);
-
-/// The `p` quantile (0..=1) of `sorted`, by nearest rank; zero for no samples.
-pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() - 1) as f64 * p.clamp(0.0, 1.0)).round() as usize]
-}

@@ -2,7 +2,7 @@
 //! (no timing is asserted: figures are only meaningful on an idle machine at
 //! full size, `sudo tests/bench-scale.sh`). Run as root; binaries built first.
 
-use kpx_e2e::process::binary;
+use kpx_e2e::harness::process::binary;
 
 #[test]
 fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {

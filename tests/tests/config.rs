@@ -2,9 +2,9 @@
 //! agent (mode, node name, masquerading, …), and a field kpx does not support
 //! is refused at start with its name. Run as root; binaries built first.
 
-use kpx_e2e::manifests::web_on_pod0;
-use kpx_e2e::process::binary;
-use kpx_e2e::topology::{Topology, CONTROL_PLANE_ADDR};
+use kpx_e2e::harness::manifests::web_on_pod0;
+use kpx_e2e::harness::process::binary;
+use kpx_e2e::harness::topology::{Topology, CONTROL_PLANE_ADDR};
 
 #[test]
 fn a_kube_proxy_configuration_file_drives_the_agent_and_bad_fields_are_named() {
@@ -24,7 +24,7 @@ fn a_kube_proxy_configuration_file_drives_the_agent_and_bad_fields_are_named() {
     )
     .expect("write config");
     let config_arg = format!("--config={}", config.display());
-    let dp = kpx_e2e::process::KpxProcess::start(
+    let dp = kpx_e2e::harness::process::KpxProcess::start(
         &t.node,
         "kpx-dataplane",
         &[config_arg],
@@ -97,8 +97,12 @@ fn kubeadms_kube_proxy_configuration_is_taken_unchanged() {
         format!("--control-plane=http://{CONTROL_PLANE_ADDR}"),
         format!("--state-dir={}", t.dir.path().join("state").display()),
     ];
-    let dp =
-        kpx_e2e::process::KpxProcess::start(&t.node, "kpx-dataplane", &args, t.dir.path().join("dp.log"));
+    let dp = kpx_e2e::harness::process::KpxProcess::start(
+        &t.node,
+        "kpx-dataplane",
+        &args,
+        t.dir.path().join("dp.log"),
+    );
     let warning = dp.wait_event("the warning naming the ignored fields", DEADLINE, |e| {
         e["level"] == "WARN" && e["message"].as_str().is_some_and(|m| m.contains("does not act on"))
     });

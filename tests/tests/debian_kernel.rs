@@ -6,8 +6,8 @@
 use kpx_proto::sync::Locked as _;
 use std::sync::Mutex;
 
-use kpx_e2e::process::binary;
-use kpx_e2e::scenarios;
+use kpx_e2e::harness::process::binary;
+use kpx_e2e::scenarios::behaviour;
 
 static ONE_VM_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -22,7 +22,7 @@ fn suite_in_vm(backend: &str) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{backend} in the VM: {}\n{stdout}\n{stderr}", out.status);
-    for (scenario, _) in scenarios::ALL.iter().chain(kpx_e2e::ipvs_scenarios::VM_ONLY) {
+    for (scenario, _) in behaviour::ALL.iter().chain(kpx_e2e::scenarios::ipvs::VM_ONLY) {
         assert!(stdout.lines().any(|l| l.starts_with(&format!("pass {scenario} "))), "{scenario}: {stdout}");
     }
 }

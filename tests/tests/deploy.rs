@@ -5,15 +5,15 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use kpx_e2e::fake_apiserver::{FakeApiServer, FakeToken};
-use kpx_e2e::install::{
+use kpx_e2e::harness::fake_apiserver::{FakeApiServer, FakeToken};
+use kpx_e2e::harness::install::{
     self, by_identity, documents, helm_template, kustomize, output_of, provided_tool, repo_path,
 };
-use kpx_e2e::manifests::web_on_pod0;
-use kpx_e2e::pki::Pki;
-use kpx_e2e::pod::{self, PodWorld, RunningPod};
-use kpx_e2e::topology::{node_yaml, sock, ProxyBackend, Topology, NODE_IP, NODE_NAME};
-use kpx_e2e::traffic::http_get_path;
+use kpx_e2e::harness::manifests::web_on_pod0;
+use kpx_e2e::harness::pki::Pki;
+use kpx_e2e::harness::pod::{self, PodWorld, RunningPod};
+use kpx_e2e::harness::topology::{node_yaml, sock, ProxyBackend, Topology, NODE_IP, NODE_NAME};
+use kpx_e2e::harness::traffic::http_get_path;
 use kpx_e2e::{wait_for, DEADLINE};
 
 /// The fake API server's port (in the node's namespace).
@@ -331,7 +331,7 @@ fn rendered_pods_serve(objects: Vec<serde_json::Value>, backend: ProxyBackend) {
     let config = agent.root.join("volumes/config/config.yaml");
     for kind in ["ready", "live"] {
         let out = t.node.try_exec_with_env(
-            &kpx_e2e::process::binary("kpx-dataplane").display().to_string(),
+            &kpx_e2e::harness::process::binary("kpx-dataplane").display().to_string(),
             &[&format!("--config={}", config.display()), &format!("--probe={kind}")],
             &agent.env,
         );
@@ -459,7 +459,7 @@ fn the_image_holds_both_binaries_and_every_tool_the_backends_call() {
         Command::new(repo_path("deploy/image/build.sh")).args(["--binaries"]).arg(repo_path("target/debug")),
     );
     println!("{built}");
-    let ns = kpx_e2e::netns::Netns::new("image");
+    let ns = kpx_e2e::harness::netns::Netns::new("image");
     let checked = output_of(Command::new(repo_path("deploy/image/check.sh")).args(["--netns", &ns.name]));
     println!("{checked}");
     for what in [

@@ -1,13 +1,13 @@
-//! Faults under continuous traffic over real processes (`kpx_e2e::fault_scenarios`),
+//! Faults under continuous traffic over real processes (`kpx_e2e::scenarios::faults`),
 //! on nftables and iptables-nft here; the IPVS suite runs them in its VM.
 
 macro_rules! on_backends {
     ($($name:ident),*) => {
         mod nftables {
-            $(#[test] fn $name() { kpx_e2e::fault_scenarios::$name(kpx_e2e::topology::ProxyBackend::Nftables); })*
+            $(#[test] fn $name() { kpx_e2e::scenarios::faults::$name(kpx_e2e::harness::topology::ProxyBackend::Nftables); })*
         }
         mod iptables {
-            $(#[test] fn $name() { kpx_e2e::fault_scenarios::$name(kpx_e2e::topology::ProxyBackend::Iptables); })*
+            $(#[test] fn $name() { kpx_e2e::scenarios::faults::$name(kpx_e2e::harness::topology::ProxyBackend::Iptables); })*
         }
     };
 }
@@ -25,7 +25,7 @@ on_backends!(
 /// a 1 KiB window), and a bare HTTP/2 client of its ADS: no kpx agent, so that the test
 /// decides what the node reads and answers.
 struct AckTimeoutBench {
-    cp: kpx_e2e::process::KpxProcess,
+    cp: kpx_e2e::harness::process::KpxProcess,
     port: u16,
     ack_timeout: std::time::Duration,
     _dir: tempfile::TempDir,
@@ -51,14 +51,14 @@ impl AckTimeoutBench {
                 .port()
         };
         let (port, metrics_port) = (free_port(), free_port());
-        let mut command = std::process::Command::new(kpx_e2e::process::binary("kpx-controlplane"));
+        let mut command = std::process::Command::new(kpx_e2e::harness::process::binary("kpx-controlplane"));
         command
             .arg(format!("--listen=127.0.0.1:{port}"))
             .arg(format!("--metrics-listen=127.0.0.1:{metrics_port}"))
             .arg(format!("--ack-timeout={}s", ack_timeout.as_secs()))
             .arg(format!("--source=file:{}", dir.path().display()))
             .args(["--log-format", "json"]);
-        let cp = kpx_e2e::process::KpxProcess::start_command(
+        let cp = kpx_e2e::harness::process::KpxProcess::start_command(
             command,
             "kpx-controlplane",
             dir.path().join("cp.log"),

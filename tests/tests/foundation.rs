@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use kpx_e2e::fake_control_plane::{service_views, FakeControlPlane};
-use kpx_e2e::topology::{service_yaml, sock, Topology, CONTROL_PLANE_ADDR};
-use kpx_e2e::traffic::{tally, tcp_request, udp_request, Answer};
+use kpx_e2e::harness::fake_control_plane::{service_views, FakeControlPlane};
+use kpx_e2e::harness::topology::{service_yaml, sock, Topology, CONTROL_PLANE_ADDR};
+use kpx_e2e::harness::traffic::{tally, tcp_request, udp_request, Answer};
 use kpx_e2e::{wait_for, DEADLINE};
 
 const VIP: &str = "10.96.0.10";
@@ -145,7 +145,7 @@ fn a_cluster_ip_refuses_ports_its_services_do_not_have() {
         (t.client.run_in(|| connected_udp(sock("10.96.0.31", 53))) == Answer::From("pod0".into()))
             .then_some(())
     });
-    let refused_at_once = |ns: &kpx_e2e::netns::Netns, what: &str, request: fn() -> Answer| {
+    let refused_at_once = |ns: &kpx_e2e::harness::netns::Netns, what: &str, request: fn() -> Answer| {
         let started = Instant::now();
         let answer = ns.run_in(request);
         assert_eq!(answer, Answer::Refused, "{what}");
@@ -382,7 +382,7 @@ fn cleanup_removes_only_what_kpx_owns() {
     t.wait_rules_contain("goto pick-v4-1");
     let state = t.dir.path().join("state");
     let state_dir = format!("--state-dir={}", state.display());
-    let kpx_dataplane = kpx_e2e::process::binary("kpx-dataplane").display().to_string();
+    let kpx_dataplane = kpx_e2e::harness::process::binary("kpx-dataplane").display().to_string();
     // Another backend's rules cleaned up while the agent runs (a half-done switch of
     // backends): the running agent's state is kept.
     let out = t.node.try_exec(&kpx_dataplane, &["--cleanup", "--backend=iptables", &state_dir]);

@@ -4,9 +4,9 @@
 //! program that holds the xtables lock makes the node unhealthy, not stuck.
 //! Run as root (network namespaces); binaries built first (see README).
 
-use kpx_e2e::manifests::web_on_pod0;
-use kpx_e2e::process::binary;
-use kpx_e2e::topology::{ProxyBackend, Topology};
+use kpx_e2e::harness::manifests::web_on_pod0;
+use kpx_e2e::harness::process::binary;
+use kpx_e2e::harness::topology::{ProxyBackend, Topology};
 use kpx_e2e::{wait_for, DEADLINE};
 use std::time::Duration;
 
@@ -140,9 +140,9 @@ fn the_periodic_full_resync_repairs_rules_changed_behind_its_back() {
 /// change is asked for again, programmed, and both answer 200.
 #[test]
 fn a_held_xtables_lock_makes_the_node_unhealthy_until_it_is_free() {
-    use kpx_e2e::manifests::{documents, ep, service, slice};
-    use kpx_e2e::topology::{sock, NODE_IP};
-    use kpx_e2e::traffic::http_get_path;
+    use kpx_e2e::harness::manifests::{documents, ep, service, slice};
+    use kpx_e2e::harness::topology::{sock, NODE_IP};
+    use kpx_e2e::harness::traffic::http_get_path;
     use std::os::fd::AsRawFd;
 
     let t = Topology::new(1);
@@ -206,9 +206,9 @@ fn a_held_xtables_lock_makes_the_node_unhealthy_until_it_is_free() {
 /// replies of tracked connections, so a NodePort of policy Cluster keeps answering; with that
 /// hook taken away the same NodePort is dropped, which shows the policy bites.
 fn a_forward_policy_of_drop_does_not_break_node_ports(backend: ProxyBackend, flavour: &str) {
-    use kpx_e2e::manifests::{documents, ep, service, slice};
-    use kpx_e2e::topology::{sock, NODE_IP};
-    use kpx_e2e::traffic::{tcp_request, Answer};
+    use kpx_e2e::harness::manifests::{documents, ep, service, slice};
+    use kpx_e2e::harness::topology::{sock, NODE_IP};
+    use kpx_e2e::harness::traffic::{tcp_request, Answer};
     let t = Topology::new(1);
     let _backends = t.start_backends(8080);
     t.write_node();

@@ -4,8 +4,8 @@
 //! whole behaviour suite, the IPVS-only scenarios and the faults
 //! (`src/bin/behaviour_in_vm.rs`), in one boot.
 
-use kpx_e2e::process::binary;
-use kpx_e2e::{fault_scenarios, ipvs_scenarios, scenarios};
+use kpx_e2e::harness::process::binary;
+use kpx_e2e::scenarios::{behaviour, faults, ipvs};
 
 fn in_vm(program: &str, args: &[&str]) -> String {
     let runner = concat!(env!("CARGO_MANIFEST_DIR"), "/vm/run-in-vm.sh");
@@ -26,12 +26,7 @@ fn ipvs_netlink_programs_a_real_ipvs_kernel() {
 #[test]
 fn the_ipvs_backend_passes_the_behaviour_suite_and_its_own_scenarios() {
     let stdout = in_vm("behaviour_in_vm", &[]);
-    for (scenario, _) in scenarios::ALL
-        .iter()
-        .chain(ipvs_scenarios::ALL)
-        .chain(ipvs_scenarios::VM_ONLY)
-        .chain(fault_scenarios::ALL)
-    {
+    for (scenario, _) in behaviour::ALL.iter().chain(ipvs::ALL).chain(ipvs::VM_ONLY).chain(faults::ALL) {
         assert!(stdout.lines().any(|l| l.starts_with(&format!("pass {scenario} "))), "{scenario}: {stdout}");
     }
 }

@@ -1,16 +1,16 @@
 //! The Kubernetes source: kpx-controlplane reads a cluster through kube-rs from
-//! an API server that speaks the real list/watch protocol (tests/src/fake_apiserver.rs),
+//! an API server that speaks the real list/watch protocol (tests/src/harness/fake_apiserver.rs),
 //! and a node agent programs what it serves; traffic proves it.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use kpx_e2e::fake_apiserver::{FakeApiServer, Kind};
-use kpx_e2e::install;
-use kpx_e2e::manifests::{documents, ep, service, slice, web_on_pod, web_on_pod0};
-use kpx_e2e::process::KpxProcess;
-use kpx_e2e::topology::{node_yaml, sock, Topology, NODE_NAME};
-use kpx_e2e::traffic::{http_get_path, Backend};
+use kpx_e2e::harness::fake_apiserver::{FakeApiServer, Kind};
+use kpx_e2e::harness::install;
+use kpx_e2e::harness::manifests::{documents, ep, service, slice, web_on_pod, web_on_pod0};
+use kpx_e2e::harness::process::KpxProcess;
+use kpx_e2e::harness::topology::{node_yaml, sock, Topology, NODE_NAME};
+use kpx_e2e::harness::traffic::{http_get_path, Backend};
 use kpx_e2e::{wait_for, DEADLINE};
 
 const API_PORT: u16 = 16443;
@@ -49,7 +49,7 @@ fn grpc_health(t: &Topology) -> String {
     let grpcurl = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/pyenv/bin/grpcurl");
     let out = t.node.try_exec(
         grpcurl,
-        &["-plaintext", kpx_e2e::topology::CONTROL_PLANE_ADDR, "grpc.health.v1.Health/Check"],
+        &["-plaintext", kpx_e2e::harness::topology::CONTROL_PLANE_ADDR, "grpc.health.v1.Health/Check"],
     );
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let value: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
@@ -255,8 +255,8 @@ fn the_node_objects_zone_feeds_topology_hints() {
     // Every connection through node-a stays in zone-a.
     let to = sock("10.96.0.20", 80);
     for _ in 0..20 {
-        let answer = c.t.client.run_in(move || kpx_e2e::traffic::tcp_request(to));
-        assert_eq!(answer, kpx_e2e::traffic::Answer::From("pod0".into()));
+        let answer = c.t.client.run_in(move || kpx_e2e::harness::traffic::tcp_request(to));
+        assert_eq!(answer, kpx_e2e::harness::traffic::Answer::From("pod0".into()));
     }
 }
 

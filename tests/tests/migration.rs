@@ -7,13 +7,13 @@
 
 use std::time::Duration;
 
-use kpx_e2e::fake_apiserver::FakeApiServer;
-use kpx_e2e::http_traffic::{Client, HttpPod, Load};
-use kpx_e2e::manifests::{documents, ep, service, slice};
-use kpx_e2e::netns::Netns;
-use kpx_e2e::process::{binary, KpxProcess};
-use kpx_e2e::topology::{node_yaml, sock, ProxyBackend, Topology, CLUSTER_CIDR, NODE_NAME};
-use kpx_e2e::traffic::http_get_path;
+use kpx_e2e::harness::fake_apiserver::FakeApiServer;
+use kpx_e2e::harness::http_traffic::{Client, HttpPod, Load};
+use kpx_e2e::harness::manifests::{documents, ep, service, slice};
+use kpx_e2e::harness::netns::Netns;
+use kpx_e2e::harness::process::{binary, KpxProcess};
+use kpx_e2e::harness::topology::{node_yaml, sock, ProxyBackend, Topology, CLUSTER_CIDR, NODE_NAME};
+use kpx_e2e::harness::traffic::http_get_path;
 use kpx_e2e::{wait_for, DEADLINE};
 
 const VIP: &str = "10.96.3.30";

@@ -6,11 +6,11 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use kpx_e2e::fake_apiserver::FakeApiServer;
-use kpx_e2e::manifests::{documents, ep, service, slice};
-use kpx_e2e::process::KpxProcess;
-use kpx_e2e::topology::{node_yaml, sock, Topology, NODE_NAME};
-use kpx_e2e::traffic::{tcp_request, Answer, Backend};
+use kpx_e2e::harness::fake_apiserver::FakeApiServer;
+use kpx_e2e::harness::manifests::{documents, ep, service, slice};
+use kpx_e2e::harness::process::KpxProcess;
+use kpx_e2e::harness::topology::{node_yaml, sock, Topology, NODE_NAME};
+use kpx_e2e::harness::traffic::{tcp_request, Answer, Backend};
 use kpx_e2e::DEADLINE;
 
 const VIP: &str = "10.96.0.10";

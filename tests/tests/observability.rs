@@ -6,23 +6,32 @@
 
 use std::path::PathBuf;
 
-use kpx_e2e::manifests::{documents, ep, service, slice};
-use kpx_e2e::topology::{node_yaml, sock, ProxyBackend, Topology, CLUSTER_CIDR, NODE_IP, NODE_NAME};
-use kpx_e2e::traffic::{http_get_path, tcp_request, Answer};
+use kpx_e2e::harness::manifests::{documents, ep, service, slice};
+use kpx_e2e::harness::topology::{node_yaml, sock, ProxyBackend, Topology, CLUSTER_CIDR, NODE_IP, NODE_NAME};
+use kpx_e2e::harness::traffic::{http_get_path, tcp_request, Answer};
 use kpx_e2e::{wait_for, DEADLINE};
 
 const VIP: &str = "10.96.3.1";
 
 /// A node with Service `web` (NodePort 30090, externalTrafficPolicy Local, pod0 here and pod1 on
 /// node-b) and Service `empty` (no endpoints), both programmed.
-fn started(
-) -> (Topology, Vec<kpx_e2e::traffic::Backend>, kpx_e2e::process::KpxProcess, kpx_e2e::process::KpxProcess) {
+fn started() -> (
+    Topology,
+    Vec<kpx_e2e::harness::traffic::Backend>,
+    kpx_e2e::harness::process::KpxProcess,
+    kpx_e2e::harness::process::KpxProcess,
+) {
     started_with(ProxyBackend::Nftables)
 }
 
 fn started_with(
     backend: ProxyBackend,
-) -> (Topology, Vec<kpx_e2e::traffic::Backend>, kpx_e2e::process::KpxProcess, kpx_e2e::process::KpxProcess) {
+) -> (
+    Topology,
+    Vec<kpx_e2e::harness::traffic::Backend>,
+    kpx_e2e::harness::process::KpxProcess,
+    kpx_e2e::harness::process::KpxProcess,
+) {
     let t = Topology::new(2);
     let backends = t.start_backends(8080);
     t.write_node();
@@ -152,7 +161,13 @@ fn kpxctl_shows_services_endpoints_nodes_rules_status_and_traces() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("destination"), "{bad:?}");
 }
 
-fn get(t: &Topology, ns: &kpx_e2e::netns::Netns, addr: &str, port: u16, path: &'static str) -> (u16, String) {
+fn get(
+    t: &Topology,
+    ns: &kpx_e2e::harness::netns::Netns,
+    addr: &str,
+    port: u16,
+    path: &'static str,
+) -> (u16, String) {
     let _ = t;
     let to = sock(addr, port);
     ns.run_in(move || http_get_path(to, path)).unwrap_or_else(|e| panic!("GET {to}{path}: {e}"))
@@ -214,7 +229,7 @@ fn the_control_plane_gives_freed_memory_back_from_jemallocs_background_thread() 
 fn the_control_plane_reports_its_heap_as_its_allocator_counts_it() {
     let (t, _backends, _cp, _dp) = started();
     let metric = |text: &str, name: &str| {
-        kpx_e2e::traffic::metric_value(text, name).unwrap_or_else(|| panic!("no {name}:\n{text}"))
+        kpx_e2e::harness::traffic::metric_value(text, name).unwrap_or_else(|| panic!("no {name}:\n{text}"))
     };
     let heap = |services: f64| {
         wait_for(&format!("the control plane to serve {services} Services"), DEADLINE, || {
@@ -409,7 +424,7 @@ fn iptables_metrics_are_kube_proxys_names_and_labels() {
 fn reflection_v1alpha_with_python_and_v1_with_tonic_on_both_servers() {
     let (t, _backends, _cp, _dp) = started();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("reflection_v1alpha.py");
-    let py = kpx_e2e::process::python().display().to_string();
+    let py = kpx_e2e::harness::process::python().display().to_string();
     let script = script.display().to_string();
     let run = |target: &str, symbol: &str| {
         let out = t.node.try_exec(&py, &[&script, target, symbol]);

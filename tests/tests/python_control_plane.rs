@@ -6,9 +6,9 @@
 
 use std::path::PathBuf;
 
-use kpx_e2e::process::KpxProcess;
-use kpx_e2e::topology::{sock, ProxyBackend, Topology, CONTROL_PLANE_ADDR};
-use kpx_e2e::traffic::{tcp_request, Answer};
+use kpx_e2e::harness::process::KpxProcess;
+use kpx_e2e::harness::topology::{sock, ProxyBackend, Topology, CONTROL_PLANE_ADDR};
+use kpx_e2e::harness::traffic::{tcp_request, Answer};
 use kpx_e2e::{wait_for, DEADLINE};
 
 fn root() -> PathBuf {
@@ -43,7 +43,13 @@ fn start_python(t: &Topology, config: &std::path::Path) -> KpxProcess {
     ];
     let n = (0..).find(|n| !t.dir.path().join(format!("python-{n}.log")).exists()).unwrap_or(0);
     let log = t.dir.path().join(format!("python-{n}.log"));
-    let p = KpxProcess::start_path(&t.node, &kpx_e2e::process::python(), "kpx_control_plane.py", &args, log);
+    let p = KpxProcess::start_path(
+        &t.node,
+        &kpx_e2e::harness::process::python(),
+        "kpx_control_plane.py",
+        &args,
+        log,
+    );
     p.wait_event("the Python control plane to listen", DEADLINE, |e| e["message"] == "serving delta ADS");
     p
 }

@@ -23,7 +23,7 @@ use kpx_dataplane::exec::nft::open::NftProcess;
 use kpx_dataplane::exec::nft::{Nft, Outline, Reconciled, RefillWith};
 use kpx_dataplane::exec::ExecError;
 use kpx_dataplane::state::{ChangeSet, NodeState, Versioned};
-use kpx_e2e::netns::Netns;
+use kpx_e2e::harness::netns::Netns;
 use kpx_proto::node_context::{NodeContext, ProxySettings};
 use kpx_proto::testing::{node_config, valid_view};
 use kpx_proto::types::{NodeConfig, ServiceView};

@@ -21,7 +21,7 @@ use kpx_dataplane::exec::nft::open::NftProcess;
 use kpx_dataplane::exec::nft::{Nft, Outline, Reconciled, RefillWith};
 use kpx_dataplane::exec::ExecError;
 use kpx_dataplane::state::NodeState;
-use kpx_e2e::netns::Netns;
+use kpx_e2e::harness::netns::Netns;
 use kpx_proto::family::Family;
 
 /// The real nftables, recording what each reconcile did, and running `between` (someone

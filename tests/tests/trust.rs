@@ -6,11 +6,11 @@
 //! the new one; the admin API needs an admin certificate; ServiceAccount tokens are
 //! checked by TokenReview (wrong audience, expired, another node refused). Run as root.
 
-use kpx_e2e::fake_apiserver::{FakeApiServer, FakeToken};
-use kpx_e2e::manifests::web_on_pod0;
-use kpx_e2e::pki::{Issued, Pki, Validity};
-use kpx_e2e::process::KpxProcess;
-use kpx_e2e::topology::{node_yaml, sock, Topology, NODE_NAME};
+use kpx_e2e::harness::fake_apiserver::{FakeApiServer, FakeToken};
+use kpx_e2e::harness::manifests::web_on_pod0;
+use kpx_e2e::harness::pki::{Issued, Pki, Validity};
+use kpx_e2e::harness::process::KpxProcess;
+use kpx_e2e::harness::topology::{node_yaml, sock, Topology, NODE_NAME};
 use kpx_e2e::{wait_for, DEADLINE};
 
 const URL: &str = "https://127.0.0.1:18000";
@@ -145,7 +145,7 @@ fn mutual_tls_identities_rotation_and_the_admin_api() {
     impostor.stop();
     let (_, metrics) = t
         .node
-        .run_in(|| kpx_e2e::traffic::http_get_path(sock("127.0.0.1", 18002), "/metrics"))
+        .run_in(|| kpx_e2e::harness::traffic::http_get_path(sock("127.0.0.1", 18002), "/metrics"))
         .expect("metrics");
     assert!(metrics.contains("kpx_refused_total{reason=\"node_id_mismatch\"}"), "{metrics}");
 
@@ -240,8 +240,8 @@ fn service_account_tokens_are_checked_by_token_review() {
     assert!(api.token_reviews() > reviews, "the good token was reviewed too");
 
     // The install (kustomize and Helm alike) grants the control plane what that took.
-    for (how, objects) in kpx_e2e::install::default_installs() {
-        let granted = kpx_e2e::install::granted_to_control_plane(&objects);
+    for (how, objects) in kpx_e2e::harness::install::default_installs() {
+        let granted = kpx_e2e::harness::install::granted_to_control_plane(&objects);
         assert!(granted.contains("authentication.k8s.io/tokenreviews:create"), "{how}: {granted:?}");
     }
 }

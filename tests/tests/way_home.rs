@@ -8,11 +8,11 @@
 
 use std::time::Duration;
 
-use kpx_e2e::fake_apiserver::{FakeApiServer, Kind};
-use kpx_e2e::manifests::web_on_pod;
-use kpx_e2e::process::{binary, KpxProcess};
-use kpx_e2e::topology::{node_yaml, sock, Topology, NODE_NAME};
-use kpx_e2e::traffic::{http_get_path, metric_value, tcp_request_within, Answer};
+use kpx_e2e::harness::fake_apiserver::{FakeApiServer, Kind};
+use kpx_e2e::harness::manifests::web_on_pod;
+use kpx_e2e::harness::process::{binary, KpxProcess};
+use kpx_e2e::harness::topology::{node_yaml, sock, Topology, NODE_NAME};
+use kpx_e2e::harness::traffic::{http_get_path, metric_value, tcp_request_within, Answer};
 use kpx_e2e::{wait_for, DEADLINE};
 use serde_json::json;
 
@@ -26,7 +26,7 @@ struct Cluster {
     t: Topology,
     api: FakeApiServer,
     kubeconfig: std::path::PathBuf,
-    _backends: Vec<kpx_e2e::traffic::Backend>,
+    _backends: Vec<kpx_e2e::harness::traffic::Backend>,
 }
 
 /// A node, three pods serving :8080, an API server holding the Node and `web` (pod 2).
@@ -180,8 +180,8 @@ fn rbac_covers_what_the_agent_asked(api: &FakeApiServer) {
         })
         .collect();
     assert_eq!(asked.len(), 3, "{asked:?}");
-    for (how, objects) in kpx_e2e::install::default_installs() {
-        assert_eq!(kpx_e2e::install::granted_to_agent(&objects), asked, "{how}");
+    for (how, objects) in kpx_e2e::harness::install::default_installs() {
+        assert_eq!(kpx_e2e::harness::install::granted_to_agent(&objects), asked, "{how}");
     }
 }
 

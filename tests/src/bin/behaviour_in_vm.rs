@@ -1,19 +1,19 @@
-//! The behaviour suite (`kpx_e2e::scenarios`) inside the VM of `tests/vm/run-in-vm.sh`
+//! The behaviour suite (`kpx_e2e::scenarios::behaviour`) inside the VM of `tests/vm/run-in-vm.sh`
 //! (a stock Debian kernel: IPVS, and an older kernel than this machine's), run by
 //! `tests/tests/ipvs.rs`, one boot for all:
 //!
 //! `behaviour_in_vm [--backend=ipvs|nftables|iptables|iptables-legacy] [SCENARIO…]`
 //!
-//! Every backend also runs the VM-only scenarios (`kpx_e2e::ipvs_scenarios::VM_ONLY`:
+//! Every backend also runs the VM-only scenarios (`kpx_e2e::scenarios::ipvs::VM_ONLY`:
 //! SCTP traffic); with `--backend=ipvs` (the default) the IPVS-only scenarios
-//! (`kpx_e2e::ipvs_scenarios`) and the faults (`kpx_e2e::fault_scenarios`) run too. It runs the scenarios named, or all, and exits 1
+//! (`kpx_e2e::scenarios::ipvs`) and the faults (`kpx_e2e::scenarios::faults`) run too. It runs the scenarios named, or all, and exits 1
 //! if one fails. Each prints `pass NAME` or `FAIL NAME: why`.
 
-use kpx_e2e::topology::ProxyBackend;
-use kpx_e2e::{fault_scenarios, ipvs_scenarios, scenarios};
+use kpx_e2e::harness::topology::ProxyBackend;
+use kpx_e2e::scenarios::{behaviour, faults, ipvs};
 
 fn main() {
-    kpx_e2e::traffic::emulated_cpu();
+    kpx_e2e::harness::traffic::emulated_cpu();
     let mut backend = ProxyBackend::Ipvs;
     let mut chosen = Vec::new();
     for arg in std::env::args().skip(1) {
@@ -30,12 +30,12 @@ fn main() {
         }
     }
     // IPVS runs only here: its own scenarios and the faults too.
-    let mut own: Vec<(&str, scenarios::Scenario)> = ipvs_scenarios::VM_ONLY.to_vec();
+    let mut own: Vec<(&str, behaviour::Scenario)> = ipvs::VM_ONLY.to_vec();
     if backend == ProxyBackend::Ipvs {
-        own.extend(ipvs_scenarios::ALL.iter().chain(fault_scenarios::ALL));
+        own.extend(ipvs::ALL.iter().chain(faults::ALL));
     }
     let mut failed = Vec::new();
-    for (name, scenario) in scenarios::ALL.iter().chain(&own) {
+    for (name, scenario) in behaviour::ALL.iter().chain(&own) {
         if !chosen.is_empty() && !chosen.iter().any(|c| c == name) {
             continue;
         }

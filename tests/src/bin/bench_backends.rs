@@ -22,8 +22,8 @@ use kpx_dataplane::exec::iptables::{Flavour, IptablesProcess};
 use kpx_dataplane::exec::ipvs::netlink::open_socket;
 use kpx_dataplane::exec::nft::open::{self, NftProcess};
 use kpx_dataplane::state::{ChangeSet, NodeState, Versioned};
-use kpx_e2e::netns::Netns;
-use kpx_e2e::percentile;
+use kpx_e2e::harness::netns::Netns;
+use kpx_e2e::harness::percentile;
 use kpx_proto::types::{Endpoint, NodeConfig, Protocol, ServicePort, ServiceView};
 
 const ENDPOINTS: usize = 10;

@@ -12,8 +12,8 @@ use std::net::IpAddr;
 use kpx_dataplane::exec::ipvs::{
     netlink::open_socket, Destination, Ipvs, ServiceKey, VirtualService, FLAG_PERSISTENT, PROTO_TCP,
 };
-use kpx_e2e::topology::{sock, Topology};
-use kpx_e2e::traffic::{tcp_request, Answer};
+use kpx_e2e::harness::topology::{sock, Topology};
+use kpx_e2e::harness::traffic::{tcp_request, Answer};
 
 const VIP: &str = "10.96.0.10";
 
@@ -144,7 +144,7 @@ fn kube_proxy_leftovers_go_and_kpxs_stay(t: &Topology, ours: VirtualService) {
     });
 
     let out = t.node.try_exec(
-        &kpx_e2e::process::binary("kpx-dataplane").display().to_string(),
+        &kpx_e2e::harness::process::binary("kpx-dataplane").display().to_string(),
         &["--cleanup", "--kube-proxy-only", "--backend=ipvs"],
     );
     assert!(out.status.success(), "kpx-dataplane --cleanup --kube-proxy-only: {out:?}");

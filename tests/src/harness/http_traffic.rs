@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::netns::Netns;
-use crate::traffic::patience;
+use crate::harness::netns::Netns;
+use crate::harness::traffic::patience;
 
 /// How long a client waits for a connection or an answer before the request counts as failed.
 fn request_timeout() -> Duration {

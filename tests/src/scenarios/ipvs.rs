@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::manifests::{documents, ep, service, slice};
-use crate::netns::Netns;
-use crate::scenarios::{Scenario, Scene};
-use crate::topology::{sock, ProxyBackend, Topology, NODE_IP};
-use crate::traffic::{tcp_request, Answer, Prober};
+use crate::harness::manifests::{documents, ep, service, slice};
+use crate::harness::netns::Netns;
+use crate::harness::topology::{sock, ProxyBackend, Topology, NODE_IP};
+use crate::harness::traffic::{tcp_request, Answer, Prober};
+use crate::scenarios::behaviour::{Scenario, Scene};
 use crate::{wait_for, DEADLINE};
 
 /// Every IPVS-only scenario by name.

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::netns::Netns;
+use crate::harness::netns::Netns;
 
 /// TCP and UDP listeners on one port (IPv4 and IPv6) in a namespace, stopped on drop.
 pub struct Backend {
@@ -344,7 +344,7 @@ pub fn http_get_with_headers(to: SocketAddr, path: &str) -> Result<(u16, Vec<Str
 
 /// One sample of a metric of the agent running in `node`, read over HTTP (`/metrics` on
 /// 127.0.0.1:10249).
-pub fn agent_metric(node: &crate::netns::Netns, name: &str) -> f64 {
+pub fn agent_metric(node: &crate::harness::netns::Netns, name: &str) -> f64 {
     // A busy (or emulated) machine may answer later than one request waits: ask again.
     let (code, body) = crate::wait_for("the agent's metrics", crate::DEADLINE, || {
         node.run_in(|| http_get_path(SocketAddr::from(([127, 0, 0, 1], 10249)), "/metrics")).ok()

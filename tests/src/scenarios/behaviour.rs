@@ -13,13 +13,13 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use crate::manifests::{documents, ep, service, slice, Ep};
-use crate::netns::Netns;
-use crate::process::KpxProcess;
-use crate::topology::{
+use crate::harness::manifests::{documents, ep, service, slice, Ep};
+use crate::harness::netns::Netns;
+use crate::harness::process::KpxProcess;
+use crate::harness::topology::{
     sock, ProxyBackend, Topology, CLIENT_IP, CLIENT_IP_2, CLUSTER_CIDR, NODE_IP, NODE_IP6, NODE_IP_2,
 };
-use crate::traffic::{
+use crate::harness::traffic::{
     http_get, http_get_with_headers, tcp_request, tcp_request_from, tcp_request_from_port, udp_exchange,
     udp_request, Answer, Backend, Prober,
 };
@@ -39,7 +39,7 @@ macro_rules! behaviour_suite {
         $(
             #[test]
             fn $scenario() {
-                $crate::scenarios::$scenario($backend);
+                $crate::scenarios::behaviour::$scenario($backend);
             }
         )*
     };
@@ -75,7 +75,7 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("rolling_update_local", rolling_update_local),
 ];
 
-pub use crate::rolling_update::{rolling_update, rolling_update_local};
+pub use crate::scenarios::rolling_update::{rolling_update, rolling_update_local};
 
 /// A started topology with backends on 8080 in every pod.
 pub struct Scene {
@@ -136,7 +136,7 @@ impl Scene {
 
     /// One sample of the agent's metrics, read over HTTP (`/metrics` on 127.0.0.1:10249).
     pub fn agent_metric(&self, name: &str) -> f64 {
-        crate::traffic::agent_metric(&self.t.node, name)
+        crate::harness::traffic::agent_metric(&self.t.node, name)
     }
 
     /// The peers pod `i`'s backend has seen.
@@ -449,7 +449,7 @@ pub fn external_traffic_policy_local(backend: ProxyBackend) {
         s.t.client.run_in(|| http_get(sock(NODE_IP, 32000))).ok()
     });
     // kube-proxy's answer, on both families: 200, the endpoint weight, nosniff.
-    for addr in [NODE_IP, crate::topology::NODE_IP6] {
+    for addr in [NODE_IP, crate::harness::topology::NODE_IP6] {
         let health = s.t.client.run_in(move || http_get_with_headers(sock(addr, 32000), "/"));
         let (status, headers, body) = health.expect("health-check answer");
         assert_eq!(status, 200, "{addr}: {body}");
@@ -1416,7 +1416,7 @@ pub fn full_syncs_under_traffic(backend: ProxyBackend) {
         kept_affinity.sent, kept_affinity.failed
     );
     // IPVS on the VMs' emulated CPU manages a few dozen in 20 s, fewer on a busy machine.
-    let wanted = if crate::traffic::patience() > 1 { 5.0 } else { 10.0 };
+    let wanted = if crate::harness::traffic::patience() > 1 { 5.0 } else { 10.0 };
     assert!(synced >= wanted, "the agent ran full syncs: {synced}");
     assert!(seen.sent > 1000, "{seen:?}");
     assert_eq!(seen.failed, 0, "{seen:?}");

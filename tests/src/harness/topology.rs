@@ -13,9 +13,9 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use crate::netns::Netns;
-use crate::process::KpxProcess;
-use crate::traffic::Backend;
+use crate::harness::netns::Netns;
+use crate::harness::process::KpxProcess;
+use crate::harness::traffic::Backend;
 
 pub const CONTROL_PLANE_ADDR: &str = "127.0.0.1:18000";
 pub const NODE_NAME: &str = "node-a";
@@ -222,7 +222,7 @@ impl Topology {
     /// The node agent driving `backend` under `wrapper` (a profiler: `heaptrack -o FILE`);
     /// without one, as [`Topology::start_dataplane_with`].
     pub fn start_dataplane_under(&self, backend: ProxyBackend, wrapper: &[String]) -> KpxProcess {
-        self.start_dataplane_from(&crate::process::binary("kpx-dataplane"), backend, wrapper)
+        self.start_dataplane_from(&crate::harness::process::binary("kpx-dataplane"), backend, wrapper)
     }
 
     /// [`Self::start_dataplane_under`], the agent being the binary at `binary` (another
@@ -300,7 +300,7 @@ impl Topology {
         let client: std::net::Ipv4Addr = CLIENT_IP.parse().expect("client address");
         let to = std::net::SocketAddrV4::new(Self::pod_ip(pod).parse().expect("pod address"), 8080);
         for _ in 0..3 {
-            self.client.run_in(move || crate::traffic::send_tcp_segment(client, to, SYN_FIN));
+            self.client.run_in(move || crate::harness::traffic::send_tcp_segment(client, to, SYN_FIN));
         }
         crate::wait_for(&format!("{rule} to drop the three INVALID segments"), crate::DEADLINE, || {
             (dropped() >= before + 3).then_some(())
@@ -310,15 +310,15 @@ impl Topology {
     /// Waits until a TCP request from the client to `vip:port` is answered by `backend`.
     pub fn wait_answered_by(&self, vip: &str, port: u16, backend: &str) {
         let to = sock(vip, port);
-        let want = crate::traffic::Answer::From(backend.to_owned());
+        let want = crate::harness::traffic::Answer::From(backend.to_owned());
         crate::wait_for(&format!("{to} to be answered by {backend}"), crate::DEADLINE, || {
-            (self.client.run_in(move || crate::traffic::tcp_request(to)) == want).then_some(())
+            (self.client.run_in(move || crate::harness::traffic::tcp_request(to)) == want).then_some(())
         });
     }
 
     /// `kpxctl ARGS` run on the node (its defaults reach the agent and the control plane there).
     pub fn kpxctl(&self, args: &[&str]) -> std::process::Output {
-        self.node.try_exec(&crate::process::binary("kpxctl").display().to_string(), args)
+        self.node.try_exec(&crate::harness::process::binary("kpxctl").display().to_string(), args)
     }
 
     /// kpx's table as the kernel holds it.

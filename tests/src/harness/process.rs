@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::netns::Netns;
+use crate::harness::netns::Netns;
 
 /// Where cargo put the workspace's binaries: beside the running binary, or beside the
 /// `deps/` folder a test binary runs from.

@@ -16,8 +16,8 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::netns::Netns;
-use crate::process::{binary, KpxProcess};
+use crate::harness::netns::Netns;
+use crate::harness::process::{binary, KpxProcess};
 
 /// What the kubelet and the API server would supply that the rendered objects do not hold.
 pub struct PodWorld<'a> {
@@ -168,13 +168,13 @@ impl RunningPod {
 
 /// The first container of the workload `kind`/`name`.
 pub fn container<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
-    &crate::install::object(objects, kind, name)["spec"]["template"]["spec"]["containers"][0]
+    &crate::harness::install::object(objects, kind, name)["spec"]["template"]["spec"]["containers"][0]
 }
 
 /// Starts the first container of the workload `kind`/`name` inside `ns`, after its init
 /// containers, each run to its end (which must be a success), as the kubelet does.
 pub fn start(ns: &Netns, world: &PodWorld<'_>, kind: &str, name: &str) -> RunningPod {
-    let workload = crate::install::object(world.objects, kind, name);
+    let workload = crate::harness::install::object(world.objects, kind, name);
     let pod = &workload["spec"]["template"]["spec"];
     let root = world.dir.join(name);
     let host_root = root.join("node");
@@ -273,7 +273,7 @@ impl Launch<'_> {
             std::fs::create_dir_all(&dir).expect("volume");
             std::fs::write(dir.join("token"), world.token).expect("token");
             std::fs::copy(ca, dir.join("ca.crt")).expect("ca.crt");
-            std::fs::write(dir.join("namespace"), crate::install::NAMESPACE).expect("namespace");
+            std::fs::write(dir.join("namespace"), crate::harness::install::NAMESPACE).expect("namespace");
             mounts.push(("/var/run/secrets/kubernetes.io/serviceaccount".to_owned(), dir, true));
         }
 
@@ -444,7 +444,7 @@ fn config_map_data(world: &PodWorld<'_>, reference: &Value) -> BTreeMap<String, 
             world.api_server.expect("kube-root-ca.crt is the API server's CA: the test supplies one");
         return BTreeMap::from([("ca.crt".to_owned(), std::fs::read(ca).expect("the API server's CA"))]);
     }
-    let object = crate::install::object(world.objects, "ConfigMap", name);
+    let object = crate::harness::install::object(world.objects, "ConfigMap", name);
     object["data"]
         .as_object()
         .into_iter()

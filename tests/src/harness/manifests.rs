@@ -2,7 +2,7 @@
 //! EndpointSlices built from a list of endpoints with their conditions,
 //! nodes and hints.
 
-use crate::topology::NODE_NAME;
+use crate::harness::topology::NODE_NAME;
 
 /// A Service in namespace `test` with `spec` given as YAML lines (indented by two spaces);
 /// `status` likewise ("" for none).
@@ -136,7 +136,7 @@ pub fn web_on_pod(pod: usize, name: &str, vip: &str) -> String {
             &format!("{name}-1"),
             false,
             &[("http", "TCP", 8080)],
-            &[ep(crate::topology::Topology::pod_ip(pod))],
+            &[ep(crate::harness::topology::Topology::pod_ip(pod))],
         ),
     ])
 }

@@ -22,7 +22,7 @@ use axum::Router;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::netns::{Netns, NetnsPlace};
+use crate::harness::netns::{Netns, NetnsPlace};
 
 /// The kinds served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -153,7 +153,7 @@ impl FakeApiServer {
 
     /// Serves HTTPS on `addr` inside `ns` with the certificate `cert` (and its key), as a
     /// pod's in-cluster client (`KUBERNETES_SERVICE_HOST`) requires.
-    pub fn start_tls(ns: &Netns, addr: SocketAddr, cert: &crate::pki::Issued) -> FakeApiServer {
+    pub fn start_tls(ns: &Netns, addr: SocketAddr, cert: &crate::harness::pki::Issued) -> FakeApiServer {
         let chain = kpx_proto::tls::certificates(&cert.cert).expect("the API server's certificate");
         let key = kpx_proto::tls::private_key(&cert.key).expect("the API server's key");
         let config =

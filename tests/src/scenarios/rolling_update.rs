@@ -10,12 +10,12 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use crate::http_traffic::{http_name, Client, HttpPod, Load, LoadResult};
-use crate::manifests::{documents, ep, service, slice, Ep};
-use crate::netns::Netns;
-use crate::process::KpxProcess;
-use crate::topology::{sock, ProxyBackend, Topology, CLUSTER_CIDR, NODE_IP};
-use crate::traffic::{http_get, patience};
+use crate::harness::http_traffic::{http_name, Client, HttpPod, Load, LoadResult};
+use crate::harness::manifests::{documents, ep, service, slice, Ep};
+use crate::harness::netns::Netns;
+use crate::harness::process::KpxProcess;
+use crate::harness::topology::{sock, ProxyBackend, Topology, CLUSTER_CIDR, NODE_IP};
+use crate::harness::traffic::{http_get, patience};
 use crate::{wait_for, DEADLINE};
 
 const STEP: Duration = Duration::from_millis(200);
@@ -23,8 +23,8 @@ const PORT: u16 = 8080;
 
 /// The changes the agent has programmed (endpoint and Service changes), read over HTTP.
 fn changes_programmed(node: &Netns) -> f64 {
-    crate::traffic::agent_metric(node, "kubeproxy_sync_proxy_rules_endpoint_changes_total")
-        + crate::traffic::agent_metric(node, "kubeproxy_sync_proxy_rules_service_changes_total")
+    crate::harness::traffic::agent_metric(node, "kubeproxy_sync_proxy_rules_endpoint_changes_total")
+        + crate::harness::traffic::agent_metric(node, "kubeproxy_sync_proxy_rules_service_changes_total")
 }
 
 /// Writes a Service's manifest with its slice of these endpoints.

@@ -20,7 +20,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::netns::Netns;
+use crate::harness::netns::Netns;
 
 type Scripted = mpsc::UnboundedReceiver<Result<DeltaDiscoveryResponse, Status>>;
 

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use crate::netns::Netns;
-use crate::topology::ProxyBackend;
+use crate::harness::netns::Netns;
+use crate::harness::topology::ProxyBackend;
 
 /// One ClusterIP (`VIP:port`, TCP) as the kernel holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,16 +5,16 @@
 //! the middle of programming 10,000 Services (the kernel holds each Service whole or not
 //! at all), and its state directory on a full filesystem. Each counts the requests a
 //! prober sent and fails if one of them failed. A damaged store and rules flushed behind
-//! the agent's back are scenarios of the behaviour suite (`kpx_e2e::scenarios`).
+//! the agent's back are scenarios of the behaviour suite (`kpx_e2e::scenarios::behaviour`).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use crate::kernel_rules::{tcp_cluster_ips, Programmed};
-use crate::manifests::{documents, ep, service, slice};
-use crate::process::KpxProcess;
-use crate::topology::{sock, ProxyBackend, Topology, CONTROL_PLANE_ADDR, NODE_NAME};
-use crate::traffic::Prober;
+use crate::harness::kernel_rules::{tcp_cluster_ips, Programmed};
+use crate::harness::manifests::{documents, ep, service, slice};
+use crate::harness::process::KpxProcess;
+use crate::harness::topology::{sock, ProxyBackend, Topology, CONTROL_PLANE_ADDR, NODE_NAME};
+use crate::harness::traffic::Prober;
 use crate::{wait_for, DEADLINE};
 
 const WEB_VIP: &str = "10.96.4.10";
@@ -42,7 +42,7 @@ fn manifests(t: &Topology, api_pod: usize) {
 /// How soon a dead or stalled stream must be noticed with the default keepalive (a PING
 /// every 10 s, 10 s for its answer): 30 s, and 10 s more on an emulated CPU.
 fn keepalive_bound() -> Duration {
-    Duration::from_secs(if crate::traffic::patience() > 1 { 40 } else { 30 })
+    Duration::from_secs(if crate::harness::traffic::patience() > 1 { 40 } else { 30 })
 }
 
 fn message(e: &serde_json::Value) -> &str {
@@ -71,7 +71,7 @@ fn sent_on_resume(cp: &KpxProcess) -> (u64, u64) {
     (sent(SERVICE_VIEW), sent(NODE_CONFIG))
 }
 
-fn start() -> (Topology, Vec<crate::traffic::Backend>) {
+fn start() -> (Topology, Vec<crate::harness::traffic::Backend>) {
     let t = Topology::new(2);
     let backends = t.start_backends(8080);
     t.write_node();
@@ -312,14 +312,15 @@ pub fn a_full_state_filesystem_nacks_and_recovers(backend: ProxyBackend) {
     // each new Service costs a conntrack process; 2 s here).
     t.write_manifest("many.yaml", &services_without_endpoints(FILLER_SERVICES));
     manifests(&t, 0);
-    let slow = Duration::from_secs(if crate::traffic::patience() > 1 { 300 } else { 30 });
+    let slow = Duration::from_secs(if crate::harness::traffic::patience() > 1 { 300 } else { 30 });
     let nack = cp.wait_event("the change NACKed", slow, |e| message(e).starts_with("NACK"));
     println!("{backend:?}: state filesystem full ({} KiB written): NACK {}", filled >> 10, nack["reason"]);
     assert!(nacks(&cp) > before);
     for _ in 0..20 {
         assert_eq!(
-            t.client.run_in(|| crate::traffic::tcp_request(crate::topology::sock(API_VIP, 80))),
-            crate::traffic::Answer::From("pod1".into()),
+            t.client
+                .run_in(|| crate::harness::traffic::tcp_request(crate::harness::topology::sock(API_VIP, 80))),
+            crate::harness::traffic::Answer::From("pod1".into()),
             "the kernel keeps the last good rules"
         );
     }
@@ -330,8 +331,9 @@ pub fn a_full_state_filesystem_nacks_and_recovers(backend: ProxyBackend) {
     std::fs::remove_file(&filler).expect("remove the filler");
     let freed = Instant::now();
     wait_for("the change programmed", slow, || {
-        (t.client.run_in(|| crate::traffic::tcp_request(crate::topology::sock(API_VIP, 80)))
-            == crate::traffic::Answer::From("pod0".into()))
+        (t.client
+            .run_in(|| crate::harness::traffic::tcp_request(crate::harness::topology::sock(API_VIP, 80)))
+            == crate::harness::traffic::Answer::From("pod0".into()))
         .then_some(())
     });
     if backend != ProxyBackend::Ipvs {
@@ -404,7 +406,7 @@ fn whole_many_services(t: &Topology, backend: ProxyBackend) -> BTreeSet<String> 
 pub fn the_agent_killed_during_a_10k_service_apply(backend: ProxyBackend) {
     // On the VMs' emulated CPU, 600 (two responses) keep the run within minutes: IPVS
     // there takes ~0.2 s per new Service (a conntrack process each).
-    let services = if crate::traffic::patience() > 1 { 600 } else { 10_000 };
+    let services = if crate::harness::traffic::patience() > 1 { 600 } else { 10_000 };
     let (t, _backends) = start();
     let mut cp = t.start_control_plane();
     let mut dp = t.start_dataplane_with(backend, &[]);
@@ -479,7 +481,7 @@ pub fn the_agent_killed_during_a_10k_service_apply(backend: ProxyBackend) {
 
 /// Every fault scenario by name, for runners that are not test harnesses (the IPVS
 /// suite runs them in its VM); the same list as `tests/tests/faults.rs`.
-pub const ALL: &[(&str, crate::scenarios::Scenario)] = &[
+pub const ALL: &[(&str, crate::scenarios::behaviour::Scenario)] = &[
     ("control_plane_crash_and_a_change_while_it_is_down", control_plane_crash_and_a_change_while_it_is_down),
     ("a_second_replica_takes_over", a_second_replica_takes_over),
     (
