@@ -14,5 +14,6 @@ for tool in nft iptables-legacy conntrack ip; do
   command -v "$tool" >/dev/null || { echo "tests/bench-scale.sh: $tool is missing: run tests/setup.sh first" >&2; exit 2; }
 done
 cargo build --release -q --bins
+cargo build --release -q -p kpx-e2e --bins
 echo "command: sudo tests/bench-scale.sh $*"
 exec ./target/release/bench_scale "$@"

@@ -1,6 +1,6 @@
 //! The install: kustomize and Helm render the same objects for the default and for each
 //! overlay, those objects validate against Kubernetes 1.36's schemas, the chart lints
-//! clean, and the systemd units verify without a word.
+//! clean, the systemd units verify without a word, and the product build carries no fake.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -480,4 +480,24 @@ fn the_image_holds_both_binaries_and_every_tool_the_backends_call() {
             assert_eq!(pod::container(&objects, kind, name)["image"], image.as_str(), "{how}: {kind} {name}");
         }
     }
+}
+
+/// The features kpx-dataplane is built with when cargo builds `scope` (`[]`: the
+/// workspace's default members, as `cargo build --release` and the image's build do).
+fn dataplane_features(scope: &[&str]) -> String {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let mut command = Command::new(cargo);
+    command.current_dir(repo_path("")).args(["tree", "--offline", "-e", "features", "-i", "kpx-dataplane"]);
+    let tree = output_of(command.args(["--prefix", "none"]).args(scope));
+    assert!(tree.lines().any(|l| l.starts_with("kpx-dataplane v")), "cargo tree named no kpx-dataplane: {tree}");
+    tree
+}
+
+#[test]
+fn the_product_build_carries_no_fake_kernel() {
+    // The tests crate asks for the in-memory kernel: a build of the whole workspace has it.
+    assert!(dataplane_features(&["--workspace"]).contains("kpx-dataplane feature \"fake\""));
+    // A build of the product alone does not.
+    let product = dataplane_features(&[]);
+    assert!(!product.contains("\"fake\""), "{product}");
 }
