@@ -489,7 +489,10 @@ fn dataplane_features(scope: &[&str]) -> String {
     let mut command = Command::new(cargo);
     command.current_dir(repo_path("")).args(["tree", "--offline", "-e", "features", "-i", "kpx-dataplane"]);
     let tree = output_of(command.args(["--prefix", "none"]).args(scope));
-    assert!(tree.lines().any(|l| l.starts_with("kpx-dataplane v")), "cargo tree named no kpx-dataplane: {tree}");
+    assert!(
+        tree.lines().any(|l| l.starts_with("kpx-dataplane v")),
+        "cargo tree named no kpx-dataplane: {tree}"
+    );
     tree
 }
 

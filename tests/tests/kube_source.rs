@@ -278,7 +278,7 @@ fn a_forbidden_service_cidr_list_is_logged_and_everything_else_served() {
 
 /// ServiceCIDRs (`networking.k8s.io/v1`) reach every node's config, listed and then
 /// watched: with nftables the node holds their ranges (and drops what no Service has in
-/// them, see foundation.rs). The other tests' API server does not serve ServiceCIDRs (404,
+/// them, see cluster_ip.rs). The other tests' API server does not serve ServiceCIDRs (404,
 /// as before v1.33): the control plane then has none and serves everything else.
 #[test]
 fn service_cidrs_are_listed_and_watched_into_the_node_config() {

@@ -145,3 +145,16 @@ pub fn web_on_pod(pod: usize, name: &str, vip: &str) -> String {
 pub fn documents(docs: &[String]) -> String {
     docs.join("---\n")
 }
+
+/// Service `web` at `vip` (TCP 80 and UDP 53, both to 8080) over the pods numbered
+/// `endpoints` of the topology.
+pub fn web_tcp_and_udp(vip: &str, endpoints: &[usize]) -> String {
+    let pods: Vec<String> =
+        endpoints.iter().map(|i| crate::harness::topology::Topology::pod_ip(*i)).collect();
+    crate::harness::topology::service_yaml(
+        "web",
+        vip,
+        &[("http", "TCP", 80, 8080), ("dns", "UDP", 53, 8080)],
+        &pods,
+    )
+}

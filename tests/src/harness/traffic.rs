@@ -518,3 +518,14 @@ impl Drop for Prober {
         }
     }
 }
+
+/// Asserts that every request of `total` was answered by one of `backends`, each taking
+/// at least 15 % of them.
+pub fn assert_balanced(counts: &BTreeMap<Answer, usize>, backends: &[&str], total: usize) {
+    for b in backends {
+        let got = counts.get(&Answer::From((*b).to_owned())).copied().unwrap_or(0);
+        assert!(got * 100 >= total * 15, "{b} got {got} of {total}: {counts:?}");
+    }
+    let answered: usize = backends.iter().filter_map(|b| counts.get(&Answer::From((*b).to_owned()))).sum();
+    assert_eq!(answered, total, "every request answered by a backend: {counts:?}");
+}
