@@ -7,6 +7,7 @@ pub mod metrics;
 pub mod model;
 pub mod probes;
 pub mod publisher;
+pub mod serve;
 pub mod source;
 pub mod trust;
 pub mod view;
