@@ -11,6 +11,13 @@ fi
 tests/setup.sh
 # One build serves every test: the e2e tests run the binaries from target/debug.
 cargo build --workspace --bins --tests
+# The rootless tier first, as a user that is not root: it must need nothing root has.
+rootless=$(cargo test -q -p kpx-e2e --test rootless --no-run --message-format=json \
+  | python3 -c 'import json, sys; print(next(m["executable"] for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "rootless" and m.get("executable")))')
+unprivileged=$(mktemp -d)
+trap 'rm -rf "$unprivileged"' EXIT
+cp "$rootless" "$unprivileged/rootless" && chmod 755 "$unprivileged" "$unprivileged/rootless"
+(cd "$unprivileged" && runuser -u nobody -- ./rootless)
 # Property tests draw from a fixed seed here, so that a submission's result does not
 # depend on the draw; `cargo test` alone draws a new seed each run and explores more
 # (a failure prints its minimal failing input; make it a unit test).

@@ -1,12 +1,14 @@
 //! What a test stands on: namespaces ([`netns`]), a node with pods and kpx on it
 //! ([`topology`]), kpx processes ([`process`]), listeners and clients ([`traffic`],
 //! [`http_traffic`]), what the kernel holds ([`kernel_rules`]), manifests, certificates,
-//! a fake API server and a scripted control plane, the rendered install ([`install`],
+//! a fake API server and a scripted control plane, the rootless tier's in-process
+//! control plane and agents ([`in_process`]), the rendered install ([`install`],
 //! [`pod`]) and the measuring helpers ([`percentile`]).
 
 pub mod fake_apiserver;
 pub mod fake_control_plane;
 pub mod http_traffic;
+pub mod in_process;
 pub mod install;
 pub mod kernel_rules;
 pub mod manifests;
