@@ -8,6 +8,7 @@
 
 #[cfg(any(test, feature = "fake"))]
 pub mod fixtures;
+pub mod incremental;
 pub mod iptables;
 pub mod ipvs;
 pub mod kube_proxy;

@@ -11,6 +11,7 @@ pub mod programmed;
 pub mod service;
 pub mod skeleton;
 
+use super::incremental::{self, Incremental, Planned};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -19,7 +20,7 @@ use crate::backend::{xtables, Backend, BackendError, Family, NodeContext};
 use crate::exec::iptables::Iptables;
 use crate::state::{ChangeSet, NodeState};
 
-use programmed::Programmed;
+use programmed::{Plan, Programmed};
 
 pub struct IptablesBackend {
     iptables: Box<dyn Iptables>,
@@ -65,6 +66,37 @@ impl IptablesBackend {
     }
 }
 
+impl Incremental for IptablesBackend {
+    type Plan = Plan;
+
+    fn plan(&mut self, desired: &NodeState, context: &NodeContext, changes: &ChangeSet) -> Planned<Plan> {
+        let Some(programmed) = self.programmed.as_ref() else { return Planned::FullSync };
+        let plan = programmed.plan(desired, &self.rendered(context), changes);
+        if plan.needs_full_sync {
+            Planned::FullSync
+        } else if plan.is_empty() {
+            Planned::Nothing
+        } else {
+            Planned::Write(plan)
+        }
+    }
+
+    fn write(&mut self, plan: &mut Plan) -> Result<(), BackendError> {
+        let scripts = std::mem::take(&mut plan.scripts);
+        self.run(&scripts)
+    }
+
+    fn commit(&mut self, mut plan: Plan) {
+        if let Some(programmed) = self.programmed.as_mut() {
+            programmed.commit(Programmed::take_services(&mut plan));
+        }
+    }
+
+    fn forget(&mut self) {
+        self.programmed = None;
+    }
+}
+
 impl Backend for IptablesBackend {
     fn name(&self) -> &'static str {
         "iptables"
@@ -76,29 +108,7 @@ impl Backend for IptablesBackend {
         context: &NodeContext,
         changes: &ChangeSet,
     ) -> Result<(), BackendError> {
-        let Some(programmed) = self.programmed.as_ref() else {
-            return self.full_sync(desired, context);
-        };
-        let mut plan = programmed.plan(desired, &self.rendered(context), changes);
-        if plan.needs_full_sync {
-            return self.full_sync(desired, context);
-        }
-        if plan.is_empty() {
-            return Ok(());
-        }
-        let scripts = std::mem::take(&mut plan.scripts);
-        match self.run(&scripts) {
-            Ok(()) => {
-                if let Some(programmed) = self.programmed.as_mut() {
-                    programmed.commit(Programmed::take_services(&mut plan));
-                }
-                Ok(())
-            }
-            Err(e) => {
-                self.programmed = None;
-                Err(e)
-            }
-        }
+        incremental::apply(self, desired, context, changes)
     }
 
     fn full_sync(&mut self, desired: &NodeState, context: &NodeContext) -> Result<(), BackendError> {

@@ -29,6 +29,7 @@ pub mod service;
 #[cfg(test)]
 mod tests;
 
+use super::incremental::{self, Incremental, Planned};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -395,8 +396,39 @@ impl IpvsBackend {
         self.programmed = Some(table);
         Ok(())
     }
+}
 
-    /// Forgets what is programmed after a failure: the next apply is a full sync.
+impl Incremental for IpvsBackend {
+    type Plan = Changes;
+
+    fn plan(&mut self, desired: &NodeState, context: &NodeContext, changes: &ChangeSet) -> Planned<Changes> {
+        let chains_same =
+            Family::ALL.into_iter().all(|f| self.chains.get(&f) == Some(&chain_inputs(context, f)));
+        if Context::new(context, &self.options.scheduler) != self.context || !chains_same {
+            return Planned::FullSync;
+        }
+        let pieces: Vec<(&String, Option<Piece>)> =
+            changes.services.iter().map(|name| (name, self.piece(desired, name))).collect();
+        // The table changes as it plans; a write that fails forgets it.
+        let Some(table) = self.programmed.as_mut() else { return Planned::FullSync };
+        let mut delta = Delta::default();
+        for (name, piece) in pieces {
+            table.set(name, piece, &mut delta);
+        }
+        let changes = table.resolve(delta);
+        if changes.is_empty() {
+            Planned::Nothing
+        } else {
+            Planned::Write(changes)
+        }
+    }
+
+    fn write(&mut self, changes: &mut Changes) -> Result<(), BackendError> {
+        self.program(changes)
+    }
+
+    fn commit(&mut self, _: Changes) {}
+
     fn forget(&mut self) {
         self.programmed = None;
         self.kernel.ipvs.reset();
@@ -414,26 +446,7 @@ impl Backend for IpvsBackend {
         context: &NodeContext,
         changes: &ChangeSet,
     ) -> Result<(), BackendError> {
-        let chains_same =
-            Family::ALL.into_iter().all(|f| self.chains.get(&f) == Some(&chain_inputs(context, f)));
-        if self.programmed.is_none()
-            || Context::new(context, &self.options.scheduler) != self.context
-            || !chains_same
-        {
-            return self.full_sync(desired, context);
-        }
-        let pieces: Vec<(&String, Option<Piece>)> =
-            changes.services.iter().map(|name| (name, self.piece(desired, name))).collect();
-        let Some(table) = self.programmed.as_mut() else { return self.full_sync(desired, context) };
-        let mut delta = Delta::default();
-        for (name, piece) in pieces {
-            table.set(name, piece, &mut delta);
-        }
-        let changes = table.resolve(delta);
-        if changes.is_empty() {
-            return Ok(());
-        }
-        self.program(&changes).inspect_err(|_| self.forget())
+        incremental::apply(self, desired, context, changes)
     }
 
     fn full_sync(&mut self, desired: &NodeState, context: &NodeContext) -> Result<(), BackendError> {

@@ -17,6 +17,7 @@ pub mod service;
 pub mod skeleton;
 pub mod written;
 
+use super::incremental::{self, Incremental, Planned};
 use crate::backend::{Backend, BackendError, NodeContext};
 use crate::exec::nft::elements::{Data, EncodeError, Layout, Refill, Values};
 use crate::exec::nft::{Nft, Reconciled};
@@ -24,7 +25,7 @@ use crate::exec::ExecError;
 use crate::state::{ChangeSet, NodeState};
 
 use outline::Elements;
-use programmed::Programmed;
+use programmed::{Plan, Programmed};
 use written::Written;
 
 pub struct NftablesBackend {
@@ -256,6 +257,42 @@ impl NftablesBackend {
     }
 }
 
+impl Incremental for NftablesBackend {
+    type Plan = Plan;
+
+    fn plan(&mut self, desired: &NodeState, context: &NodeContext, changes: &ChangeSet) -> Planned<Plan> {
+        self.settle();
+        let Some(programmed) = self.programmed.as_ref() else { return Planned::FullSync };
+        let plan = programmed.plan(desired, context, changes);
+        if plan.needs_full_sync {
+            Planned::FullSync
+        } else if plan.is_empty() {
+            Planned::Nothing
+        } else {
+            Planned::Write(plan)
+        }
+    }
+
+    fn write(&mut self, plan: &mut Plan) -> Result<(), BackendError> {
+        match plan.element_update() {
+            Some(update) => self.nft.update_elements(&update),
+            None => self.nft.run(&plan.script()),
+        }
+        .map_err(Into::into)
+    }
+
+    fn commit(&mut self, plan: Plan) {
+        if let Some(programmed) = self.programmed.as_mut() {
+            programmed.commit(plan);
+        }
+        self.certify();
+    }
+
+    fn forget(&mut self) {
+        self.programmed = None;
+    }
+}
+
 impl Backend for NftablesBackend {
     fn name(&self) -> &'static str {
         "nftables"
@@ -267,32 +304,7 @@ impl Backend for NftablesBackend {
         context: &NodeContext,
         changes: &ChangeSet,
     ) -> Result<(), BackendError> {
-        self.settle();
-        let Some(programmed) = self.programmed.as_mut() else {
-            return self.full_sync(desired, context);
-        };
-        let plan = programmed.plan(desired, context, changes);
-        if plan.needs_full_sync {
-            return self.full_sync(desired, context);
-        }
-        if plan.is_empty() {
-            return Ok(());
-        }
-        let written = match plan.element_update() {
-            Some(update) => self.nft.update_elements(&update),
-            None => self.nft.run(&plan.script()),
-        };
-        match written {
-            Ok(()) => {
-                programmed.commit(plan);
-                self.certify();
-                Ok(())
-            }
-            Err(e) => {
-                self.programmed = None;
-                Err(e.into())
-            }
-        }
+        incremental::apply(self, desired, context, changes)
     }
 
     fn full_sync(&mut self, desired: &NodeState, context: &NodeContext) -> Result<(), BackendError> {
