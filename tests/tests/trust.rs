@@ -48,10 +48,6 @@ fn refused(dp: &KpxProcess) -> String {
     e["error"].as_str().unwrap_or_default().to_owned()
 }
 
-fn kpxctl(t: &Topology, args: &[String]) -> std::process::Output {
-    t.kpxctl(&args.iter().map(String::as_str).collect::<Vec<_>>())
-}
-
 fn cert_flags(ca: &std::path::Path, identity: &Issued) -> Vec<String> {
     vec![
         format!("--control-plane={URL}"),
@@ -154,10 +150,10 @@ fn mutual_tls_identities_rotation_and_the_admin_api() {
     t.wait_answered_by("10.96.8.1", 80, "pod0");
 
     // The admin API: an admin certificate yes, a node's no.
-    let ok = kpxctl(&t, &[cert_flags(&pki.ca(), &admin), vec!["services".into()]].concat());
+    let ok = t.kpxctl(&[cert_flags(&pki.ca(), &admin), vec!["services".into()]].concat());
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
     assert!(String::from_utf8_lossy(&ok.stdout).contains("web"));
-    let no = kpxctl(&t, &[cert_flags(&pki.ca(), &node_a), vec!["services".into()]].concat());
+    let no = t.kpxctl(&[cert_flags(&pki.ca(), &node_a), vec!["services".into()]].concat());
     let said = String::from_utf8_lossy(&no.stderr);
     assert_eq!(no.status.code(), Some(1), "{said}");
     assert!(said.contains("refused") && said.contains("--admin-identity"), "{said}");
@@ -177,8 +173,8 @@ fn mutual_tls_identities_rotation_and_the_admin_api() {
     t.wait_answered_by("10.96.8.2", 80, "pod0");
     assert_eq!(streams(&dp), before, "the open stream stayed: {}", dp.log_text());
     wait_for("a new connection to get the new certificate", DEADLINE, || {
-        let old = kpxctl(&t, &[cert_flags(&pki.ca(), &admin), vec!["services".into()]].concat());
-        let new = kpxctl(&t, &[cert_flags(&renewed_ca.ca(), &admin), vec!["services".into()]].concat());
+        let old = t.kpxctl(&[cert_flags(&pki.ca(), &admin), vec!["services".into()]].concat());
+        let new = t.kpxctl(&[cert_flags(&renewed_ca.ca(), &admin), vec!["services".into()]].concat());
         (!old.status.success() && new.status.success()).then_some(())
     });
 }

@@ -317,8 +317,9 @@ impl Topology {
     }
 
     /// `kpxctl ARGS` run on the node (its defaults reach the agent and the control plane there).
-    pub fn kpxctl(&self, args: &[&str]) -> std::process::Output {
-        self.node.try_exec(&crate::harness::process::binary("kpxctl").display().to_string(), args)
+    pub fn kpxctl<S: AsRef<str>>(&self, args: &[S]) -> std::process::Output {
+        let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
+        self.node.try_exec(&crate::harness::process::binary("kpxctl").display().to_string(), &args)
     }
 
     /// kpx's table as the kernel holds it.
