@@ -19,6 +19,17 @@ pub enum Planned<P> {
     Write(P),
 }
 
+impl<P> Planned<P> {
+    /// `plan`, unless it `needs_full_sync` or is `empty`.
+    pub fn unless(plan: P, needs_full_sync: bool, empty: bool) -> Planned<P> {
+        match (needs_full_sync, empty) {
+            (true, _) => Planned::FullSync,
+            (false, true) => Planned::Nothing,
+            (false, false) => Planned::Write(plan),
+        }
+    }
+}
+
 /// A backend that applies a change as a plan over what it programmed.
 pub trait Incremental: Backend {
     type Plan;

@@ -416,11 +416,8 @@ impl Incremental for IpvsBackend {
             table.set(name, piece, &mut delta);
         }
         let changes = table.resolve(delta);
-        if changes.is_empty() {
-            Planned::Nothing
-        } else {
-            Planned::Write(changes)
-        }
+        let empty = changes.is_empty();
+        Planned::unless(changes, false, empty)
     }
 
     fn write(&mut self, changes: &mut Changes) -> Result<(), BackendError> {

@@ -264,13 +264,8 @@ impl Incremental for NftablesBackend {
         self.settle();
         let Some(programmed) = self.programmed.as_ref() else { return Planned::FullSync };
         let plan = programmed.plan(desired, context, changes);
-        if plan.needs_full_sync {
-            Planned::FullSync
-        } else if plan.is_empty() {
-            Planned::Nothing
-        } else {
-            Planned::Write(plan)
-        }
+        let (needs_full_sync, empty) = (plan.needs_full_sync, plan.is_empty());
+        Planned::unless(plan, needs_full_sync, empty)
     }
 
     fn write(&mut self, plan: &mut Plan) -> Result<(), BackendError> {
