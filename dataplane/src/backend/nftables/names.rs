@@ -22,12 +22,13 @@
 //! Services; an endpoint change rewrites only that Service's elements.
 //! The chains are in [`super::skeleton`]; per-Service content in [`super::service`].
 
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::net::IpAddr;
 
 use crate::backend::owners::EntryKey;
 use crate::exec::nft::elements::{
-    Data, DataLayout, ElementText, ElementUpdate, Emptied, Field, Layout, SetElements, Value, Values, Verdict,
+    element_command, Data, DataLayout, ElementText, ElementUpdate, Emptied, Field, Layout, SetElements,
+    Value, Values, Verdict,
 };
 
 pub use crate::exec::nft::{FAMILY, TABLE};
@@ -278,13 +279,8 @@ pub fn element_commands<'a>(out: &mut String, verb: &str, elements: impl IntoIte
     }
     for (collection, elements) in by_collection {
         for chunk in elements.chunks(ELEMENTS_PER_COMMAND) {
-            let _ = write!(out, "{verb} element {FAMILY} {TABLE} {} {{ ", collection.name());
-            for (i, e) in chunk.iter().enumerate() {
-                let separator = if i == 0 { "" } else { ", " };
-                let value = if verb == "delete" { None } else { e.value.as_ref() };
-                let _ = write!(out, "{separator}{}", ElementText(&e.key, value));
-            }
-            out.push_str(" }\n");
+            let chunk = chunk.iter().map(|e| (&e.key, e.value.as_ref().filter(|_| verb != "delete")));
+            element_command(out, verb, &collection.name(), chunk);
         }
     }
 }

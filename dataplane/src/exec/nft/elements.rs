@@ -205,6 +205,24 @@ pub struct SetElements<'a> {
     pub elements: Vec<(&'a Values, Option<&'a Data>)>,
 }
 
+/// One nft command on elements of `set` of kpx's table, as a line:
+/// `{verb} element inet kpx {set} { key [: data], … }`.
+pub fn element_command<'a>(
+    out: &mut String,
+    verb: &str,
+    set: &str,
+    elements: impl IntoIterator<Item = (&'a Values, Option<&'a Data>)>,
+) {
+    use super::table::{FAMILY, TABLE};
+    use std::fmt::Write as _;
+    let _ = write!(out, "{verb} element {FAMILY} {TABLE} {set} {{ ");
+    for (i, (key, data)) in elements.into_iter().enumerate() {
+        let separator = if i == 0 { "" } else { ", " };
+        let _ = write!(out, "{separator}{}", ElementText(key, data));
+    }
+    out.push_str(" }\n");
+}
+
 /// A set or map an update empties.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Emptied {
@@ -237,13 +255,8 @@ impl ElementUpdate<'_> {
         }
         for (verb, sets) in [("delete", &self.delete), ("add", &self.add)] {
             for s in sets.iter().filter(|s| !s.elements.is_empty()) {
-                let _ = write!(script, "{verb} element {FAMILY} {TABLE} {} {{ ", s.set);
-                for (i, (key, data)) in s.elements.iter().enumerate() {
-                    let separator = if i == 0 { "" } else { ", " };
-                    let data = if verb == "add" { *data } else { None };
-                    let _ = write!(script, "{separator}{}", ElementText(key, data));
-                }
-                script.push_str(" }\n");
+                let elements = s.elements.iter().map(|(key, data)| (*key, data.filter(|_| verb == "add")));
+                element_command(&mut script, verb, &s.set, elements);
             }
         }
         script
