@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod mcs;
 pub mod memory;
 pub mod metrics;
 pub mod model;

@@ -1,0 +1,224 @@
+use std::collections::BTreeMap;
+
+use kpx_proto::types::Protocol;
+
+use super::*;
+use crate::model::{ObjectKey, ServicePort};
+
+fn export(cluster: &str, created: i64) -> Export {
+    Export { cluster: cluster.into(), created, labels: BTreeMap::new(), annotations: BTreeMap::new() }
+}
+
+fn service(ports: &[(&str, Protocol, u16)]) -> Service {
+    Service {
+        key: ObjectKey { namespace: "ns".into(), name: "web".into() },
+        cluster_ips: vec!["10.96.0.10".parse().expect("ip")],
+        ports: (ports.iter())
+            .map(|(name, protocol, port)| ServicePort {
+                name: (*name).into(),
+                protocol: *protocol,
+                port: *port,
+                node_port: None,
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn headless(ports: &[(&str, Protocol, u16)]) -> Service {
+    Service { cluster_ips: Vec::new(), ..service(ports) }
+}
+
+fn port(name: &str, protocol: Protocol, port: u16) -> ImportPort {
+    ImportPort { name: name.into(), protocol, port }
+}
+
+const TCP: Protocol = Protocol::Tcp;
+const UDP: Protocol = Protocol::Udp;
+
+#[test]
+fn one_export_is_imported_as_its_service_is() {
+    let a = export("a", 100);
+    let web = service(&[("http", TCP, 80), ("dns", UDP, 53)]);
+    let r = resolve([(&a, Some(&web))]);
+    let import = r.import.clone().expect("an import");
+    assert_eq!(import.import_type, ImportType::ClusterSetIp);
+    assert_eq!(import.ports, [port("http", TCP, 80), port("dns", UDP, 53)]);
+    assert_eq!(import.clusters, ["a"]);
+    assert!(r.conflicts.is_empty() && r.invalid.is_empty());
+    assert_eq!(r.conflict_condition(), None);
+}
+
+#[test]
+fn the_ports_are_the_union_of_the_exported_ports() {
+    let (a, b) = (export("a", 100), export("b", 200));
+    let (web_a, web_b) =
+        (service(&[("http", TCP, 80)]), service(&[("http", TCP, 80), ("metrics", TCP, 9090)]));
+    let r = resolve([(&b, Some(&web_b)), (&a, Some(&web_a))]);
+    let import = r.import.clone().expect("an import");
+    assert_eq!(import.ports, [port("http", TCP, 80), port("metrics", TCP, 9090)]);
+    assert_eq!(import.clusters, ["a", "b"]);
+    assert!(r.conflicts.is_empty(), "{:?}", r.conflicts);
+}
+
+#[test]
+fn a_port_of_one_name_with_another_number_is_a_conflict_the_oldest_export_wins() {
+    let (a, b) = (export("a", 100), export("b", 200));
+    let (web_a, web_b) = (service(&[("http", TCP, 80)]), service(&[("http", TCP, 8080)]));
+    let r = resolve([(&b, Some(&web_b)), (&a, Some(&web_a))]);
+    assert_eq!(r.import.clone().expect("an import").ports, [port("http", TCP, 80)]);
+    let (reason, message) = r.conflict_condition().expect("a conflict");
+    assert_eq!(reason, "PortConflict");
+    assert_eq!(message, "PortConflict: port \"http\" is 80/tcp (cluster a exported it first; b differ)");
+}
+
+#[test]
+fn a_port_number_with_another_protocol_name_pair_is_a_conflict() {
+    let (a, b) = (export("a", 100), export("b", 200));
+    let (web_a, web_b) = (service(&[("http", TCP, 80)]), service(&[("web", TCP, 80)]));
+    let r = resolve([(&a, Some(&web_a)), (&b, Some(&web_b))]);
+    assert_eq!(r.import.clone().expect("an import").ports, [port("http", TCP, 80)]);
+    assert_eq!(r.conflicts.len(), 1);
+    assert_eq!((r.conflicts[0].field, r.conflicts[0].winner.as_str()), (Field::Port, "a"));
+    // The same number over another protocol is another port.
+    let web_c = service(&[("dns", UDP, 80)]);
+    let c = export("c", 300);
+    let r = resolve([(&a, Some(&web_a)), (&c, Some(&web_c))]);
+    assert_eq!(r.import.clone().expect("an import").ports, [port("http", TCP, 80), port("dns", UDP, 80)]);
+    assert!(r.conflicts.is_empty());
+}
+
+#[test]
+fn exports_of_one_age_are_ordered_by_cluster_name() {
+    let (a, b) = (export("a", 100), export("b", 100));
+    let (web_a, web_b) = (service(&[("http", TCP, 80)]), service(&[("http", TCP, 81)]));
+    for order in [[(&a, Some(&web_a)), (&b, Some(&web_b))], [(&b, Some(&web_b)), (&a, Some(&web_a))]] {
+        let r = resolve(order);
+        assert_eq!(r.import.clone().expect("an import").ports, [port("http", TCP, 80)]);
+        assert_eq!(r.conflicts[0].winner, "a");
+    }
+}
+
+#[test]
+fn headless_against_not_is_a_type_conflict_the_oldest_export_wins() {
+    let (a, b) = (export("a", 100), export("b", 200));
+    let (web_a, web_b) = (headless(&[("http", TCP, 80)]), service(&[("http", TCP, 80)]));
+    let r = resolve([(&b, Some(&web_b)), (&a, Some(&web_a))]);
+    assert_eq!(r.import.clone().expect("an import").import_type, ImportType::Headless);
+    let (reason, message) = r.conflict_condition().expect("a conflict");
+    assert_eq!(reason, "TypeConflict");
+    assert!(message.contains("cluster a exported it first; b differ"), "{message}");
+}
+
+#[test]
+fn session_affinity_and_its_timeout_come_from_the_oldest_export() {
+    let (a, b, c) = (export("a", 100), export("b", 200), export("c", 300));
+    let affinity = |timeout| Service { session_affinity_timeout: timeout, ..service(&[("http", TCP, 80)]) };
+    let (web_a, web_b, web_c) = (affinity(Some(100)), affinity(None), affinity(Some(200)));
+    let r = resolve([(&a, Some(&web_a)), (&b, Some(&web_b)), (&c, Some(&web_c))]);
+    assert_eq!(r.import.clone().expect("an import").session_affinity_timeout, Some(100));
+    let (reason, message) = r.conflict_condition().expect("conflicts");
+    assert_eq!(reason, "SessionAffinityConflict,SessionAffinityConfigConflict");
+    assert!(
+        message.contains("sessionAffinity ClientIP (cluster a exported it first; b differ)"),
+        "{message}"
+    );
+    assert!(message.contains("timeout 100 s (cluster a exported it first; c differ)"), "{message}");
+}
+
+#[test]
+fn an_export_without_a_valid_service_takes_no_part() {
+    let (a, b, c) = (export("a", 100), export("b", 50), export("c", 10));
+    let web_a = service(&[("http", TCP, 80)]);
+    let external = Service { service_type: ServiceType::ExternalName, ..service(&[("http", TCP, 81)]) };
+    let r = resolve([(&a, Some(&web_a)), (&b, None), (&c, Some(&external))]);
+    assert_eq!(r.invalid.get("b"), Some(&Invalid::NoService));
+    assert_eq!(r.invalid.get("c"), Some(&Invalid::ExternalName));
+    assert_eq!(Invalid::ExternalName.reason(), "InvalidServiceType");
+    let import = r.import.clone().expect("an import of the valid one");
+    assert_eq!((import.clusters, import.ports), (vec!["a".to_owned()], vec![port("http", TCP, 80)]));
+    assert!(r.conflicts.is_empty(), "the older invalid exports win nothing");
+    let r = resolve([(&b, None), (&c, Some(&external))]);
+    assert_eq!(r.import, None, "no valid export: no import");
+}
+
+#[test]
+fn the_import_carries_the_winning_exports_labels_and_annotations() {
+    let mut a = export("a", 100);
+    a.labels.insert("tier".into(), "web".into());
+    a.annotations.insert("owner".into(), "team-a".into());
+    let mut b = export("b", 200);
+    b.labels.insert("tier".into(), "other".into());
+    let web = service(&[("http", TCP, 80)]);
+    let import = resolve([(&b, Some(&web)), (&a, Some(&web))]).import.expect("an import");
+    assert_eq!(import.labels, a.labels);
+    assert_eq!(import.annotations, a.annotations);
+}
+
+mod properties {
+    //! For any exports: the resolution does not depend on the order they are read in,
+    //! every valid export's port is in the import or named by a conflict, and the import's
+    //! ports never clash with each other.
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A port as drawn: its name, whether UDP, its number.
+    type Drawn = (String, bool, u16);
+    /// An export as drawn: its age, its Service's ports (`None`: no Service), headless.
+    type Offered = (i64, Option<Vec<Drawn>>, bool);
+
+    fn offer() -> impl Strategy<Value = Offered> {
+        let port = (prop::sample::select(vec!["http", "dns", "metrics"]), any::<bool>(), 79u16..82);
+        let ports = prop::collection::vec(port.prop_map(|(n, udp, p)| (n.to_owned(), udp, p)), 1..3);
+        (0i64..3, prop::option::weighted(0.85, ports), any::<bool>())
+    }
+
+    fn build(offers: &[Offered]) -> Vec<(Export, Option<Service>)> {
+        (offers.iter().enumerate())
+            .map(|(i, (created, ports, is_headless))| {
+                let service = ports.as_ref().map(|ports| {
+                    let mut ports: Vec<Drawn> = ports.clone();
+                    // A Service's own ports have distinct names and distinct number/protocol pairs.
+                    ports.sort();
+                    ports.dedup_by(|a, b| a.0 == b.0 || (a.1, a.2) == (b.1, b.2));
+                    let ports: Vec<(&str, Protocol, u16)> = (ports.iter())
+                        .map(|(n, udp, p)| (n.as_str(), if *udp { UDP } else { TCP }, *p))
+                        .collect();
+                    if *is_headless {
+                        headless(&ports)
+                    } else {
+                        service(&ports)
+                    }
+                });
+                (export(&format!("c{i}"), *created), service)
+            })
+            .collect()
+    }
+
+    proptest! {
+        #[test]
+        fn any_exports_resolve_alike_in_any_order(offers in prop::collection::vec(offer(), 1..5)) {
+            let exports = build(&offers);
+            let forward = resolve(exports.iter().map(|(e, s)| (e, s.as_ref())));
+            let backward = resolve(exports.iter().rev().map(|(e, s)| (e, s.as_ref())));
+            prop_assert_eq!(&forward, &backward);
+            if let Some(import) = &forward.import {
+                for (i, a) in import.ports.iter().enumerate() {
+                    for b in &import.ports[i + 1..] {
+                        prop_assert!(a.name != b.name && (a.port, a.protocol) != (b.port, b.protocol), "{:?}", import.ports);
+                    }
+                }
+                for (export, service) in &exports {
+                    let Some(service) = service else { continue };
+                    for p in &service.ports {
+                        let wanted = port(&p.name, p.protocol, p.port);
+                        let in_conflict = forward.conflicts.iter().any(|c| c.field == Field::Port && c.losers.contains(&export.cluster));
+                        prop_assert!(import.ports.contains(&wanted) || in_conflict, "{:?} of {}", wanted, export.cluster);
+                    }
+                }
+            }
+        }
+    }
+}
