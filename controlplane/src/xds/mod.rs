@@ -5,6 +5,8 @@
 //! node's entry and the metrics; [`syncs`] gives memory back after a wave of first syncs;
 //! [`per_type`] holds a stream's per-type state inline.
 
+#[cfg(test)]
+mod fixtures;
 pub mod nodes;
 pub mod outbound;
 pub mod per_type;

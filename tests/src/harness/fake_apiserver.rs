@@ -134,19 +134,17 @@ pub struct FakeApiServer {
 impl FakeApiServer {
     /// Serves on `addr` inside `ns` (the control plane's namespace).
     pub fn start(ns: &Netns, addr: SocketAddr) -> FakeApiServer {
+        Self::serving(ns, addr, None)
+    }
+
+    fn serving(ns: &Netns, addr: SocketAddr, tls: Option<Arc<rustls::ServerConfig>>) -> FakeApiServer {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .expect("runtime");
-        let mut server = FakeApiServer {
-            runtime,
-            state: Arc::default(),
-            listener_ns: ns.place(),
-            addr,
-            stop: None,
-            tls: None,
-        };
+        let mut server =
+            FakeApiServer { runtime, state: Arc::default(), listener_ns: ns.place(), addr, stop: None, tls };
         server.listen();
         server
     }
@@ -163,21 +161,7 @@ impl FakeApiServer {
                 .with_no_client_auth()
                 .with_single_cert(chain, key)
                 .expect("the API server's certificate and key");
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let mut server = FakeApiServer {
-            runtime,
-            state: Arc::default(),
-            listener_ns: ns.place(),
-            addr,
-            stop: None,
-            tls: Some(Arc::new(config)),
-        };
-        server.listen();
-        server
+        Self::serving(ns, addr, Some(Arc::new(config)))
     }
 
     fn listen(&mut self) {

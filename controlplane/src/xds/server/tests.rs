@@ -1,34 +1,14 @@
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::*;
-use crate::source::manifest::state_of;
+use crate::xds::fixtures::{next, services};
 use crate::xds::snapshot::ResourceType;
-use crate::xds::snapshot::{BuildOptions, Snapshot};
+use crate::xds::snapshot::Snapshot;
 use crate::xds::stream::{Response, MAX_RESOURCES_PER_RESPONSE};
 use tokio::sync::watch;
-
-/// `n` Services `s0000…`, the one numbered `changed` on port 81.
-fn services(n: usize, changed: Option<usize>) -> String {
-    (0..n)
-            .map(|i| {
-                let port = if Some(i) == changed { 81 } else { 80 };
-                format!(
-                    "kind: Service\nmetadata: {{name: s{i:04}}}\nspec: {{clusterIP: 10.96.{}.{}, ports: [{{port: {port}}}]}}\n---\n",
-                    i / 250,
-                    i % 250 + 1
-                )
-            })
-            .collect()
-}
-
-fn build(yaml: &str, previous: &Snapshot) -> Arc<Snapshot> {
-    let clusters: BTreeMap<_, _> = [("c".to_owned(), Arc::new(state_of(yaml)))].into();
-    Arc::new(Snapshot::build(&clusters, previous, &BuildOptions::default()))
-}
 
 type Requests = mpsc::Sender<Result<DeltaDiscoveryRequest, Status>>;
 
@@ -97,12 +77,12 @@ async fn nothing_before_the_first_snapshot_then_everything_then_only_changes() {
     let f = fixture(WALKS_IN_FLIGHT);
     let (tx, mut out) = f.subscribe("n1").await;
     assert!(quiet(&mut out).await, "no snapshot yet: nothing is served");
-    let first = build(&services(2, None), &Snapshot::default());
+    let first = next(&services(2, None), &Snapshot::default());
     f.snapshots.send_replace(Some(Arc::clone(&first)));
     let all = response(&mut out).await;
     assert_eq!(names(&all), ["c/default/s0000", "c/default/s0001"]);
     ack(&tx, &all).await;
-    let second = build(&services(2, Some(1)), &first);
+    let second = next(&services(2, Some(1)), &first);
     f.snapshots.send_replace(Some(second));
     let change = response(&mut out).await;
     assert_eq!(names(&change), ["c/default/s0001"]);
@@ -113,7 +93,7 @@ async fn nothing_before_the_first_snapshot_then_everything_then_only_changes() {
 #[tokio::test]
 async fn the_registry_and_metrics_follow_the_stream_until_it_closes() {
     let f = fixture(WALKS_IN_FLIGHT);
-    f.snapshots.send_replace(Some(build(&services(3, None), &Snapshot::default())));
+    f.snapshots.send_replace(Some(next(&services(3, None), &Snapshot::default())));
     let (tx, mut out) = f.subscribe("n1").await;
     let all = response(&mut out).await;
     ack(&tx, &all).await;
@@ -141,7 +121,7 @@ async fn the_registry_and_metrics_follow_the_stream_until_it_closes() {
 #[tokio::test]
 async fn a_bad_request_or_an_inbound_error_ends_the_stream_with_a_status() {
     let f = fixture(WALKS_IN_FLIGHT);
-    f.snapshots.send_replace(Some(build(&services(1, None), &Snapshot::default())));
+    f.snapshots.send_replace(Some(next(&services(1, None), &Snapshot::default())));
     let (tx, rx) = mpsc::channel(8);
     let mut out = f.server.open(None, None, Caller::Anonymous, ReceiverStream::new(rx));
     tx.send(Ok(DeltaDiscoveryRequest::default())).await.expect("open");
@@ -162,7 +142,7 @@ async fn a_stream_that_leaves_a_response_unanswered_is_closed_and_its_walk_permi
     let mut f = fixture(1);
     f.server = f.server.with_ack_timeout(Some(Duration::from_millis(300)));
     let many = MAX_RESOURCES_PER_RESPONSE + 100;
-    f.snapshots.send_replace(Some(build(&services(many, None), &Snapshot::default())));
+    f.snapshots.send_replace(Some(next(&services(many, None), &Snapshot::default())));
     // n1 takes the one walk permit with its first chunk, which is never written nor answered.
     let (_tx1, mut out1) = f.subscribe("n1").await;
     let _unwritten = sending(&mut out1).await;
@@ -191,7 +171,7 @@ async fn a_walk_chunk_left_unwritten_gives_its_permit_back_after_its_lease() {
     let mut f = fixture(1);
     f.server = f.server.with_ack_timeout(None);
     let many = MAX_RESOURCES_PER_RESPONSE + 100;
-    f.snapshots.send_replace(Some(build(&services(many, None), &Snapshot::default())));
+    f.snapshots.send_replace(Some(next(&services(many, None), &Snapshot::default())));
     let (_tx1, mut out1) = f.subscribe("n1").await;
     let _unwritten = sending(&mut out1).await;
     let since = tokio::time::Instant::now();
@@ -209,7 +189,7 @@ async fn a_walk_chunk_left_unwritten_gives_its_permit_back_after_its_lease() {
 async fn walk_chunks_being_written_are_bounded_across_streams_and_unanswered_ones_hold_none() {
     let f = fixture(1);
     let many = MAX_RESOURCES_PER_RESPONSE + 100;
-    f.snapshots.send_replace(Some(build(&services(many, None), &Snapshot::default())));
+    f.snapshots.send_replace(Some(next(&services(many, None), &Snapshot::default())));
     let (tx1, mut out1) = f.subscribe("n1").await;
     let writing1 = *sending(&mut out1).await;
     assert_eq!(writing1.response.resources.len(), MAX_RESOURCES_PER_RESPONSE);
@@ -240,7 +220,7 @@ async fn walk_chunks_being_written_are_bounded_across_streams_and_unanswered_one
 async fn a_stream_counts_as_in_its_first_sync_until_its_walk_ends_or_stalls() {
     let f = fixture(WALKS_IN_FLIGHT);
     let many = MAX_RESOURCES_PER_RESPONSE + 100;
-    f.snapshots.send_replace(Some(build(&services(many, None), &Snapshot::default())));
+    f.snapshots.send_replace(Some(next(&services(many, None), &Snapshot::default())));
     let running = || f.server.syncs.running();
     let settled = || tokio::time::sleep(Duration::from_millis(10));
     // n1 walks to the end.

@@ -1,17 +1,9 @@
 use super::*;
-use crate::source::manifest::state_of;
-use crate::xds::snapshot::BuildOptions;
+use crate::xds::fixtures::{next, services};
 use envoy_types::pb::google::rpc::Status;
 
 fn snapshot(yaml: &str) -> Arc<Snapshot> {
-    let clusters = [("c".to_owned(), Arc::new(state_of(yaml)))].into_iter().collect();
-    Arc::new(Snapshot::build(&clusters, &Snapshot::default(), &BuildOptions::default()))
-}
-
-/// A snapshot built on `previous` (so it knows what changed since).
-fn next(yaml: &str, previous: &Snapshot) -> Arc<Snapshot> {
-    let clusters = [("c".to_owned(), Arc::new(state_of(yaml)))].into_iter().collect();
-    Arc::new(Snapshot::build(&clusters, previous, &BuildOptions::default()))
+    next(yaml, &Snapshot::default())
 }
 
 const TWO: &str = "kind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n---\n\
@@ -123,19 +115,6 @@ fn responses_stop_at_a_bounded_size_of_bodies_and_a_larger_body_goes_alone() {
     assert_eq!(s.type_status(ResourceType::ServiceView), Some((601, None)));
 }
 
-fn many(n: usize, changed: Option<usize>) -> String {
-    (0..n)
-            .map(|i| {
-                let port = if Some(i) == changed { 81 } else { 80 };
-                format!(
-                    "kind: Service\nmetadata: {{name: s{i:04}}}\nspec: {{clusterIP: 10.96.{}.{}, ports: [{{port: {port}}}]}}\n---\n",
-                    i / 250,
-                    i % 250 + 1
-                )
-            })
-            .collect()
-}
-
 fn sync_all(s: &mut StreamState, snap: &Arc<Snapshot>) -> Vec<Response> {
     let mut all = Vec::new();
     while let Some(r) = s.next_response(ResourceType::ServiceView, snap) {
@@ -147,13 +126,13 @@ fn sync_all(s: &mut StreamState, snap: &Arc<Snapshot>) -> Vec<Response> {
 
 #[test]
 fn after_a_full_sync_a_change_is_found_without_walking_and_nothing_per_name_is_kept() {
-    let first = snapshot(&many(2500, None));
+    let first = snapshot(&services(2500, None));
     let mut s = StreamState::default();
     s.on_request(subscribe(&[])).expect("ok");
     assert_eq!(sync_all(&mut s, &first).len(), 5);
     let state = &s.types[ResourceType::ServiceView];
     assert!(state.is_based_without_overrides(), "in sync: only the shared snapshot is kept");
-    let second = next(&many(2500, Some(7)), &first);
+    let second = next(&services(2500, Some(7)), &first);
     let r = s.next_response(ResourceType::ServiceView, &second).expect("the change");
     assert_eq!(names(&r), ["c/default/s0007"]);
     s.on_request(reply(&r.nonce, None)).expect("ack");
@@ -164,14 +143,14 @@ fn after_a_full_sync_a_change_is_found_without_walking_and_nothing_per_name_is_k
 
 #[test]
 fn what_changes_behind_the_walk_is_sent_before_the_walk_ends() {
-    let first = snapshot(&many(2500, None));
+    let first = snapshot(&services(2500, None));
     let mut s = StreamState::default();
     s.on_request(subscribe(&[])).expect("ok");
     let chunk = s.next_response(ResourceType::ServiceView, &first).expect("first chunk");
     assert!(names(&chunk).contains(&"c/default/s0003"));
     s.on_request(reply(&chunk.nonce, None)).expect("ack");
     // s0003, already sent, changes while the walk goes on.
-    let second = next(&many(2500, Some(3)), &first);
+    let second = next(&services(2500, Some(3)), &first);
     let rest = sync_all(&mut s, &second);
     let sent: Vec<&str> = rest.iter().flat_map(names).collect();
     assert_eq!(sent.len(), 2001, "the other 2000 and s0003 again");
@@ -181,7 +160,7 @@ fn what_changes_behind_the_walk_is_sent_before_the_walk_ends() {
 
 #[test]
 fn a_walk_keeps_nothing_per_name_for_what_it_has_walked() {
-    let snap = snapshot(&many(2500, None));
+    let snap = snapshot(&services(2500, None));
     let mut s = StreamState::default();
     s.on_request(subscribe(&[])).expect("ok");
     for walked in [500, 1000, 1500] {
@@ -195,7 +174,7 @@ fn a_walk_keeps_nothing_per_name_for_what_it_has_walked() {
 
 #[test]
 fn a_stream_far_behind_is_sent_only_what_differs() {
-    let first = snapshot(&many(300, None));
+    let first = snapshot(&services(300, None));
     let mut s = StreamState::default();
     s.on_request(subscribe(&[])).expect("ok");
     sync_all(&mut s, &first);
@@ -203,7 +182,7 @@ fn a_stream_far_behind_is_sent_only_what_differs() {
     let mut latest = Arc::clone(&first);
     for round in 0..40 {
         let changed = if round == 39 { Some(5) } else { None };
-        latest = next(&many(300, changed), &latest);
+        latest = next(&services(300, changed), &latest);
     }
     assert!(latest.changed_since(first.generation(), ResourceType::ServiceView).is_none());
     let r = s.next_response(ResourceType::ServiceView, &latest).expect("the change");
@@ -214,7 +193,7 @@ fn a_stream_far_behind_is_sent_only_what_differs() {
 
 #[test]
 fn a_nacked_walk_chunk_is_not_taken_for_held_and_the_walk_goes_on() {
-    let snap = snapshot(&many(1200, None));
+    let snap = snapshot(&services(1200, None));
     let mut s = StreamState::default();
     s.on_request(subscribe(&[])).expect("ok");
     let first = s.next_response(ResourceType::ServiceView, &snap).expect("first chunk");
@@ -232,7 +211,7 @@ fn a_nacked_walk_chunk_is_not_taken_for_held_and_the_walk_goes_on() {
 
 #[test]
 fn a_resumed_node_keeps_no_overrides_once_walked() {
-    let snap = snapshot(&many(1200, None));
+    let snap = snapshot(&services(1200, None));
     let held: Vec<(String, String)> = snap
         .for_node(ResourceType::ServiceView, "n1")
         .filter(|r| r.name != "c/default/s0700")
