@@ -12,8 +12,9 @@ tests/setup.sh
 # One build serves every test: the e2e tests run the binaries from target/debug.
 cargo build --workspace --bins --tests
 # The rootless tier first, as a user that is not root: it must need nothing root has.
+# (Python reads all of cargo's messages: stopping early would break cargo's pipe.)
 rootless=$(cargo test -q -p kpx-e2e --test rootless --no-run --message-format=json \
-  | python3 -c 'import json, sys; print(next(m["executable"] for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "rootless" and m.get("executable")))')
+  | python3 -c 'import json, sys; found = [m["executable"] for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "rootless" and m.get("executable")]; print(found[-1])')
 unprivileged=$(mktemp -d)
 trap 'rm -rf "$unprivileged"' EXIT
 cp "$rootless" "$unprivileged/rootless" && chmod 755 "$unprivileged" "$unprivileged/rootless"
