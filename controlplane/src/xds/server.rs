@@ -1,4 +1,6 @@
-//! The gRPC face of delta ADS: one task per stream, fed by the newest snapshot.
+//! The gRPC face of delta ADS: each stream opened gets its entry in the node registry,
+//! its limits and a task of its own (`xds::task`), fed by the newest snapshot; the
+//! stream ends with the gRPC status made from how its task ended.
 //!
 //! The publisher never waits for a stream: it replaces the snapshot in a
 //! `watch` channel and each stream task catches up at its own pace.

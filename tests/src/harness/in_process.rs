@@ -9,7 +9,7 @@
 //! every task it started (sources, publisher, streams), as a process's end would.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use clap::Parser;
@@ -146,10 +146,6 @@ impl InProcessNode {
             conntrack: FakeConntrack::new(),
             running: None,
         }
-    }
-
-    pub fn state_dir(&self) -> PathBuf {
-        self.state.path().to_owned()
     }
 
     /// Starts the agent over the node's store and kernel (it programs what the store holds
