@@ -3,7 +3,8 @@
 //! --test rootless` needs no root and takes seconds. It proves the protocol and the
 //! pipeline, each test asserting what the kernel holds: a refused change NACKed with the
 //! last good state kept and sent again on the resumed stream, a control-plane restart
-//! that sends only what changed while it was down, and an agent restarted from its store
+//! that sends only what changed while it was down, an agent that was down sent only the
+//! change and the removal made meanwhile, and an agent restarted from its store
 //! (over its kernel: nothing rewritten, nothing resent; over an empty kernel with no
 //! control plane: programmed from the store).
 
@@ -123,4 +124,28 @@ fn an_agent_restarted_from_its_store_rewrites_nothing_is_sent_nothing_and_needs_
     node.reboot_kernel();
     node.start(&format!("http://{address}"));
     assert_eq!(node.endpoints(), both("10.244.0.2"), "the stored state, programmed at start");
+}
+
+#[test]
+fn an_agent_that_was_down_is_sent_what_changed_and_what_was_removed_meanwhile() {
+    let dir = manifests(&["10.244.0.1"]);
+    let cp = InProcessControlPlane::start(dir.path(), any_port());
+    let mut node = InProcessNode::new("n1");
+    node.start(&cp.url());
+    wait_kernel(&node, "the first sync in the kernel", &both("10.244.0.1"));
+    let (sent, removed) =
+        (cp.metric("kpx_xds_resources_sent_total"), cp.metric("kpx_xds_removals_sent_total"));
+
+    node.stop();
+    write_manifest(&dir.path().join("web.yaml"), &service("web", WEB_VIP, &["10.244.0.2"]));
+    std::fs::remove_file(dir.path().join("api.yaml")).expect("remove api");
+    wait_for("the control plane to have dropped api", DEADLINE, || {
+        (cp.metric("kpx_services") == 1.0).then_some(())
+    });
+    assert_eq!(node.endpoints(), both("10.244.0.1"), "a stopped agent's kernel is as it left it");
+
+    node.start(&cp.url());
+    wait_kernel(&node, "the change and the removal", &[element(WEB_VIP, "10.244.0.2")]);
+    assert_eq!(cp.metric("kpx_xds_resources_sent_total"), sent + 1.0, "only web is sent again");
+    assert_eq!(cp.metric("kpx_xds_removals_sent_total"), removed + 1.0, "and api's removal");
 }
