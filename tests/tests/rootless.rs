@@ -46,17 +46,19 @@ fn both(web: &str) -> Vec<String> {
     all
 }
 
-fn wait_kernel(node: &InProcessNode, what: &str, expected: &[String]) {
-    wait_for(what, DEADLINE, || (node.endpoints() == expected).then_some(()));
+/// A control plane over `dir` and node n1 started on it, its first sync in the kernel.
+fn synced(dir: &tempfile::TempDir) -> (InProcessControlPlane, InProcessNode) {
+    let cp = InProcessControlPlane::start(dir.path(), any_port());
+    let mut node = InProcessNode::new("n1");
+    node.start(&cp.url());
+    node.wait_endpoints("the first sync in the kernel", &both("10.244.0.1"));
+    (cp, node)
 }
 
 #[test]
 fn a_refused_change_is_nacked_the_last_good_kept_and_sent_again_on_the_resumed_stream() {
     let dir = manifests(&["10.244.0.1"]);
-    let cp = InProcessControlPlane::start(dir.path(), any_port());
-    let mut node = InProcessNode::new("n1");
-    node.start(&cp.url());
-    wait_kernel(&node, "the first sync in the kernel", &both("10.244.0.1"));
+    let (cp, node) = synced(&dir);
     assert_eq!(cp.metric("kpx_xds_nacks_total"), 0.0);
 
     // The kernel refuses the next three transactions: each try is NACKed, the node keeps
@@ -70,7 +72,7 @@ fn a_refused_change_is_nacked_the_last_good_kept_and_sent_again_on_the_resumed_s
         (cp.metric("kpx_xds_nacks_total") >= 2.0).then_some(())
     });
     assert_eq!(node.endpoints(), both("10.244.0.1"), "the last good state stays in the kernel");
-    wait_kernel(&node, "the change, once the kernel takes it", &both("10.244.0.2"));
+    node.wait_endpoints("the change, once the kernel takes it", &both("10.244.0.2"));
     assert_eq!(cp.metric("kpx_xds_nacks_total"), 3.0, "one NACK per refusal, no more");
     assert!(node.nft.transactions() > transactions, "the change went in as a transaction of its own");
     // Each resumed stream asked with the versions the node held: only web was sent again.
@@ -81,27 +83,21 @@ fn a_refused_change_is_nacked_the_last_good_kept_and_sent_again_on_the_resumed_s
 #[test]
 fn a_restarted_control_plane_sends_only_what_changed_while_it_was_down() {
     let dir = manifests(&["10.244.0.1"]);
-    let mut cp = InProcessControlPlane::start(dir.path(), any_port());
-    let mut node = InProcessNode::new("n1");
-    node.start(&cp.url());
-    wait_kernel(&node, "the first sync in the kernel", &both("10.244.0.1"));
+    let (mut cp, node) = synced(&dir);
     let address = cp.grpc;
     cp.stop();
 
     write_manifest(&dir.path().join("web.yaml"), &service("web", WEB_VIP, &["10.244.0.2"]));
     assert_eq!(node.endpoints(), both("10.244.0.1"), "the rules stay while it is down");
     let cp = InProcessControlPlane::start(dir.path(), address);
-    wait_kernel(&node, "the change made while the control plane was down", &both("10.244.0.2"));
+    node.wait_endpoints("the change made while the control plane was down", &both("10.244.0.2"));
     assert_eq!(cp.metric("kpx_xds_resources_sent_total"), 1.0, "only web, which changed, is sent again");
 }
 
 #[test]
 fn an_agent_restarted_from_its_store_rewrites_nothing_is_sent_nothing_and_needs_no_control_plane() {
     let dir = manifests(&["10.244.0.1"]);
-    let mut cp = InProcessControlPlane::start(dir.path(), any_port());
-    let mut node = InProcessNode::new("n1");
-    node.start(&cp.url());
-    wait_kernel(&node, "the first sync in the kernel", &both("10.244.0.1"));
+    let (mut cp, mut node) = synced(&dir);
     let sent = cp.metric("kpx_xds_resources_sent_total");
 
     // Over its kernel: the table is as the store says, so nothing is written.
@@ -113,7 +109,7 @@ fn an_agent_restarted_from_its_store_rewrites_nothing_is_sent_nothing_and_needs_
     // Resumed with its versions, it is sent nothing: the next change is the only resource
     // sent since the restart.
     write_manifest(&dir.path().join("web.yaml"), &service("web", WEB_VIP, &["10.244.0.2"]));
-    wait_kernel(&node, "a change after the restart", &both("10.244.0.2"));
+    node.wait_endpoints("a change after the restart", &both("10.244.0.2"));
     assert_eq!(cp.metric("kpx_xds_resources_sent_total"), sent + 1.0, "only the change was sent");
 
     // Over an empty kernel (a reboot) with the control plane gone: programmed from the
@@ -129,10 +125,7 @@ fn an_agent_restarted_from_its_store_rewrites_nothing_is_sent_nothing_and_needs_
 #[test]
 fn an_agent_that_was_down_is_sent_what_changed_and_what_was_removed_meanwhile() {
     let dir = manifests(&["10.244.0.1"]);
-    let cp = InProcessControlPlane::start(dir.path(), any_port());
-    let mut node = InProcessNode::new("n1");
-    node.start(&cp.url());
-    wait_kernel(&node, "the first sync in the kernel", &both("10.244.0.1"));
+    let (cp, mut node) = synced(&dir);
     let (sent, removed) =
         (cp.metric("kpx_xds_resources_sent_total"), cp.metric("kpx_xds_removals_sent_total"));
 
@@ -145,7 +138,7 @@ fn an_agent_that_was_down_is_sent_what_changed_and_what_was_removed_meanwhile() 
     assert_eq!(node.endpoints(), both("10.244.0.1"), "a stopped agent's kernel is as it left it");
 
     node.start(&cp.url());
-    wait_kernel(&node, "the change and the removal", &[element(WEB_VIP, "10.244.0.2")]);
+    node.wait_endpoints("the change and the removal", &[element(WEB_VIP, "10.244.0.2")]);
     assert_eq!(cp.metric("kpx_xds_resources_sent_total"), sent + 1.0, "only web is sent again");
     assert_eq!(cp.metric("kpx_xds_removals_sent_total"), removed + 1.0, "and api's removal");
 }

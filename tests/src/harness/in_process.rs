@@ -206,7 +206,7 @@ impl InProcessNode {
     }
 
     /// Waits until the kernel's IPv4 endpoints are `expected` (sorted).
-    pub fn wait_endpoints(&self, what: &str, expected: &[&str]) {
+    pub fn wait_endpoints(&self, what: &str, expected: &[String]) {
         wait_for(what, DEADLINE, || (self.endpoints() == expected).then_some(()));
     }
 }
