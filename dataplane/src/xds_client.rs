@@ -229,8 +229,11 @@ fn hint(text: &str, tls: bool) -> Option<&'static str> {
             "this node does not trust the control plane's certificate: check --tls-ca and the URL's host",
         );
     }
-    // How a connection that the other end closed reads, at whichever layer noticed.
-    let closed = ["connection closed", "broken pipe", "reset by peer"].iter().any(|t| text.contains(t));
+    // How a connection that the other end closed reads, at whichever layer noticed: a
+    // close before HTTP/2's handshake finished reads "connection was not ready".
+    let closed = ["connection closed", "connection was not ready", "broken pipe", "reset by peer"]
+        .iter()
+        .any(|t| text.contains(t));
     if !tls && (closed || ["FRAME_SIZE_ERROR", "frame with invalid size"].iter().any(|t| text.contains(t))) {
         return Some("does the control plane speak TLS? then use https:// with --tls-ca");
     }
@@ -351,5 +354,20 @@ mod tests {
         assert_eq!(subscribe.node.map(|n| n.id).as_deref(), Some("n1"));
         assert_eq!(subscribe.initial_resource_versions.get("c/ns/web").map(String::as_str), Some("v1"));
         assert!(subscription(&agent, ResourceType::NodeConfig).initial_resource_versions.is_empty());
+    }
+
+    /// The texts a plaintext agent read when it dialled a TLS control plane, each seen
+    /// in a run of the trust scenario: which one comes depends on when the server's
+    /// close lands in HTTP/2's handshake.
+    #[test]
+    fn a_plaintext_agent_refused_by_a_tls_control_plane_is_told_about_tls() {
+        for seen in [
+            "Cancelled: operation was canceled: transport error: operation was canceled: connection was not ready",
+            "Internal: h2 protocol error: http2 error: transport error: http2 error: connection error detected: frame with invalid size",
+            "Unknown: transport error: connection closed",
+        ] {
+            assert!(hint(seen, false).is_some_and(|h| h.contains("TLS")), "{seen}");
+        }
+        assert_eq!(hint("Unavailable: tcp connect error: Connection refused (os error 111)", false), None);
     }
 }
