@@ -19,39 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use kpx_proto::types::Protocol;
-
-use crate::model::{Service, ServiceType};
-
-/// A ServiceExport as the control plane keeps it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Export {
-    /// The cluster it is in.
-    pub cluster: String,
-    /// `metadata.creationTimestamp`, in seconds since the epoch.
-    pub created: i64,
-    /// `spec.exportedLabels`: what the import carries of them, from the export that wins.
-    pub labels: BTreeMap<String, String>,
-    /// `spec.exportedAnnotations`, likewise.
-    pub annotations: BTreeMap<String, String>,
-}
-
-/// How an import is reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ImportType {
-    /// Through an IP of the clusterset (`type: ClusterSetIP`).
-    ClusterSetIp,
-    /// Its endpoints directly (the exported Services are headless).
-    Headless,
-}
-
-/// A port of an import.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ImportPort {
-    pub name: String,
-    pub protocol: Protocol,
-    pub port: u16,
-}
+use crate::model::{ImportPort, ImportType, Service, ServiceExport, ServiceType};
 
 /// The ServiceImport every cluster of the clusterset gets for one exported name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,7 +134,7 @@ impl Resolution {
 /// What an export offers, read from its Service.
 struct Offer<'a> {
     cluster: &'a str,
-    export: &'a Export,
+    export: &'a ServiceExport,
     import_type: ImportType,
     affinity: Option<u32>,
     ports: Vec<ImportPort>,
@@ -180,13 +148,14 @@ fn import_type(service: &Service) -> ImportType {
     }
 }
 
-/// Resolves one exported name from its exports, each with the Service it names in its
-/// cluster (`None`: there is none).
-pub fn resolve<'a>(exports: impl IntoIterator<Item = (&'a Export, Option<&'a Service>)>) -> Resolution {
+/// Resolves one exported name from its exports, each with its cluster and the Service
+/// it names there (`None`: there is none).
+pub fn resolve<'a>(
+    exports: impl IntoIterator<Item = (&'a str, &'a ServiceExport, Option<&'a Service>)>,
+) -> Resolution {
     let mut resolution = Resolution::default();
     let mut offers: Vec<Offer<'a>> = Vec::new();
-    for (export, service) in exports {
-        let cluster = export.cluster.as_str();
+    for (cluster, export, service) in exports {
         match service {
             None => {
                 resolution.invalid.insert(cluster.to_owned(), Invalid::NoService);

@@ -4,9 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use super::{ClusterState, EndpointSlice, Node, ObjectKey, Service, ServiceCidr};
+use super::{
+    ClusterState, EndpointSlice, Node, ObjectKey, Service, ServiceCidr, ServiceExport, ServiceImport,
+};
 
-/// Upserts (`Some`) and deletions (`None`) of Services, EndpointSlices and Nodes, by key.
+/// Upserts (`Some`) and deletions (`None`) of each kind's objects, by key.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ObjectChanges {
     pub services: BTreeMap<ObjectKey, Option<Service>>,
@@ -14,6 +16,8 @@ pub struct ObjectChanges {
     pub slices: BTreeMap<ObjectKey, Option<EndpointSlice>>,
     pub nodes: BTreeMap<String, Option<Node>>,
     pub service_cidrs: BTreeMap<String, Option<ServiceCidr>>,
+    pub exports: BTreeMap<ObjectKey, Option<ServiceExport>>,
+    pub imports: BTreeMap<ObjectKey, Option<ServiceImport>>,
 }
 
 impl ObjectChanges {
@@ -22,11 +26,18 @@ impl ObjectChanges {
             && self.slices.is_empty()
             && self.nodes.is_empty()
             && self.service_cidrs.is_empty()
+            && self.exports.is_empty()
+            && self.imports.is_empty()
     }
 
     /// How many objects changed.
     pub fn len(&self) -> usize {
-        self.services.len() + self.slices.len() + self.nodes.len() + self.service_cidrs.len()
+        self.services.len()
+            + self.slices.len()
+            + self.nodes.len()
+            + self.service_cidrs.len()
+            + self.exports.len()
+            + self.imports.len()
     }
 
     /// Takes `later` in: where both name an object, `later` wins.
@@ -35,6 +46,8 @@ impl ObjectChanges {
         self.slices.extend(later.slices);
         self.nodes.extend(later.nodes);
         self.service_cidrs.extend(later.service_cidrs);
+        self.exports.extend(later.exports);
+        self.imports.extend(later.imports);
     }
 
     /// The objects upserted, as a state (deletions have nothing to add).
@@ -47,6 +60,8 @@ impl ObjectChanges {
             slices: upserts(self.slices),
             nodes: upserts(self.nodes),
             service_cidrs: upserts(self.service_cidrs),
+            exports: upserts(self.exports),
+            imports: upserts(self.imports),
         }
     }
 
@@ -57,6 +72,8 @@ impl ObjectChanges {
             slices: diff_by_key(&old.slices, &new.slices),
             nodes: diff_by_key(&old.nodes, &new.nodes),
             service_cidrs: diff_by_key(&old.service_cidrs, &new.service_cidrs),
+            exports: diff_by_key(&old.exports, &new.exports),
+            imports: diff_by_key(&old.imports, &new.imports),
         }
     }
 }

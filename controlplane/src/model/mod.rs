@@ -6,9 +6,11 @@
 
 mod changes;
 mod cluster;
+mod mcs;
 
 pub use changes::{diff_by_key, ObjectChanges};
 pub use cluster::{Cluster, Touched};
+pub use mcs::{ImportPort, ImportType, ServiceExport, ServiceImport};
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -38,6 +40,10 @@ pub struct ClusterState {
     pub nodes: BTreeMap<String, Node>,
     /// ServiceCIDRs (`networking.k8s.io/v1`) by name.
     pub service_cidrs: BTreeMap<String, ServiceCidr>,
+    /// ServiceExports (`multicluster.x-k8s.io`), by the key of the Service they export.
+    pub exports: BTreeMap<ObjectKey, ServiceExport>,
+    /// ServiceImports, by key.
+    pub imports: BTreeMap<ObjectKey, ServiceImport>,
 }
 
 /// A `ServiceCIDR`: the ranges ClusterIPs are allocated from.

@@ -32,13 +32,7 @@ const GLOBAL: &str = "service.kpx.io/global: 'true'";
 
 /// Every object of `yaml` as an upsert.
 fn upserts(yaml: &str) -> ObjectChanges {
-    let state = state_of(yaml);
-    ObjectChanges {
-        services: state.services.into_iter().map(|(k, v)| (k, Some(v))).collect(),
-        slices: state.slices.into_iter().map(|(k, v)| (k, Some(v))).collect(),
-        nodes: state.nodes.into_iter().map(|(k, v)| (k, Some(v))).collect(),
-        service_cidrs: state.service_cidrs.into_iter().map(|(k, v)| (k, Some(v))).collect(),
-    }
+    ObjectChanges::between(&Default::default(), &state_of(yaml))
 }
 
 fn key(name: &str) -> ObjectKey {

@@ -23,6 +23,8 @@ enum ObjectId {
     Slice(ObjectKey),
     Node(String),
     ServiceCidr(String),
+    Export(ObjectKey),
+    Import(ObjectKey),
 }
 
 impl ObjectId {
@@ -32,8 +34,34 @@ impl ObjectId {
             Object::EndpointSlice(s) => ObjectId::Slice(ClusterState::slice_key(s)),
             Object::Node(n) => ObjectId::Node(n.name.clone()),
             Object::ServiceCidr(s) => ObjectId::ServiceCidr(s.name.clone()),
+            Object::ServiceExport(e) => ObjectId::Export(e.key.clone()),
+            Object::ServiceImport(i) => ObjectId::Import(i.key.clone()),
         }
     }
+
+    /// Records in `changes` that the object is gone.
+    fn delete(self, changes: &mut ObjectChanges) {
+        match self {
+            ObjectId::Service(key) => changes.services.insert(key, None).map(drop),
+            ObjectId::Slice(key) => changes.slices.insert(key, None).map(drop),
+            ObjectId::Node(name) => changes.nodes.insert(name, None).map(drop),
+            ObjectId::ServiceCidr(name) => changes.service_cidrs.insert(name, None).map(drop),
+            ObjectId::Export(key) => changes.exports.insert(key, None).map(drop),
+            ObjectId::Import(key) => changes.imports.insert(key, None).map(drop),
+        };
+    }
+}
+
+/// Records in `changes` that `object` is as given.
+fn upsert(object: Object, changes: &mut ObjectChanges) {
+    match object {
+        Object::Service(s) => changes.services.insert(s.key.clone(), Some(s)).map(drop),
+        Object::EndpointSlice(s) => changes.slices.insert(ClusterState::slice_key(&s), Some(s)).map(drop),
+        Object::Node(n) => changes.nodes.insert(n.name.clone(), Some(n)).map(drop),
+        Object::ServiceCidr(s) => changes.service_cidrs.insert(s.name.clone(), Some(s)).map(drop),
+        Object::ServiceExport(e) => changes.exports.insert(e.key.clone(), Some(e)).map(drop),
+        Object::ServiceImport(i) => changes.imports.insert(i.key.clone(), Some(i)).map(drop),
+    };
 }
 
 /// The files read and the objects each defines.
@@ -109,31 +137,9 @@ impl Folder {
             if new == old.as_ref() {
                 continue;
             }
-            match (id, new.cloned()) {
-                (ObjectId::Service(key), Some(Object::Service(s))) => {
-                    changes.services.insert(key, Some(s));
-                }
-                (ObjectId::Service(key), _) => {
-                    changes.services.insert(key, None);
-                }
-                (ObjectId::Slice(key), Some(Object::EndpointSlice(s))) => {
-                    changes.slices.insert(key, Some(s));
-                }
-                (ObjectId::Slice(key), _) => {
-                    changes.slices.insert(key, None);
-                }
-                (ObjectId::Node(name), Some(Object::Node(n))) => {
-                    changes.nodes.insert(name, Some(n));
-                }
-                (ObjectId::Node(name), _) => {
-                    changes.nodes.insert(name, None);
-                }
-                (ObjectId::ServiceCidr(name), Some(Object::ServiceCidr(s))) => {
-                    changes.service_cidrs.insert(name, Some(s));
-                }
-                (ObjectId::ServiceCidr(name), _) => {
-                    changes.service_cidrs.insert(name, None);
-                }
+            match new.cloned() {
+                Some(object) => upsert(object, &mut changes),
+                None => id.delete(&mut changes),
             }
         }
         changes
@@ -142,25 +148,11 @@ impl Folder {
     /// Everything the folder defines.
     #[cfg(test)]
     fn state(&self) -> ClusterState {
-        let mut state = ClusterState::default();
-        for id in self.definers.keys() {
-            match self.winner(id) {
-                Some(Object::Service(s)) => {
-                    state.services.insert(s.key.clone(), s.clone());
-                }
-                Some(Object::EndpointSlice(s)) => {
-                    state.slices.insert(ClusterState::slice_key(s), s.clone());
-                }
-                Some(Object::Node(n)) => {
-                    state.nodes.insert(n.name.clone(), n.clone());
-                }
-                Some(Object::ServiceCidr(s)) => {
-                    state.service_cidrs.insert(s.name.clone(), s.clone());
-                }
-                None => {}
-            }
+        let mut all = ObjectChanges::default();
+        for object in self.definers.keys().filter_map(|id| self.winner(id)) {
+            upsert(object.clone(), &mut all);
         }
-        state
+        all.into_state()
     }
 }
 

@@ -1,8 +1,10 @@
 //! The Kubernetes source: kube-rs watchers of Services, EndpointSlices
-//! (`discovery.k8s.io/v1`), Nodes and ServiceCIDRs (`networking.k8s.io/v1`) of one
-//! cluster. An API server that does not serve ServiceCIDRs (older than v1.33, or with
-//! the API off), or that does not let kpx list them (RBAC of an older install), has none:
-//! that list counts as complete and empty, and the reason is logged once.
+//! (`discovery.k8s.io/v1`), Nodes, ServiceCIDRs (`networking.k8s.io/v1`), ServiceExports
+//! and ServiceImports (`multicluster.x-k8s.io/v1alpha1`) of one cluster. The last three
+//! are optional: an API server that does not serve one (ServiceCIDRs before v1.33, the
+//! MCS CRDs not installed), or that does not let kpx list it (RBAC of an older install),
+//! has none of it: that list counts as complete and empty, the reason is logged once, and
+//! the watcher keeps asking, so a CRD installed later is read then.
 //!
 //! Each object is turned into the model as soon as it arrives (the same
 //! reading, and the same errors naming the field, as the file source), so only
@@ -22,6 +24,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node as KubeNode, Service as KubeService};
 use k8s_openapi::api::discovery::v1::EndpointSlice as KubeSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR as KubeServiceCidr;
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -149,6 +152,45 @@ impl<T: Clone + PartialEq> Kind<T> {
     }
 }
 
+/// A kind an API server may not serve, or kpx may not be allowed to list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// (ServiceCIDRs, ServiceExports, ServiceImports)
+enum Optional {
+    Cidrs,
+    Exports,
+    Imports,
+}
+
+impl Optional {
+    /// What its absence costs, and what grants it, for the log line.
+    fn unavailable(self, cluster: &str, forbidden: bool) {
+        let (resource, without) = match self {
+            Optional::Cidrs => {
+                ("servicecidrs.networking.k8s.io/v1", "unallocated Service addresses are not dropped")
+            }
+            Optional::Exports => {
+                ("serviceexports.multicluster.x-k8s.io/v1alpha1", "this cluster exports nothing")
+            }
+            Optional::Imports => {
+                ("serviceimports.multicluster.x-k8s.io/v1alpha1", "this cluster's nodes get no ClusterSetIP")
+            }
+        };
+        if forbidden {
+            tracing::warn!(
+                cluster,
+                resource,
+                "not allowed to list {resource} (grant list and watch): none known, {without}"
+            );
+        } else {
+            tracing::info!(
+                cluster,
+                resource,
+                "the API server does not serve {resource}: none known, {without}"
+            );
+        }
+    }
+}
+
 /// The kinds of one cluster.
 #[derive(Default)]
 struct Objects {
@@ -156,8 +198,10 @@ struct Objects {
     slices: Kind<crate::model::EndpointSlice>,
     nodes: Kind<crate::model::Node>,
     service_cidrs: Kind<crate::model::ServiceCidr>,
-    /// The API server answered the ServiceCIDR list with 404 or 403 (logged once).
-    service_cidrs_unavailable: bool,
+    exports: Kind<crate::model::ServiceExport>,
+    imports: Kind<crate::model::ServiceImport>,
+    /// The kinds whose list the API server answered with 404 or 403 (each logged once).
+    unavailable: std::collections::BTreeSet<Optional>,
 }
 
 /// What changed in [`Objects`] since the last event sent (nodes by their key, of no namespace).
@@ -167,6 +211,8 @@ struct Pending {
     slices: BTreeMap<ObjectKey, Option<crate::model::EndpointSlice>>,
     nodes: BTreeMap<ObjectKey, Option<crate::model::Node>>,
     service_cidrs: BTreeMap<ObjectKey, Option<crate::model::ServiceCidr>>,
+    exports: BTreeMap<ObjectKey, Option<crate::model::ServiceExport>>,
+    imports: BTreeMap<ObjectKey, Option<crate::model::ServiceImport>>,
 }
 
 impl Pending {
@@ -176,13 +222,20 @@ impl Pending {
             slices: self.slices,
             nodes: self.nodes.into_iter().map(|(k, n)| (k.name, n)).collect(),
             service_cidrs: self.service_cidrs.into_iter().map(|(k, s)| (k.name, s)).collect(),
+            exports: self.exports,
+            imports: self.imports,
         }
     }
 }
 
 impl Objects {
     fn synced(&self) -> bool {
-        self.services.synced && self.slices.synced && self.nodes.synced && self.service_cidrs.synced
+        self.services.synced
+            && self.slices.synced
+            && self.nodes.synced
+            && self.service_cidrs.synced
+            && self.exports.synced
+            && self.imports.synced
     }
 
     /// Everything known (once, when the initial lists are complete).
@@ -192,6 +245,16 @@ impl Objects {
             slices: self.slices.live.clone(),
             nodes: self.nodes.live.iter().map(|(k, n)| (k.name.clone(), n.clone())).collect(),
             service_cidrs: self.service_cidrs.live.iter().map(|(k, s)| (k.name.clone(), s.clone())).collect(),
+            exports: self.exports.live.clone(),
+            imports: self.imports.live.clone(),
+        }
+    }
+
+    fn kind_mut(&mut self, kind: Optional) -> &mut bool {
+        match kind {
+            Optional::Cidrs => &mut self.service_cidrs.synced,
+            Optional::Exports => &mut self.exports.synced,
+            Optional::Imports => &mut self.imports.synced,
         }
     }
 }
@@ -202,8 +265,11 @@ enum Change {
     Slice(Box<Event<KubeSlice>>),
     Node(Box<Event<KubeNode>>),
     ServiceCidr(Box<Event<KubeServiceCidr>>),
-    /// The ServiceCIDR list answered 404 (`forbidden: false`) or 403: none known.
-    ServiceCidrsUnavailable {
+    Export(Box<Event<DynamicObject>>),
+    Import(Box<Event<DynamicObject>>),
+    /// An optional kind's list answered 404 (`forbidden: false`) or 403: none known.
+    Unavailable {
+        kind: Optional,
         forbidden: bool,
     },
 }
@@ -223,22 +289,26 @@ fn key_of<K: Resource>(object: &K) -> ObjectKey {
     ObjectKey { namespace: object.namespace().unwrap_or_default(), name: object.name_any() }
 }
 
-/// Reads an API object into the model, logging (and dropping) what cannot be used.
-fn read<K: serde::Serialize + Resource<DynamicType = ()>>(cluster: &str, object: &K) -> Option<Object> {
+/// Reads an API object of `kind` into the model, logging (and dropping) what cannot be used.
+fn read<K: serde::Serialize + Resource>(cluster: &str, kind: &str, object: &K) -> Option<Object> {
     let key = key_of(object);
-    let value = match serde_yaml::to_value(object) {
+    let mut value = match serde_yaml::to_value(object) {
         Ok(v) => v,
         Err(e) => {
-            tracing::error!(cluster, kind = %K::kind(&()), object = %key, error = %e, "cannot read object");
+            tracing::error!(cluster, kind, object = %key, error = %e, "cannot read object");
             return None;
         }
     };
+    // A custom resource's list items may come without their kind.
+    if let Some(map) = value.as_mapping_mut() {
+        map.insert("kind".into(), kind.into());
+    }
     match manifest::object(value)? {
         Ok(object) => Some(object),
         Err(e) => {
             tracing::error!(
                 cluster,
-                kind = %K::kind(&()),
+                kind,
                 object = %key,
                 field = %e.field,
                 reason = %e.reason,
@@ -294,6 +364,36 @@ fn watch_backoff() -> watcher::ExponentialBackoff {
         .into()
 }
 
+/// The API resource of an MCS kind (`ServiceExport`, `ServiceImport`) in the version kpx reads.
+fn mcs_resource(kind: &str) -> ApiResource {
+    let version = "v1alpha1";
+    ApiResource {
+        group: manifest::MCS_GROUP.into(),
+        version: version.into(),
+        api_version: format!("{}/{version}", manifest::MCS_GROUP),
+        kind: kind.into(),
+        plural: format!("{}s", kind.to_lowercase()),
+    }
+}
+
+/// The watch of an optional kind: its events as `change`, and a list refused with 404 or
+/// 403 as [`Change::Unavailable`] (asked again with backoff).
+fn optional<K: 'static + Send>(
+    watch: impl futures::Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+    kind: Optional,
+    change: fn(Event<K>) -> Change,
+) -> impl futures::Stream<Item = Result<Change, watcher::Error>> + Send {
+    watch.backoff(watch_backoff()).map(move |e| match e {
+        Ok(e) => Ok(change(e)),
+        Err(watcher::Error::InitialListFailed(kube::Error::Api(status)))
+            if status.is_not_found() || status.is_forbidden() =>
+        {
+            Ok(Change::Unavailable { kind, forbidden: status.is_forbidden() })
+        }
+        Err(e) => Err(e),
+    })
+}
+
 /// Watches the cluster until the process ends (or nobody listens), sending on `tx`.
 pub async fn run(
     cluster: String,
@@ -311,19 +411,35 @@ pub async fn run(
     let nodes = watcher::watcher(Api::<KubeNode>::all(client.clone()), config.clone())
         .backoff(watch_backoff())
         .map(|e| e.map(|e| Change::Node(Box::new(e))));
-    let service_cidrs = watcher::watcher(Api::<KubeServiceCidr>::all(client.clone()), config)
-        .backoff(watch_backoff())
-        .map(|e| match e {
-            Ok(e) => Ok(Change::ServiceCidr(Box::new(e))),
-            Err(watcher::Error::InitialListFailed(kube::Error::Api(status)))
-                if status.is_not_found() || status.is_forbidden() =>
-            {
-                Ok(Change::ServiceCidrsUnavailable { forbidden: status.is_forbidden() })
-            }
-            Err(e) => Err(e),
-        });
-    let mut changes =
-        futures::stream::select_all([services.boxed(), slices.boxed(), nodes.boxed(), service_cidrs.boxed()]);
+    let service_cidrs = optional(
+        watcher::watcher(Api::<KubeServiceCidr>::all(client.clone()), config.clone()),
+        Optional::Cidrs,
+        |e| Change::ServiceCidr(Box::new(e)),
+    );
+    let exports = optional(
+        watcher::watcher(
+            Api::<DynamicObject>::all_with(client.clone(), &mcs_resource("ServiceExport")),
+            config.clone(),
+        ),
+        Optional::Exports,
+        |e| Change::Export(Box::new(e)),
+    );
+    let imports = optional(
+        watcher::watcher(
+            Api::<DynamicObject>::all_with(client.clone(), &mcs_resource("ServiceImport")),
+            config,
+        ),
+        Optional::Imports,
+        |e| Change::Import(Box::new(e)),
+    );
+    let mut changes = futures::stream::select_all([
+        services.boxed(),
+        slices.boxed(),
+        nodes.boxed(),
+        service_cidrs.boxed(),
+        exports.boxed(),
+        imports.boxed(),
+    ]);
     tokio::spawn(probe(cluster.clone(), client, reachability));
     let mut objects = Objects::default();
     let mut waiting_logged = false;
@@ -340,7 +456,7 @@ pub async fn run(
             if !waiting_logged {
                 tracing::info!(
                     cluster,
-                    "waiting for the initial lists of Services, EndpointSlices, Nodes and ServiceCIDRs"
+                    "waiting for the initial lists of Services, EndpointSlices, Nodes, ServiceCIDRs, ServiceExports and ServiceImports"
                 );
                 waiting_logged = true;
             }
@@ -361,6 +477,8 @@ pub async fn run(
                 endpoint_slices = state.slices.len(),
                 nodes = state.nodes.len(),
                 service_cidrs = state.service_cidrs.len(),
+                service_exports = state.exports.len(),
+                service_imports = state.imports.len(),
                 "initial lists complete"
             );
             SourceEvent::Replace(state)
@@ -381,46 +499,52 @@ fn handle(
 ) {
     match change {
         Ok(Change::Service(event)) => {
-            apply(cluster, &mut objects.services, *event, &mut pending.services, |o| match o {
+            apply(cluster, "Service", &mut objects.services, *event, &mut pending.services, |o| match o {
                 Object::Service(s) => Some(s),
                 _ => None,
             })
         }
         Ok(Change::Slice(event)) => {
-            apply(cluster, &mut objects.slices, *event, &mut pending.slices, |o| match o {
+            apply(cluster, "EndpointSlice", &mut objects.slices, *event, &mut pending.slices, |o| match o {
                 Object::EndpointSlice(s) => Some(s),
                 _ => None,
             })
         }
         Ok(Change::Node(event)) => {
-            apply(cluster, &mut objects.nodes, *event, &mut pending.nodes, |o| match o {
+            apply(cluster, "Node", &mut objects.nodes, *event, &mut pending.nodes, |o| match o {
                 Object::Node(n) => Some(n),
                 _ => None,
             })
         }
-        Ok(Change::ServiceCidr(event)) => {
-            apply(cluster, &mut objects.service_cidrs, *event, &mut pending.service_cidrs, |o| match o {
+        Ok(Change::ServiceCidr(event)) => apply(
+            cluster,
+            "ServiceCIDR",
+            &mut objects.service_cidrs,
+            *event,
+            &mut pending.service_cidrs,
+            |o| match o {
                 Object::ServiceCidr(s) => Some(s),
+                _ => None,
+            },
+        ),
+        Ok(Change::Export(event)) => {
+            apply(cluster, "ServiceExport", &mut objects.exports, *event, &mut pending.exports, |o| match o {
+                Object::ServiceExport(e) => Some(e),
                 _ => None,
             })
         }
-        Ok(Change::ServiceCidrsUnavailable { forbidden }) => {
+        Ok(Change::Import(event)) => {
+            apply(cluster, "ServiceImport", &mut objects.imports, *event, &mut pending.imports, |o| match o {
+                Object::ServiceImport(i) => Some(i),
+                _ => None,
+            })
+        }
+        Ok(Change::Unavailable { kind, forbidden }) => {
             // Asked again with backoff: once served (or allowed), they are listed then.
-            if !objects.service_cidrs_unavailable {
-                if forbidden {
-                    tracing::warn!(
-                        cluster,
-                        "not allowed to list ServiceCIDRs (networking.k8s.io/v1; grant list and watch on servicecidrs): none known, unallocated Service addresses are not dropped"
-                    );
-                } else {
-                    tracing::info!(
-                        cluster,
-                        "the API server does not serve ServiceCIDRs (networking.k8s.io/v1): none known"
-                    );
-                }
-                objects.service_cidrs_unavailable = true;
+            if objects.unavailable.insert(kind) {
+                kind.unavailable(cluster, forbidden);
             }
-            objects.service_cidrs.synced = true;
+            *objects.kind_mut(kind) = true;
         }
         Err(e) => {
             // The watcher retries with backoff (and relists after 410 Gone) by itself.
@@ -432,19 +556,20 @@ fn handle(
 /// Applies one event of a kind, reading its object into the model (not for deletions).
 fn apply<K, T>(
     cluster: &str,
+    kind_name: &str,
     kind: &mut Kind<T>,
     event: Event<K>,
     changes: &mut BTreeMap<ObjectKey, Option<T>>,
     pick: fn(Object) -> Option<T>,
 ) where
-    K: serde::Serialize + Resource<DynamicType = ()>,
+    K: serde::Serialize + Resource,
     T: Clone + PartialEq,
 {
     let (event, object) = split(event);
     let key = object.as_ref().map(key_of);
     let model = match (&event, &object) {
         (Event::Delete(()), _) | (_, None) => None,
-        (_, Some(o)) => read(cluster, o).and_then(pick),
+        (_, Some(o)) => read(cluster, kind_name, o).and_then(pick),
     };
     kind.apply(event, key, model, changes);
 }

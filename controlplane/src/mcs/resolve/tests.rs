@@ -1,12 +1,11 @@
-use std::collections::BTreeMap;
-
 use kpx_proto::types::Protocol;
 
 use super::*;
 use crate::model::{ObjectKey, ServicePort};
 
-fn export(cluster: &str, created: i64) -> Export {
-    Export { cluster: cluster.into(), created, labels: BTreeMap::new(), annotations: BTreeMap::new() }
+/// An export of `cluster`, made `created` seconds after the epoch.
+fn export(cluster: &str, created: i64) -> (String, ServiceExport) {
+    (cluster.to_owned(), ServiceExport { created, ..Default::default() })
 }
 
 fn service(ports: &[(&str, Protocol, u16)]) -> Service {
@@ -40,7 +39,7 @@ const UDP: Protocol = Protocol::Udp;
 fn one_export_is_imported_as_its_service_is() {
     let a = export("a", 100);
     let web = service(&[("http", TCP, 80), ("dns", UDP, 53)]);
-    let r = resolve([(&a, Some(&web))]);
+    let r = resolve([(a.0.as_str(), &a.1, Some(&web))]);
     let import = r.import.clone().expect("an import");
     assert_eq!(import.import_type, ImportType::ClusterSetIp);
     assert_eq!(import.ports, [port("http", TCP, 80), port("dns", UDP, 53)]);
@@ -54,7 +53,7 @@ fn the_ports_are_the_union_of_the_exported_ports() {
     let (a, b) = (export("a", 100), export("b", 200));
     let (web_a, web_b) =
         (service(&[("http", TCP, 80)]), service(&[("http", TCP, 80), ("metrics", TCP, 9090)]));
-    let r = resolve([(&b, Some(&web_b)), (&a, Some(&web_a))]);
+    let r = resolve([(b.0.as_str(), &b.1, Some(&web_b)), (a.0.as_str(), &a.1, Some(&web_a))]);
     let import = r.import.clone().expect("an import");
     assert_eq!(import.ports, [port("http", TCP, 80), port("metrics", TCP, 9090)]);
     assert_eq!(import.clusters, ["a", "b"]);
@@ -65,7 +64,7 @@ fn the_ports_are_the_union_of_the_exported_ports() {
 fn a_port_of_one_name_with_another_number_is_a_conflict_the_oldest_export_wins() {
     let (a, b) = (export("a", 100), export("b", 200));
     let (web_a, web_b) = (service(&[("http", TCP, 80)]), service(&[("http", TCP, 8080)]));
-    let r = resolve([(&b, Some(&web_b)), (&a, Some(&web_a))]);
+    let r = resolve([(b.0.as_str(), &b.1, Some(&web_b)), (a.0.as_str(), &a.1, Some(&web_a))]);
     assert_eq!(r.import.clone().expect("an import").ports, [port("http", TCP, 80)]);
     let (reason, message) = r.conflict_condition().expect("a conflict");
     assert_eq!(reason, "PortConflict");
@@ -76,14 +75,14 @@ fn a_port_of_one_name_with_another_number_is_a_conflict_the_oldest_export_wins()
 fn a_port_number_with_another_protocol_name_pair_is_a_conflict() {
     let (a, b) = (export("a", 100), export("b", 200));
     let (web_a, web_b) = (service(&[("http", TCP, 80)]), service(&[("web", TCP, 80)]));
-    let r = resolve([(&a, Some(&web_a)), (&b, Some(&web_b))]);
+    let r = resolve([(a.0.as_str(), &a.1, Some(&web_a)), (b.0.as_str(), &b.1, Some(&web_b))]);
     assert_eq!(r.import.clone().expect("an import").ports, [port("http", TCP, 80)]);
     assert_eq!(r.conflicts.len(), 1);
     assert_eq!((r.conflicts[0].field, r.conflicts[0].winner.as_str()), (Field::Port, "a"));
     // The same number over another protocol is another port.
     let web_c = service(&[("dns", UDP, 80)]);
     let c = export("c", 300);
-    let r = resolve([(&a, Some(&web_a)), (&c, Some(&web_c))]);
+    let r = resolve([(a.0.as_str(), &a.1, Some(&web_a)), (c.0.as_str(), &c.1, Some(&web_c))]);
     assert_eq!(r.import.clone().expect("an import").ports, [port("http", TCP, 80), port("dns", UDP, 80)]);
     assert!(r.conflicts.is_empty());
 }
@@ -92,7 +91,10 @@ fn a_port_number_with_another_protocol_name_pair_is_a_conflict() {
 fn exports_of_one_age_are_ordered_by_cluster_name() {
     let (a, b) = (export("a", 100), export("b", 100));
     let (web_a, web_b) = (service(&[("http", TCP, 80)]), service(&[("http", TCP, 81)]));
-    for order in [[(&a, Some(&web_a)), (&b, Some(&web_b))], [(&b, Some(&web_b)), (&a, Some(&web_a))]] {
+    for order in [
+        [(a.0.as_str(), &a.1, Some(&web_a)), (b.0.as_str(), &b.1, Some(&web_b))],
+        [(b.0.as_str(), &b.1, Some(&web_b)), (a.0.as_str(), &a.1, Some(&web_a))],
+    ] {
         let r = resolve(order);
         assert_eq!(r.import.clone().expect("an import").ports, [port("http", TCP, 80)]);
         assert_eq!(r.conflicts[0].winner, "a");
@@ -103,7 +105,7 @@ fn exports_of_one_age_are_ordered_by_cluster_name() {
 fn headless_against_not_is_a_type_conflict_the_oldest_export_wins() {
     let (a, b) = (export("a", 100), export("b", 200));
     let (web_a, web_b) = (headless(&[("http", TCP, 80)]), service(&[("http", TCP, 80)]));
-    let r = resolve([(&b, Some(&web_b)), (&a, Some(&web_a))]);
+    let r = resolve([(b.0.as_str(), &b.1, Some(&web_b)), (a.0.as_str(), &a.1, Some(&web_a))]);
     assert_eq!(r.import.clone().expect("an import").import_type, ImportType::Headless);
     let (reason, message) = r.conflict_condition().expect("a conflict");
     assert_eq!(reason, "TypeConflict");
@@ -115,7 +117,11 @@ fn session_affinity_and_its_timeout_come_from_the_oldest_export() {
     let (a, b, c) = (export("a", 100), export("b", 200), export("c", 300));
     let affinity = |timeout| Service { session_affinity_timeout: timeout, ..service(&[("http", TCP, 80)]) };
     let (web_a, web_b, web_c) = (affinity(Some(100)), affinity(None), affinity(Some(200)));
-    let r = resolve([(&a, Some(&web_a)), (&b, Some(&web_b)), (&c, Some(&web_c))]);
+    let r = resolve([
+        (a.0.as_str(), &a.1, Some(&web_a)),
+        (b.0.as_str(), &b.1, Some(&web_b)),
+        (c.0.as_str(), &c.1, Some(&web_c)),
+    ]);
     assert_eq!(r.import.clone().expect("an import").session_affinity_timeout, Some(100));
     let (reason, message) = r.conflict_condition().expect("conflicts");
     assert_eq!(reason, "SessionAffinityConflict,SessionAffinityConfigConflict");
@@ -131,28 +137,34 @@ fn an_export_without_a_valid_service_takes_no_part() {
     let (a, b, c) = (export("a", 100), export("b", 50), export("c", 10));
     let web_a = service(&[("http", TCP, 80)]);
     let external = Service { service_type: ServiceType::ExternalName, ..service(&[("http", TCP, 81)]) };
-    let r = resolve([(&a, Some(&web_a)), (&b, None), (&c, Some(&external))]);
+    let r = resolve([
+        (a.0.as_str(), &a.1, Some(&web_a)),
+        (b.0.as_str(), &b.1, None),
+        (c.0.as_str(), &c.1, Some(&external)),
+    ]);
     assert_eq!(r.invalid.get("b"), Some(&Invalid::NoService));
     assert_eq!(r.invalid.get("c"), Some(&Invalid::ExternalName));
     assert_eq!(Invalid::ExternalName.reason(), "InvalidServiceType");
     let import = r.import.clone().expect("an import of the valid one");
     assert_eq!((import.clusters, import.ports), (vec!["a".to_owned()], vec![port("http", TCP, 80)]));
     assert!(r.conflicts.is_empty(), "the older invalid exports win nothing");
-    let r = resolve([(&b, None), (&c, Some(&external))]);
+    let r = resolve([(b.0.as_str(), &b.1, None), (c.0.as_str(), &c.1, Some(&external))]);
     assert_eq!(r.import, None, "no valid export: no import");
 }
 
 #[test]
 fn the_import_carries_the_winning_exports_labels_and_annotations() {
     let mut a = export("a", 100);
-    a.labels.insert("tier".into(), "web".into());
-    a.annotations.insert("owner".into(), "team-a".into());
+    a.1.labels.insert("tier".into(), "web".into());
+    a.1.annotations.insert("owner".into(), "team-a".into());
     let mut b = export("b", 200);
-    b.labels.insert("tier".into(), "other".into());
+    b.1.labels.insert("tier".into(), "other".into());
     let web = service(&[("http", TCP, 80)]);
-    let import = resolve([(&b, Some(&web)), (&a, Some(&web))]).import.expect("an import");
-    assert_eq!(import.labels, a.labels);
-    assert_eq!(import.annotations, a.annotations);
+    let import = resolve([(b.0.as_str(), &b.1, Some(&web)), (a.0.as_str(), &a.1, Some(&web))])
+        .import
+        .expect("an import");
+    assert_eq!(import.labels, a.1.labels);
+    assert_eq!(import.annotations, a.1.annotations);
 }
 
 mod properties {
@@ -175,7 +187,7 @@ mod properties {
         (0i64..3, prop::option::weighted(0.85, ports), any::<bool>())
     }
 
-    fn build(offers: &[Offered]) -> Vec<(Export, Option<Service>)> {
+    fn build(offers: &[Offered]) -> Vec<((String, ServiceExport), Option<Service>)> {
         (offers.iter().enumerate())
             .map(|(i, (created, ports, is_headless))| {
                 let service = ports.as_ref().map(|ports| {
@@ -201,8 +213,8 @@ mod properties {
         #[test]
         fn any_exports_resolve_alike_in_any_order(offers in prop::collection::vec(offer(), 1..5)) {
             let exports = build(&offers);
-            let forward = resolve(exports.iter().map(|(e, s)| (e, s.as_ref())));
-            let backward = resolve(exports.iter().rev().map(|(e, s)| (e, s.as_ref())));
+            let forward = resolve(exports.iter().map(|(e, s)| (e.0.as_str(), &e.1, s.as_ref())));
+            let backward = resolve(exports.iter().rev().map(|(e, s)| (e.0.as_str(), &e.1, s.as_ref())));
             prop_assert_eq!(&forward, &backward);
             if let Some(import) = &forward.import {
                 for (i, a) in import.ports.iter().enumerate() {
@@ -214,8 +226,8 @@ mod properties {
                     let Some(service) = service else { continue };
                     for p in &service.ports {
                         let wanted = port(&p.name, p.protocol, p.port);
-                        let in_conflict = forward.conflicts.iter().any(|c| c.field == Field::Port && c.losers.contains(&export.cluster));
-                        prop_assert!(import.ports.contains(&wanted) || in_conflict, "{:?} of {}", wanted, export.cluster);
+                        let in_conflict = forward.conflicts.iter().any(|c| c.field == Field::Port && c.losers.contains(&export.0));
+                        prop_assert!(import.ports.contains(&wanted) || in_conflict, "{:?} of {}", wanted, export.0);
                     }
                 }
             }

@@ -3,6 +3,7 @@
 //! used is a [`ManifestError`] naming the document and the field; the other
 //! documents are still read.
 
+mod mcs;
 mod node;
 mod service;
 mod service_cidr;
@@ -15,7 +16,9 @@ use ipnet::IpNet;
 use kpx_proto::types::Protocol;
 use serde::Deserialize;
 
-use crate::model::{EndpointSlice, Node, ObjectKey, Service, ServiceCidr};
+use crate::model::{EndpointSlice, Node, ObjectKey, Service, ServiceCidr, ServiceExport, ServiceImport};
+pub use mcs::GROUP as MCS_GROUP;
+use mcs::{service_export, service_import, ServiceExportManifest, ServiceImportManifest};
 use node::{node, NodeManifest};
 use service::{service, ServiceManifest};
 use service_cidr::{service_cidr, ServiceCidrManifest};
@@ -31,6 +34,8 @@ pub enum Object {
     EndpointSlice(EndpointSlice),
     Node(Node),
     ServiceCidr(ServiceCidr),
+    ServiceExport(ServiceExport),
+    ServiceImport(ServiceImport),
 }
 
 /// Why a document was skipped: `document` counts from 0 in its file.
@@ -111,7 +116,8 @@ fn read_value(document: usize, value: serde_yaml::Value, out: &mut Vec<Result<Ob
     let fail =
         |object: String, field: String, reason: String| ManifestError { document, object, field, reason };
     match kind.as_str() {
-        "List" | "ServiceList" | "EndpointSliceList" | "NodeList" => {
+        "List" | "ServiceList" | "EndpointSliceList" | "NodeList" | "ServiceExportList"
+        | "ServiceImportList" => {
             if let Some(items) = value.get("items").and_then(|i| i.as_sequence()) {
                 for item in items.clone() {
                     read_value(document, item, out);
@@ -146,6 +152,24 @@ fn read_value(document: usize, value: serde_yaml::Value, out: &mut Vec<Result<Ob
                 .and_then(|(m, label)| {
                     service_cidr(m)
                         .map(Object::ServiceCidr)
+                        .map_err(|(field, reason)| fail(label, field, reason))
+                })
+                .map_err(|e| ManifestError { document, ..e }),
+        ),
+        "ServiceExport" => out.push(
+            typed::<ServiceExportManifest>(value, "ServiceExport")
+                .and_then(|(m, label)| {
+                    service_export(m)
+                        .map(Object::ServiceExport)
+                        .map_err(|(field, reason)| fail(label, field, reason))
+                })
+                .map_err(|e| ManifestError { document, ..e }),
+        ),
+        "ServiceImport" => out.push(
+            typed::<ServiceImportManifest>(value, "ServiceImport")
+                .and_then(|(m, label)| {
+                    service_import(m)
+                        .map(Object::ServiceImport)
                         .map_err(|(field, reason)| fail(label, field, reason))
                 })
                 .map_err(|e| ManifestError { document, ..e }),
@@ -252,6 +276,12 @@ pub(crate) fn state_of(text: &str) -> crate::model::ClusterState {
             }
             Object::ServiceCidr(s) => {
                 state.service_cidrs.insert(s.name.clone(), s);
+            }
+            Object::ServiceExport(e) => {
+                state.exports.insert(e.key.clone(), e);
+            }
+            Object::ServiceImport(i) => {
+                state.imports.insert(i.key.clone(), i);
             }
         }
     }

@@ -37,7 +37,7 @@ fn ipvs_scheduler(metadata: &Metadata) -> Result<Option<String>, FieldError> {
     }
 }
 
-fn cluster_affinity(metadata: &Metadata) -> Result<ClusterAffinity, FieldError> {
+pub(super) fn cluster_affinity(metadata: &Metadata) -> Result<ClusterAffinity, FieldError> {
     match metadata.annotations.get(AFFINITY_ANNOTATION).map(String::as_str) {
         None | Some("none") => Ok(ClusterAffinity::None),
         Some("local") => Ok(ClusterAffinity::Local),
@@ -99,7 +99,7 @@ struct ServicePortSpec {
 }
 
 #[derive(Deserialize, Default)]
-struct SessionAffinityConfig {
+pub(super) struct SessionAffinityConfig {
     #[serde(rename = "clientIP")]
     client_ip: Option<ClientIpConfig>,
 }
@@ -161,15 +161,16 @@ fn optional_port(field: String, value: Option<i64>) -> Result<Option<u16>, Field
     }
 }
 
-fn session_affinity(spec: &ServiceSpec) -> Result<Option<u32>, FieldError> {
-    match spec.session_affinity.as_deref().unwrap_or_default() {
+/// `spec.sessionAffinity` and its config (of a Service, or a ServiceImport): the
+/// ClientIP timeout in seconds, `None` for no affinity.
+pub(super) fn session_affinity(
+    affinity: Option<&str>,
+    config: Option<&SessionAffinityConfig>,
+) -> Result<Option<u32>, FieldError> {
+    match affinity.unwrap_or_default() {
         "" | "None" => Ok(None),
         "ClientIP" => {
-            let timeout = spec
-                .session_affinity_config
-                .as_ref()
-                .and_then(|c| c.client_ip.as_ref())
-                .and_then(|c| c.timeout_seconds);
+            let timeout = config.and_then(|c| c.client_ip.as_ref()).and_then(|c| c.timeout_seconds);
             let Some(t) = timeout else { return Ok(Some(DEFAULT_AFFINITY_TIMEOUT)) };
             match u32::try_from(t) {
                 Ok(seconds) if (1..=MAX_AFFINITY_TIMEOUT).contains(&seconds) => Ok(Some(seconds)),
@@ -282,7 +283,10 @@ pub(super) fn service(m: ServiceManifest) -> Result<Service, FieldError> {
             "spec.healthCheckNodePort".into(),
             spec.health_check_node_port,
         )?,
-        session_affinity_timeout: session_affinity(&spec)?,
+        session_affinity_timeout: session_affinity(
+            spec.session_affinity.as_deref(),
+            spec.session_affinity_config.as_ref(),
+        )?,
         global: global(&m.metadata)?,
         cluster_affinity: cluster_affinity(&m.metadata)?,
         ipvs_scheduler: ipvs_scheduler(&m.metadata)?,

@@ -1,0 +1,58 @@
+//! The Multi-Cluster Services objects (KEP-1645, `multicluster.x-k8s.io`) as the control
+//! plane keeps them: a cluster's [`ServiceExport`]s (which of its Services the
+//! clusterset may use) and [`ServiceImport`]s (what the clusterset offers under a name,
+//! at which ClusterSetIPs: the API objects are the record of those addresses).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use kpx_proto::types::Protocol;
+
+use super::{ClusterAffinity, ObjectKey};
+
+/// A `ServiceExport`: the Service of the same namespace and name may be imported.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServiceExport {
+    pub key: ObjectKey,
+    /// `metadata.creationTimestamp`, in seconds since the epoch (the oldest export wins a
+    /// conflict).
+    pub created: i64,
+    /// `spec.exportedLabels`: what the import carries of them, from the export that wins.
+    pub labels: BTreeMap<String, String>,
+    /// `spec.exportedAnnotations`, likewise.
+    pub annotations: BTreeMap<String, String>,
+    /// kpx's extension `service.kpx.io/affinity` on the export: which cluster's
+    /// endpoints this cluster's nodes prefer for the import.
+    pub cluster_affinity: ClusterAffinity,
+}
+
+/// How an import is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ImportType {
+    /// Through an IP of the clusterset (`type: ClusterSetIP`).
+    #[default]
+    ClusterSetIp,
+    /// Its endpoints directly (the exported Services are headless).
+    Headless,
+}
+
+/// A port of an import.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ImportPort {
+    pub name: String,
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+/// A `ServiceImport` as read from a cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServiceImport {
+    pub key: ObjectKey,
+    pub import_type: ImportType,
+    /// `spec.ips`: the ClusterSetIPs, at most one per family (none for Headless, or while
+    /// none is allocated yet).
+    pub ips: Vec<IpAddr>,
+    pub ports: Vec<ImportPort>,
+    /// `spec.sessionAffinity: ClientIP` with this timeout in seconds.
+    pub session_affinity_timeout: Option<u32>,
+}

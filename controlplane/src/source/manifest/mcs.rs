@@ -1,0 +1,164 @@
+//! `kind: ServiceExport` and `kind: ServiceImport` (`multicluster.x-k8s.io`, v1alpha1 and
+//! v1beta1 alike in the fields read here).
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::service::{cluster_affinity, session_affinity, SessionAffinityConfig};
+use super::{ip, port, protocol, FieldError, Metadata};
+use crate::model::{ImportPort, ImportType, ServiceExport, ServiceImport};
+
+/// The API group of both kinds.
+pub const GROUP: &str = "multicluster.x-k8s.io";
+
+#[derive(Deserialize)]
+pub(super) struct ServiceExportManifest {
+    metadata: ExportMetadata,
+    #[serde(default)]
+    spec: ExportSpec,
+}
+
+#[derive(Deserialize)]
+struct ExportMetadata {
+    #[serde(flatten)]
+    common: Metadata,
+    /// RFC 3339, as the API server writes it; a manifest without one counts as the oldest.
+    #[serde(default, rename = "creationTimestamp")]
+    creation_timestamp: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct ExportSpec {
+    #[serde(default)]
+    exported_labels: BTreeMap<String, String>,
+    #[serde(default)]
+    exported_annotations: BTreeMap<String, String>,
+}
+
+pub(super) fn service_export(m: ServiceExportManifest) -> Result<ServiceExport, FieldError> {
+    let created = match m.metadata.creation_timestamp.as_deref() {
+        None | Some("") => 0,
+        Some(text) => text.parse::<jiff::Timestamp>().map(|t| t.as_second()).map_err(|e| {
+            ("metadata.creationTimestamp".to_owned(), format!("{text:?} is not an RFC 3339 time: {e}"))
+        })?,
+    };
+    Ok(ServiceExport {
+        key: m.metadata.common.key(),
+        created,
+        labels: m.spec.exported_labels,
+        annotations: m.spec.exported_annotations,
+        cluster_affinity: cluster_affinity(&m.metadata.common)?,
+    })
+}
+
+#[derive(Deserialize)]
+pub(super) struct ServiceImportManifest {
+    metadata: Metadata,
+    spec: ImportSpec,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ImportSpec {
+    #[serde(rename = "type")]
+    import_type: String,
+    #[serde(default)]
+    ips: Vec<String>,
+    #[serde(default)]
+    ports: Vec<ImportPortSpec>,
+    #[serde(default)]
+    session_affinity: Option<String>,
+    #[serde(default)]
+    session_affinity_config: Option<SessionAffinityConfig>,
+}
+
+#[derive(Deserialize)]
+struct ImportPortSpec {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    protocol: Option<String>,
+    port: i64,
+}
+
+pub(super) fn service_import(m: ServiceImportManifest) -> Result<ServiceImport, FieldError> {
+    let spec = m.spec;
+    let import_type = match spec.import_type.as_str() {
+        "ClusterSetIP" => ImportType::ClusterSetIp,
+        "Headless" => ImportType::Headless,
+        other => return Err(("spec.type".into(), format!("{other:?} is not ClusterSetIP or Headless"))),
+    };
+    let ips = (spec.ips.iter().enumerate())
+        .map(|(i, text)| ip(format!("spec.ips[{i}]"), text))
+        .collect::<Result<Vec<_>, _>>()?;
+    if ips.len() > 2 || (ips.len() == 2 && ips[0].is_ipv4() == ips[1].is_ipv4()) {
+        return Err(("spec.ips".into(), "at most one address of each IP family".into()));
+    }
+    let ports = (spec.ports.iter().enumerate())
+        .map(|(i, p)| {
+            Ok(ImportPort {
+                name: p.name.clone().unwrap_or_default(),
+                protocol: protocol(format!("spec.ports[{i}].protocol"), p.protocol.as_deref())?,
+                port: port(format!("spec.ports[{i}].port"), p.port)?,
+            })
+        })
+        .collect::<Result<Vec<_>, FieldError>>()?;
+    Ok(ServiceImport {
+        key: m.metadata.key(),
+        import_type,
+        ips,
+        ports,
+        session_affinity_timeout: session_affinity(
+            spec.session_affinity.as_deref(),
+            spec.session_affinity_config.as_ref(),
+        )?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{parse, Object};
+    use crate::model::{ClusterAffinity, ImportType};
+
+    #[test]
+    fn an_export_is_read_with_its_age_and_exported_metadata() {
+        let text = "apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceExport\n\
+                    metadata: {name: web, namespace: shop, creationTimestamp: '2026-12-07T09:00:00Z',\n\
+                    annotations: {service.kpx.io/affinity: local}}\n\
+                    spec: {exportedLabels: {tier: web}}\n";
+        let Some(Ok(Object::ServiceExport(e))) = parse(text).pop() else { panic!("not an export") };
+        assert_eq!(e.key.to_string(), "shop/web");
+        assert_eq!(e.created, 1_796_634_000);
+        assert_eq!(e.labels.get("tier").map(String::as_str), Some("web"));
+        assert_eq!(e.cluster_affinity, ClusterAffinity::Local);
+        let bad = text.replace("2026-12-07T09:00:00Z", "yesterday");
+        let Some(Err(e)) = parse(&bad).pop() else { panic!("not an error") };
+        assert_eq!(e.field, "metadata.creationTimestamp");
+        assert!(e.to_string().contains("ServiceExport shop/web"), "{e}");
+    }
+
+    #[test]
+    fn an_import_is_read_and_a_bad_field_is_named() {
+        let text = "apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceImport\n\
+                    metadata: {name: web, namespace: shop}\n\
+                    spec: {type: ClusterSetIP, ips: [10.200.0.10], sessionAffinity: ClientIP,\n\
+                    ports: [{name: http, protocol: TCP, port: 80}, {name: dns, protocol: UDP, port: 53}]}\n";
+        let Some(Ok(Object::ServiceImport(i))) = parse(text).pop() else { panic!("not an import") };
+        assert_eq!(i.import_type, ImportType::ClusterSetIp);
+        assert_eq!(i.ips, ["10.200.0.10".parse::<std::net::IpAddr>().expect("ip")]);
+        assert_eq!(i.ports.len(), 2);
+        assert_eq!(i.session_affinity_timeout, Some(10800));
+        for (from, to, field) in [
+            ("type: ClusterSetIP", "type: NodePort", "spec.type"),
+            ("ips: [10.200.0.10]", "ips: [10.200.0.10, 10.200.0.11]", "spec.ips"),
+            ("ips: [10.200.0.10]", "ips: [ten]", "spec.ips[0]"),
+            ("port: 53", "port: 70000", "spec.ports[1].port"),
+            ("protocol: UDP", "protocol: ICMP", "spec.ports[1].protocol"),
+        ] {
+            let Some(Err(e)) = parse(&text.replace(from, to)).pop() else { panic!("{to}: not an error") };
+            assert_eq!(e.field, field, "{to}: {e}");
+        }
+    }
+}
