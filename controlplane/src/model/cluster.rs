@@ -39,13 +39,17 @@ pub struct Touched {
     /// Of those, the ones marked global (before or after the change): the same
     /// namespace/name in other clusters may draw on them.
     pub shared: BTreeSet<ObjectKey>,
+    /// Names whose ServiceExport or ServiceImport changed, or whose Service or slices
+    /// changed while this cluster exports the name: every cluster's import of the name
+    /// may differ.
+    pub exported: BTreeSet<ObjectKey>,
     /// Nodes whose object changed, came or went.
     pub nodes: BTreeSet<String>,
 }
 
 impl Touched {
     pub fn is_empty(&self) -> bool {
-        self.services.is_empty() && self.nodes.is_empty()
+        self.services.is_empty() && self.nodes.is_empty() && self.exported.is_empty()
     }
 }
 
@@ -102,6 +106,10 @@ impl Cluster {
         self.service(key).is_some_and(|s| s.global)
     }
 
+    fn is_exported(&self, key: &ObjectKey) -> bool {
+        self.state.exports.contains_key(key)
+    }
+
     /// Applies per-object changes; an upsert equal to what is known touches nothing.
     pub fn apply(&mut self, changes: ObjectChanges) -> Touched {
         let mut touched = Touched::default();
@@ -112,6 +120,9 @@ impl Cluster {
             }
             if old.is_some_and(|s| s.global) || new.as_ref().is_some_and(|s| s.global) {
                 touched.shared.insert(key.clone());
+            }
+            if self.is_exported(&key) {
+                touched.exported.insert(key.clone());
             }
             touched.services.insert(key.clone());
             match new {
@@ -146,7 +157,28 @@ impl Cluster {
                 if self.is_global(&svc) {
                     touched.shared.insert(svc.clone());
                 }
+                if self.is_exported(&svc) {
+                    touched.exported.insert(svc.clone());
+                }
                 touched.services.insert(svc);
+            }
+        }
+        for (key, new) in changes.exports {
+            if self.state.exports.get(&key) != new.as_ref() {
+                match new {
+                    Some(export) => self.state.exports.insert(key.clone(), export),
+                    None => self.state.exports.remove(&key),
+                };
+                touched.exported.insert(key);
+            }
+        }
+        for (key, new) in changes.imports {
+            if self.state.imports.get(&key) != new.as_ref() {
+                match new {
+                    Some(import) => self.state.imports.insert(key.clone(), import),
+                    None => self.state.imports.remove(&key),
+                };
+                touched.exported.insert(key);
             }
         }
         for (name, new) in changes.nodes {
@@ -191,6 +223,10 @@ impl Cluster {
             }
         }
         touched.shared = touched.services.iter().filter(|k| global(k)).cloned().collect();
+        let exported = |key: &ObjectKey| old.exports.contains_key(key) || new.exports.contains_key(key);
+        touched.exported = touched.services.iter().filter(|k| exported(k)).cloned().collect();
+        touched.exported.extend(changed_keys(&old.exports, &new.exports).into_iter().cloned());
+        touched.exported.extend(changed_keys(&old.imports, &new.imports).into_iter().cloned());
         touched.nodes = changed_keys(&old.nodes, &new.nodes).into_iter().cloned().collect();
         if old.service_ranges() != new.service_ranges() {
             touched.nodes.extend(new.nodes.keys().cloned());

@@ -310,3 +310,118 @@ fn views_in_parts_are_the_views_of_everything() {
     t.views_in_parts(&touched, 2, |part| nodes_only.push(part));
     assert_eq!((nodes_only.len(), nodes_only[0].node_configs.len()), (1, 1), "a part even without Services");
 }
+
+/// `ns/web`'s ServiceExport, made at `created` (RFC 3339).
+fn export(created: &str) -> String {
+    format!(
+        "apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceExport\n\
+         metadata: {{name: web, namespace: ns, creationTimestamp: '{created}'}}\n---\n"
+    )
+}
+
+/// `ns/web`'s ServiceImport of `import_type` at `ips`.
+fn import(import_type: &str, ips: &str) -> String {
+    format!(
+        "apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceImport\nmetadata: {{name: web, namespace: ns}}\n\
+         spec: {{type: {import_type}, ips: [{ips}], ports: [{{name: http, protocol: TCP, port: 80}}]}}\n---\n"
+    )
+}
+
+/// The endpoints of the import view `name` among `changes`' views, as "address@cluster"
+/// (`home` for the importing cluster's own); `None` when it is not served.
+fn import_endpoints(t: &mut Tracker, changes: &ChangeSet, name: &str) -> Option<Vec<String>> {
+    let views = t.views(changes);
+    let (_, views) = views.services.into_iter().find(|(n, _)| n == name)?;
+    let view = views?.default;
+    assert_eq!(view.cluster_ips[0].to_string(), "10.200.0.10", "{name}: at the ClusterSetIP");
+    Some(
+        (view.ports[0].endpoints.iter())
+            .map(|e| format!("{}@{}", e.address, if e.cluster().is_empty() { "home" } else { e.cluster() }))
+            .collect(),
+    )
+}
+
+#[test]
+fn an_import_is_served_over_the_endpoints_of_every_valid_export_and_follows_them() {
+    let east = format!(
+        "{}{}{}",
+        service("web", "", &["10.1.0.1"], "ne"),
+        export("2026-01-01T00:00:00Z"),
+        import("ClusterSetIP", "10.200.0.10")
+    );
+    let west = format!("{}{}", service("web", "", &["10.2.0.1"], "nw"), export("2026-02-01T00:00:00Z"));
+    let south = import("ClusterSetIP", "10.200.0.10");
+    let mut t = tracker(&[("east", &east), ("west", &west), ("south", &south)]);
+    let all = t.everything();
+    assert_eq!(
+        import_endpoints(&mut t, &all, "east/ns/web.clusterset").expect("east imports"),
+        ["10.1.0.1@home", "10.2.0.1@west"]
+    );
+    assert_eq!(
+        import_endpoints(&mut t, &all, "south/ns/web.clusterset").expect("south imports"),
+        ["10.1.0.1@east", "10.2.0.1@west"],
+        "a cluster that exports nothing gets every exporter's endpoints"
+    );
+    assert!(import_endpoints(&mut t, &all, "west/ns/web.clusterset").is_none(), "west holds no import");
+
+    // A change of an exported Service's slices touches every cluster's import.
+    let mut changes = ChangeSet::default();
+    t.apply("west", SourceEvent::Apply(upserts(&service("web", "", &["10.2.0.9"], "nw"))), &mut changes);
+    assert_eq!(
+        touched(&changes),
+        ["east/ns/web.clusterset", "south/ns/web.clusterset", "west/ns/web", "west/ns/web.clusterset"]
+    );
+    assert_eq!(
+        import_endpoints(&mut t, &changes, "south/ns/web.clusterset").expect("served"),
+        ["10.1.0.1@east", "10.2.0.9@west"]
+    );
+
+    // Unexported in west: its endpoints leave the imports.
+    let mut changes = ChangeSet::default();
+    let unexport = ObjectChanges { exports: [(key("web"), None)].into(), ..Default::default() };
+    t.apply("west", SourceEvent::Apply(unexport), &mut changes);
+    assert_eq!(
+        import_endpoints(&mut t, &changes, "east/ns/web.clusterset").expect("served"),
+        ["10.1.0.1@home"]
+    );
+
+    // Exported again over an ExternalName Service: not valid, no endpoints of west.
+    let external = "kind: Service\nmetadata: {name: web, namespace: ns}\nspec: {type: ExternalName, externalName: web.example}\n---\n";
+    let mut changes = ChangeSet::default();
+    t.apply(
+        "west",
+        SourceEvent::Apply(upserts(&format!("{external}{}", export("2026-02-01T00:00:00Z")))),
+        &mut changes,
+    );
+    assert_eq!(
+        import_endpoints(&mut t, &changes, "east/ns/web.clusterset").expect("served"),
+        ["10.1.0.1@home"]
+    );
+
+    // West valid again, then withdrawn: east's import keeps its own endpoints only.
+    let mut changes = ChangeSet::default();
+    t.apply("west", SourceEvent::Apply(upserts(&service("web", "", &["10.2.0.9"], "nw"))), &mut changes);
+    assert_eq!(
+        import_endpoints(&mut t, &changes, "east/ns/web.clusterset").expect("served"),
+        ["10.1.0.1@home", "10.2.0.9@west"]
+    );
+    let mut changes = ChangeSet::default();
+    t.set_withdrawn(["west".to_owned()].into(), &mut changes);
+    assert_eq!(
+        import_endpoints(&mut t, &changes, "east/ns/web.clusterset").expect("served"),
+        ["10.1.0.1@home"]
+    );
+    t.set_withdrawn(BTreeSet::new(), &mut ChangeSet::default());
+
+    // Headless, or no valid export anywhere: no view; the import deleted: none either.
+    let mut changes = ChangeSet::default();
+    t.apply("east", SourceEvent::Apply(upserts(&import("Headless", ""))), &mut changes);
+    assert!(
+        import_endpoints(&mut t, &changes, "east/ns/web.clusterset").is_none(),
+        "headless: nothing to program"
+    );
+    let mut changes = ChangeSet::default();
+    let gone = ObjectChanges { imports: [(key("web"), None)].into(), ..Default::default() };
+    t.apply("south", SourceEvent::Apply(gone), &mut changes);
+    assert!(import_endpoints(&mut t, &changes, "south/ns/web.clusterset").is_none(), "no import: no view");
+}

@@ -6,7 +6,9 @@
 //!   belongs to (before and after, if it moved);
 //! - a change of a Service marked global also touches the same namespace/name in every
 //!   other cluster (whose global Service may draw on it);
-//! - a change of the withdrawn clusters touches every global Service;
+//! - a change of a ServiceExport or ServiceImport, or of an exported Service or its
+//!   slices, touches the import of that name in every cluster;
+//! - a change of the withdrawn clusters touches every global Service and every import;
 //! - a Node change touches that node's config; if the node changed zones, every Service
 //!   whose views vary by locality is computed again (rare); a change of its home cluster
 //!   changes only which Services it gets, which the snapshot looks up.
@@ -26,7 +28,7 @@ pub type ServiceRef = (String, ObjectKey);
 /// What events touched since the last snapshot.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ChangeSet {
-    /// Services whose views may differ.
+    /// Services whose views may differ (and imports, by [`crate::mcs::import_key`]).
     pub services: BTreeSet<ServiceRef>,
     /// Nodes whose config may differ.
     pub nodes: BTreeSet<String>,
@@ -100,6 +102,10 @@ impl Tracker {
                 }
             }
         }
+        for key in touched.exported {
+            let import = crate::mcs::import_key(&key);
+            into.services.extend(self.clusters.keys().map(|peer| (peer.clone(), import.clone())));
+        }
         for node in touched.nodes {
             let moved = self.placement.place(&node, &self.clusters);
             into.zones_moved |= moved.zone;
@@ -120,6 +126,8 @@ impl Tracker {
         for (cluster, model) in &self.clusters {
             let global = model.state().services.iter().filter(|(_, s)| s.global);
             into.services.extend(global.map(|(key, _)| (cluster.clone(), key.clone())));
+            let imports = model.state().imports.keys().map(crate::mcs::import_key);
+            into.services.extend(imports.map(|key| (cluster.clone(), key)));
         }
     }
 
@@ -132,6 +140,8 @@ impl Tracker {
         let mut all = ChangeSet::default();
         for (cluster, model) in &self.clusters {
             all.services.extend(model.state().services.keys().map(|key| (cluster.clone(), key.clone())));
+            let imports = model.state().imports.keys().map(crate::mcs::import_key);
+            all.services.extend(imports.map(|key| (cluster.clone(), key)));
             all.nodes.extend(model.state().nodes.keys().cloned());
         }
         all

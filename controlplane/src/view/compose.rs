@@ -1,8 +1,8 @@
 //! Composition across clusters: which EndpointSlices a Service's views are built from
 //! (its own cluster's and, for a global Service, those of the other clusters that mark
-//! the same namespace/name global and are not withdrawn), which Node object gives a
-//! node its config (its home cluster's), and the views of the Services and nodes a
-//! change touched.
+//! the same namespace/name global and are not withdrawn; for an import, see
+//! [`super::import`]), which Node object gives a node its config (its home cluster's),
+//! and the views of the Services, imports and nodes a change touched.
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
@@ -59,8 +59,12 @@ impl<'a> Inputs<'a> {
             .collect()
     }
 
-    /// The views of Service `key` of `cluster`; `None` when kpx does not serve it.
+    /// The views of Service `key` of `cluster` (or of its import, for a key of
+    /// [`crate::mcs::import_key`]); `None` when kpx does not serve it.
     pub fn service_views(&self, cluster: &str, key: &ObjectKey) -> Option<ServiceViews> {
+        if let Some(import) = crate::mcs::imported(key) {
+            return self.import_views(cluster, &import);
+        }
         let model = self.clusters.get(cluster)?;
         let svc = model.service(key).filter(|s| is_proxied(s))?;
         let own = model.slices_of(key);
@@ -96,12 +100,18 @@ impl<'a> Inputs<'a> {
         }
     }
 
-    /// The views of every Service and the config of every node (a whole rebuild).
+    /// The views of every Service and import, and the config of every node (a whole rebuild).
     pub fn all(&self) -> ViewChanges {
+        let imports: Vec<(&str, ObjectKey)> = (self.clusters.iter())
+            .flat_map(|(c, model)| {
+                model.state().imports.keys().map(move |k| (c.as_str(), crate::mcs::import_key(k)))
+            })
+            .collect();
         let services = self
             .clusters
             .iter()
-            .flat_map(|(c, model)| model.state().services.keys().map(move |key| (c.as_str(), key)));
+            .flat_map(|(c, model)| model.state().services.keys().map(move |key| (c.as_str(), key)))
+            .chain(imports.iter().map(|(c, k)| (*c, k)));
         let nodes: BTreeSet<&str> =
             self.clusters.values().flat_map(|m| m.state().nodes.keys().map(String::as_str)).collect();
         self.changes(services, nodes)

@@ -21,6 +21,7 @@
 //! hints for such Services anyway.
 
 mod compose;
+mod import;
 mod placement;
 mod select;
 #[cfg(test)]
