@@ -73,7 +73,9 @@ fn nothing_is_served_until_every_initial_list_is_complete() {
         (watching && c.api.requests("list", Kind::EndpointSlice) > 0).then_some(())
     });
     cp.wait_event("the control plane to wait for the lists", DEADLINE, |e| {
-        e["message"] == "waiting for the initial lists of Services, EndpointSlices, Nodes and ServiceCIDRs"
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("waiting for the initial lists of Services, EndpointSlices"))
     });
     // The Service is known, its endpoints are not: serving it now would program a Service
     // without endpoints (rejecting traffic). Nothing is served at all.
@@ -123,6 +125,8 @@ fn rbac_covers_what_was_asked(api: &FakeApiServer) {
             (Kind::EndpointSlice, "discovery.k8s.io/endpointslices"),
             (Kind::Node, "/nodes"),
             (Kind::ServiceCidr, "networking.k8s.io/servicecidrs"),
+            (Kind::ServiceExport, "multicluster.x-k8s.io/serviceexports"),
+            (Kind::ServiceImport, "multicluster.x-k8s.io/serviceimports"),
         ] {
             for verb in ["list", "watch"] {
                 // An API server without ServiceCIDRs is only asked for their list.
@@ -137,7 +141,7 @@ fn rbac_covers_what_was_asked(api: &FakeApiServer) {
         let beyond: Vec<_> =
             granted.iter().filter(|g| !g.ends_with(":list") && !g.ends_with(":watch")).collect();
         assert_eq!(beyond, ["authentication.k8s.io/tokenreviews:create"], "{how}: nothing else is granted");
-        assert_eq!(granted.len(), 9, "{how}: list/watch of the four kinds and TokenReviews: {granted:?}");
+        assert_eq!(granted.len(), 13, "{how}: list/watch of the six kinds and TokenReviews: {granted:?}");
     }
 }
 
@@ -271,9 +275,10 @@ fn a_forbidden_service_cidr_list_is_logged_and_everything_else_served() {
     let _dp = c.t.start_dataplane();
     c.t.wait_answered_by("10.96.0.10", 80, "pod0");
     let warning = cp.wait_event("the warning about ServiceCIDRs", DEADLINE, |e| {
-        e["message"].as_str().is_some_and(|m| m.starts_with("not allowed to list ServiceCIDRs"))
+        e["message"].as_str().is_some_and(|m| m.starts_with("not allowed to list servicecidrs"))
     });
     assert_eq!(warning["level"], "WARN", "{warning}");
+    assert_eq!(warning["resource"], "servicecidrs.networking.k8s.io/v1", "{warning}");
 }
 
 /// ServiceCIDRs (`networking.k8s.io/v1`) reach every node's config, listed and then

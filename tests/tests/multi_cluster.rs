@@ -1,15 +1,16 @@
 //! One control plane, two clusters (two API servers speaking list/watch): a node
-//! of cluster east, a Service marked global in both, traffic that proves which
-//! cluster's endpoints the node uses, and a cluster lost for longer than the
-//! grace period.
+//! of cluster east, a Service marked global in both, or exported in both and imported
+//! at a ClusterSetIP (Multi-Cluster Services), traffic that proves which cluster's
+//! endpoints the node uses, and a cluster lost for longer than the grace period.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use kpx_e2e::harness::fake_apiserver::FakeApiServer;
+use kpx_e2e::harness::fake_apiserver::{FakeApiServer, Kind};
+use kpx_e2e::harness::kernel_rules::tcp_cluster_ips;
 use kpx_e2e::harness::manifests::{documents, ep, service, slice};
 use kpx_e2e::harness::process::KpxProcess;
-use kpx_e2e::harness::topology::{node_yaml, sock, Topology, NODE_NAME};
+use kpx_e2e::harness::topology::{node_yaml, sock, ProxyBackend, Topology, NODE_NAME};
 use kpx_e2e::harness::traffic::{tcp_request, Answer, Backend};
 use kpx_e2e::DEADLINE;
 
@@ -54,7 +55,12 @@ impl Clusters {
 
     /// The endpoints this node's view of test/web has, as "address@cluster".
     fn endpoints(&self) -> Vec<String> {
-        let out = self.t.kpxctl(&["endpoints", "test/web", "--node", NODE_NAME, "-o", "json"]);
+        self.endpoints_of("test/web")
+    }
+
+    /// The endpoints this node's view of `service` has, as "address@cluster".
+    fn endpoints_of(&self, service: &str) -> Vec<String> {
+        let out = self.t.kpxctl(&["endpoints", service, "--node", NODE_NAME, "-o", "json"]);
         if !out.status.success() {
             return vec![format!("kpxctl failed: {}", String::from_utf8_lossy(&out.stderr).trim())];
         }
@@ -72,21 +78,30 @@ impl Clusters {
     }
 
     fn wait_endpoints(&self, want: &[String]) {
+        self.wait_endpoints_of("test/web", want);
+    }
+
+    fn wait_endpoints_of(&self, service: &str, want: &[String]) {
         let mut last = Vec::new();
         let deadline = Instant::now() + DEADLINE;
         while Instant::now() < deadline {
-            last = self.endpoints();
+            last = self.endpoints_of(service);
             if last == want {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("node-a's view of test/web: {last:?}, not {want:?}");
+        panic!("node-a's view of {service}: {last:?}, not {want:?}");
     }
 
-    /// Every one of `n` connections is answered by `pod`.
+    /// Every one of `n` connections to the Service's ClusterIP is answered by `pod`.
     fn all_answered_by(&self, pod: &str, n: usize) {
-        let to = sock(VIP, 80);
+        self.all_at_answered_by(VIP, pod, n);
+    }
+
+    /// Every one of `n` connections to `vip`:80 is answered by `pod`.
+    fn all_at_answered_by(&self, vip: &str, pod: &str, n: usize) {
+        let to = sock(vip, 80);
         for _ in 0..n {
             assert_eq!(self.t.client.run_in(move || tcp_request(to)), Answer::From(pod.into()));
         }
@@ -165,4 +180,76 @@ fn a_lost_clusters_endpoints_are_withdrawn_after_the_grace_period_and_come_back(
     c.west.restart();
     c.wait_endpoints(&both);
     c.t.wait_answered_by(VIP, 80, "pod1");
+}
+
+const CLUSTERSET_IP: &str = "10.200.0.10";
+
+/// test/web's ServiceExport.
+const EXPORT: &str = "apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceExport\nmetadata: {name: web, namespace: test}\n";
+
+/// test/web's ServiceImport of `import_type`, at the ClusterSetIP unless headless.
+fn import(import_type: &str) -> String {
+    let ips = if import_type == "Headless" { String::new() } else { format!("ips: [{CLUSTERSET_IP}], ") };
+    format!(
+        "apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceImport\nmetadata: {{name: web, namespace: test}}\n\
+         spec: {{type: {import_type}, {ips}ports: [{{name: http, protocol: TCP, port: 80}}]}}\n"
+    )
+}
+
+/// Whether the kernel of this node holds any rule for the ClusterSetIP.
+fn clusterset_ip_in_kernel(c: &Clusters) -> bool {
+    tcp_cluster_ips(&c.t.node, ProxyBackend::Nftables)
+        .keys()
+        .any(|k| k.starts_with(&format!("{CLUSTERSET_IP}:")))
+}
+
+#[test]
+fn a_clusterset_ip_import_is_answered_by_both_clusters_and_follows_their_exports() {
+    let c = clusters();
+    c.east.apply_yaml(&web("", &pod(0), NODE_NAME, true));
+    c.west.apply_yaml(&web("", &pod(1), "node-w", true));
+    c.east.apply_yaml(EXPORT);
+    c.west.apply_yaml(EXPORT);
+    c.east.apply_yaml(&import("ClusterSetIP"));
+    let _cp = c.start_control_plane("5m");
+    let _dp = c.t.start_dataplane();
+    let both = [format!("{}@east", pod(0)), format!("{}@west", pod(1))];
+    c.wait_endpoints_of("test/web.clusterset", &both);
+    c.t.wait_answered_by(CLUSTERSET_IP, 80, "pod0");
+    c.t.wait_answered_by(CLUSTERSET_IP, 80, "pod1");
+    // The Service itself is not global: its ClusterIP keeps east's own endpoint.
+    c.all_answered_by("pod0", 10);
+
+    // Unexported in west: west's endpoint leaves the import.
+    c.west.delete(Kind::ServiceExport, "test", "web");
+    c.wait_endpoints_of("test/web.clusterset", &both[..1]);
+    c.all_at_answered_by(CLUSTERSET_IP, "pod0", 20);
+    c.west.apply_yaml(EXPORT);
+    c.wait_endpoints_of("test/web.clusterset", &both);
+
+    // West's Service turned ExternalName under its export: not valid, east's only.
+    let external = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: test}\n\
+                    spec: {type: ExternalName, externalName: web.example}\n";
+    c.west.apply_yaml(external);
+    c.wait_endpoints_of("test/web.clusterset", &both[..1]);
+    c.all_at_answered_by(CLUSTERSET_IP, "pod0", 20);
+
+    // A Headless import has no address to program; the import gone, neither.
+    c.east.apply_yaml(&import("Headless"));
+    kpx_e2e::wait_for("the headless import's rules to leave the kernel", DEADLINE, || {
+        (!clusterset_ip_in_kernel(&c)).then_some(())
+    });
+    c.east.apply_yaml(&import("ClusterSetIP"));
+    c.t.wait_answered_by(CLUSTERSET_IP, 80, "pod0");
+    c.east.delete(Kind::ServiceImport, "test", "web");
+    kpx_e2e::wait_for("the deleted import's rules to leave the kernel", DEADLINE, || {
+        (!clusterset_ip_in_kernel(&c)).then_some(())
+    });
+    let to = sock(CLUSTERSET_IP, 80);
+    let answer = c.t.client.run_in(move || tcp_request(to));
+    assert!(
+        !matches!(answer, Answer::From(_)),
+        "nothing answers at the ClusterSetIP once the import is gone: {answer:?}"
+    );
+    c.all_answered_by("pod0", 5);
 }

@@ -1,7 +1,8 @@
 //! A Kubernetes API server for tests: it speaks the list/watch protocol kube-rs
 //! uses (lists with a resourceVersion, chunked watch streams of JSON events,
 //! bookmarks, `410 Gone` for an expired resourceVersion) for Services,
-//! EndpointSlices, Nodes and ServiceCIDRs (the last only once a test asks: until then it
+//! EndpointSlices, Nodes, ServiceExports and ServiceImports (`multicluster.x-k8s.io/v1alpha1`,
+//! as once their CRDs are installed) and ServiceCIDRs (the last only once a test asks: until then it
 //! answers 404, as an API server without them does), answers TokenReviews of the tokens a test registered (as a
 //! real kube-apiserver answers them for pod-bound ServiceAccount tokens), and lets a test
 //! hold lists, expire history, drop watch connections and restart the server on the same
@@ -31,6 +32,8 @@ pub enum Kind {
     EndpointSlice,
     Node,
     ServiceCidr,
+    ServiceExport,
+    ServiceImport,
 }
 
 impl Kind {
@@ -40,6 +43,8 @@ impl Kind {
             "EndpointSlice" => Some(Kind::EndpointSlice),
             "Node" => Some(Kind::Node),
             "ServiceCIDR" => Some(Kind::ServiceCidr),
+            "ServiceExport" => Some(Kind::ServiceExport),
+            "ServiceImport" => Some(Kind::ServiceImport),
             _ => None,
         }
     }
@@ -48,6 +53,7 @@ impl Kind {
         match self {
             Kind::EndpointSlice => "discovery.k8s.io/v1",
             Kind::ServiceCidr => "networking.k8s.io/v1",
+            Kind::ServiceExport | Kind::ServiceImport => "multicluster.x-k8s.io/v1alpha1",
             _ => "v1",
         }
     }
@@ -58,6 +64,8 @@ impl Kind {
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
             Kind::ServiceCidr => "ServiceCIDR",
+            Kind::ServiceExport => "ServiceExport",
+            Kind::ServiceImport => "ServiceImport",
         }
     }
 }
@@ -178,6 +186,14 @@ impl FakeApiServer {
             .route("/apis/discovery.k8s.io/v1/endpointslices", get(|s, q| serve(s, q, Kind::EndpointSlice)))
             .route("/api/v1/nodes", get(|s, q| serve(s, q, Kind::Node)))
             .route("/apis/networking.k8s.io/v1/servicecidrs", get(|s, q| serve(s, q, Kind::ServiceCidr)))
+            .route(
+                "/apis/multicluster.x-k8s.io/v1alpha1/serviceexports",
+                get(|s, q| serve(s, q, Kind::ServiceExport)),
+            )
+            .route(
+                "/apis/multicluster.x-k8s.io/v1alpha1/serviceimports",
+                get(|s, q| serve(s, q, Kind::ServiceImport)),
+            )
             .route("/apis/authentication.k8s.io/v1/tokenreviews", post(token_review))
             .route("/api/v1/namespaces/{namespace}/services/{name}", get(get_service))
             .route("/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices", get(list_slices_of))
@@ -226,13 +242,25 @@ impl FakeApiServer {
         }
     }
 
+    /// Creates or replaces one object; as an API server does, it keeps the
+    /// `creationTimestamp` of the object it replaces, and sets one (now, to the second) on
+    /// an object it creates without one.
     pub fn apply(&self, mut object: Value) {
-        let kind = Kind::of(&object).expect("a Service, EndpointSlice or Node");
+        let kind = Kind::of(&object).expect("an object of a served kind");
         let mut state = self.lock();
         state.revision += 1;
         let revision = state.revision.to_string();
         object["metadata"]["resourceVersion"] = json!(revision);
-        let existed = state.objects.insert((kind, key_of(&object)), object.clone()).is_some();
+        let key = (kind, key_of(&object));
+        let created = match state.objects.get(&key) {
+            Some(old) => old["metadata"]["creationTimestamp"].clone(),
+            None => object["metadata"]
+                .get("creationTimestamp")
+                .cloned()
+                .unwrap_or_else(|| json!(jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string())),
+        };
+        object["metadata"]["creationTimestamp"] = created;
+        let existed = state.objects.insert(key, object.clone()).is_some();
         state.record(kind, if existed { "MODIFIED" } else { "ADDED" }, object);
     }
 
