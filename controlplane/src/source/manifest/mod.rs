@@ -131,6 +131,7 @@ fn read_value(document: usize, value: serde_yaml::Value, out: &mut Vec<Result<Ob
                 })
                 .map_err(|e| ManifestError { document, ..e }),
         ),
+        "EndpointSlice" if slice::is_mcs_slice(&value) => {}
         "EndpointSlice" => out.push(
             typed::<EndpointSliceManifest>(value, "EndpointSlice")
                 .and_then(|(m, label)| {

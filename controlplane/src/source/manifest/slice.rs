@@ -61,12 +61,28 @@ struct EndpointPortSpec {
     port: Option<i64>,
 }
 
+/// The label of an MCS EndpointSlice: the endpoints another cluster exports, written in
+/// the importing cluster for its ServiceImport (kpx reads those from their own cluster).
+const MCS_SERVICE_NAME_LABEL: &str = "multicluster.kubernetes.io/service-name";
+/// The label of a Service's own slices.
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// Whether a document is an MCS EndpointSlice (labelled for an import, not a Service):
+/// no Service's endpoints, and no error either.
+pub(super) fn is_mcs_slice(value: &serde_yaml::Value) -> bool {
+    let labels = value.get("metadata").and_then(|m| m.get("labels"));
+    let has = |label: &str| labels.and_then(|l| l.get(label)).is_some();
+    has(MCS_SERVICE_NAME_LABEL) && !has(SERVICE_NAME_LABEL)
+}
+
 pub(super) fn endpoint_slice(m: EndpointSliceManifest) -> Result<EndpointSlice, FieldError> {
     let key = m.metadata.key();
-    let service_name =
-        m.metadata.labels.get("kubernetes.io/service-name").cloned().ok_or_else(|| {
-            ("metadata.labels".to_owned(), "no kubernetes.io/service-name label".to_owned())
-        })?;
+    let service_name = m
+        .metadata
+        .labels
+        .get(SERVICE_NAME_LABEL)
+        .cloned()
+        .ok_or_else(|| ("metadata.labels".to_owned(), format!("no {SERVICE_NAME_LABEL} label")))?;
     let unused = |key: ObjectKey, service_name| {
         Ok(EndpointSlice {
             namespace: key.namespace,
@@ -135,6 +151,16 @@ mod tests {
         let results = parse(text);
         let Some(Ok(Object::EndpointSlice(slice))) = results.first() else { panic!("a slice: {results:?}") };
         assert!(slice.endpoints.is_empty() && slice.ports.is_empty(), "{slice:?}");
+    }
+
+    #[test]
+    fn an_mcs_slice_is_no_services_and_no_error() {
+        let text = "kind: EndpointSlice\nmetadata: {name: web-east-1, namespace: shop, labels: {multicluster.kubernetes.io/service-name: web}}\n\
+                    addressType: IPv4\nports: [{port: 80}]\nendpoints: [{addresses: [10.0.0.1]}]\n";
+        assert!(parse(text).is_empty(), "{:?}", parse(text));
+        let unlabelled = text.replace("multicluster.kubernetes.io/service-name: web", "app: web");
+        let err = parse(&unlabelled).remove(0).expect_err("a slice of no Service");
+        assert_eq!(err.field, "metadata.labels");
     }
 
     #[test]
