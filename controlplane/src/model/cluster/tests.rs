@@ -98,3 +98,33 @@ fn a_replace_touches_only_what_differs_and_rebuilds_the_index() {
     assert_eq!((names(&touched.services), touched.nodes.len()), (vec!["a"], 1));
     assert!(cluster.slices_of(&key("a")).is_empty());
 }
+
+#[test]
+fn an_export_import_or_exported_services_change_touches_the_name_for_imports() {
+    let export = |name: &str| crate::model::ServiceExport { key: key(name), ..Default::default() };
+    let mut cluster = Cluster::default();
+    let touched = cluster.apply(with(|c| {
+        c.services.insert(key("web"), Some(service("web", false)));
+        c.services.insert(key("db"), Some(service("db", false)));
+        c.exports.insert(key("web"), Some(export("web")));
+    }));
+    assert_eq!(names(&touched.exported), ["web"], "the export, not the unexported db");
+    let touched = cluster.apply(with(|c| {
+        c.slices.insert(key("web-1"), Some(slice("web-1", "web", "10.0.0.1")));
+        c.slices.insert(key("db-1"), Some(slice("db-1", "db", "10.0.0.2")));
+    }));
+    assert_eq!(names(&touched.exported), ["web"], "an exported Service's slice");
+    let import = crate::model::ServiceImport { key: key("db"), ..Default::default() };
+    let touched = cluster.apply(with(|c| {
+        c.imports.insert(key("db"), Some(import.clone()));
+    }));
+    assert_eq!(names(&touched.exported), ["db"], "an import, exported here or not");
+
+    // A replace touches the same: what differs, for exported or imported names only.
+    let mut next = cluster.state().clone();
+    next.exports.remove(&key("web"));
+    next.slices.insert(key("db-1"), slice("db-1", "db", "10.0.0.9"));
+    let touched = cluster.replace(next.clone());
+    assert_eq!(names(&touched.exported), ["web"], "web unexported; db's slice is no export's");
+    assert!(cluster.replace(next).is_empty(), "an identical replace touches nothing");
+}
