@@ -53,6 +53,18 @@ impl Touched {
     }
 }
 
+/// Upserts (`Some`) or removes (`None`) `key` in `map`; whether that changed it.
+fn set<K: Ord + Clone, V: PartialEq>(map: &mut BTreeMap<K, V>, key: &K, new: Option<V>) -> bool {
+    if map.get(key) == new.as_ref() {
+        return false;
+    }
+    match new {
+        Some(value) => map.insert(key.clone(), value),
+        None => map.remove(key),
+    };
+    true
+}
+
 /// The Service an EndpointSlice belongs to.
 fn owner(slice: &EndpointSlice) -> ObjectKey {
     ObjectKey { namespace: slice.namespace.clone(), name: slice.service_name.clone() }
@@ -164,40 +176,24 @@ impl Cluster {
             }
         }
         for (key, new) in changes.exports {
-            if self.state.exports.get(&key) != new.as_ref() {
-                match new {
-                    Some(export) => self.state.exports.insert(key.clone(), export),
-                    None => self.state.exports.remove(&key),
-                };
+            if set(&mut self.state.exports, &key, new) {
                 touched.exported.insert(key);
             }
         }
         for (key, new) in changes.imports {
-            if self.state.imports.get(&key) != new.as_ref() {
-                match new {
-                    Some(import) => self.state.imports.insert(key.clone(), import),
-                    None => self.state.imports.remove(&key),
-                };
+            if set(&mut self.state.imports, &key, new) {
                 touched.exported.insert(key);
             }
         }
         for (name, new) in changes.nodes {
-            if self.state.nodes.get(&name) == new.as_ref() {
-                continue;
+            if set(&mut self.state.nodes, &name, new) {
+                touched.nodes.insert(name);
             }
-            match new {
-                Some(node) => self.state.nodes.insert(name.clone(), node),
-                None => self.state.nodes.remove(&name),
-            };
-            touched.nodes.insert(name);
         }
         if !changes.service_cidrs.is_empty() {
             let ranges = self.state.service_ranges();
             for (name, new) in changes.service_cidrs {
-                match new {
-                    Some(cidr) => self.state.service_cidrs.insert(name, cidr),
-                    None => self.state.service_cidrs.remove(&name),
-                };
+                set(&mut self.state.service_cidrs, &name, new);
             }
             if self.state.service_ranges() != ranges {
                 // Every node's config carries the Service CIDRs.

@@ -18,11 +18,11 @@ use serde::Deserialize;
 
 use crate::model::{EndpointSlice, Node, ObjectKey, Service, ServiceCidr, ServiceExport, ServiceImport};
 pub use mcs::GROUP as MCS_GROUP;
-use mcs::{service_export, service_import, ServiceExportManifest, ServiceImportManifest};
-use node::{node, NodeManifest};
-use service::{service, ServiceManifest};
-use service_cidr::{service_cidr, ServiceCidrManifest};
-use slice::{endpoint_slice, EndpointSliceManifest};
+use mcs::{service_export, service_import};
+use node::node;
+use service::service;
+use service_cidr::service_cidr;
+use slice::endpoint_slice;
 
 /// The label that makes kube-proxy leave a Service, or an EndpointSlice, alone.
 const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
@@ -113,8 +113,6 @@ fn read_value(document: usize, value: serde_yaml::Value, out: &mut Vec<Result<Ob
         return;
     }
     let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_owned();
-    let fail =
-        |object: String, field: String, reason: String| ManifestError { document, object, field, reason };
     match kind.as_str() {
         "List" | "ServiceList" | "EndpointSliceList" | "NodeList" | "ServiceExportList"
         | "ServiceImportList" => {
@@ -124,59 +122,33 @@ fn read_value(document: usize, value: serde_yaml::Value, out: &mut Vec<Result<Ob
                 }
             }
         }
-        "Service" => out.push(
-            typed::<ServiceManifest>(value, "Service")
-                .and_then(|(m, label)| {
-                    service(m).map(Object::Service).map_err(|(field, reason)| fail(label, field, reason))
-                })
-                .map_err(|e| ManifestError { document, ..e }),
-        ),
+        "Service" => out.push(read_as(document, value, &kind, service, Object::Service)),
         "EndpointSlice" if slice::is_mcs_slice(&value) => {}
-        "EndpointSlice" => out.push(
-            typed::<EndpointSliceManifest>(value, "EndpointSlice")
-                .and_then(|(m, label)| {
-                    endpoint_slice(m)
-                        .map(Object::EndpointSlice)
-                        .map_err(|(field, reason)| fail(label, field, reason))
-                })
-                .map_err(|e| ManifestError { document, ..e }),
-        ),
-        "Node" => out.push(
-            typed::<NodeManifest>(value, "Node")
-                .and_then(|(m, label)| {
-                    node(m).map(Object::Node).map_err(|(field, reason)| fail(label, field, reason))
-                })
-                .map_err(|e| ManifestError { document, ..e }),
-        ),
-        "ServiceCIDR" => out.push(
-            typed::<ServiceCidrManifest>(value, "ServiceCIDR")
-                .and_then(|(m, label)| {
-                    service_cidr(m)
-                        .map(Object::ServiceCidr)
-                        .map_err(|(field, reason)| fail(label, field, reason))
-                })
-                .map_err(|e| ManifestError { document, ..e }),
-        ),
-        "ServiceExport" => out.push(
-            typed::<ServiceExportManifest>(value, "ServiceExport")
-                .and_then(|(m, label)| {
-                    service_export(m)
-                        .map(Object::ServiceExport)
-                        .map_err(|(field, reason)| fail(label, field, reason))
-                })
-                .map_err(|e| ManifestError { document, ..e }),
-        ),
-        "ServiceImport" => out.push(
-            typed::<ServiceImportManifest>(value, "ServiceImport")
-                .and_then(|(m, label)| {
-                    service_import(m)
-                        .map(Object::ServiceImport)
-                        .map_err(|(field, reason)| fail(label, field, reason))
-                })
-                .map_err(|e| ManifestError { document, ..e }),
-        ),
+        "EndpointSlice" => out.push(read_as(document, value, &kind, endpoint_slice, Object::EndpointSlice)),
+        "Node" => out.push(read_as(document, value, &kind, node, Object::Node)),
+        "ServiceCIDR" => out.push(read_as(document, value, &kind, service_cidr, Object::ServiceCidr)),
+        "ServiceExport" => out.push(read_as(document, value, &kind, service_export, Object::ServiceExport)),
+        "ServiceImport" => out.push(read_as(document, value, &kind, service_import, Object::ServiceImport)),
         _ => {}
     }
+}
+
+/// Reads document `document` of `kind` with its manifest type `M` and `reader`; an error
+/// names the document, the object and the field.
+fn read_as<M: for<'de> Deserialize<'de>, T>(
+    document: usize,
+    value: serde_yaml::Value,
+    kind: &str,
+    reader: fn(M) -> Result<T, FieldError>,
+    object: fn(T) -> Object,
+) -> Result<Object, ManifestError> {
+    let (manifest, label) = typed::<M>(value, kind).map_err(|e| ManifestError { document, ..e })?;
+    reader(manifest).map(object).map_err(|(field, reason)| ManifestError {
+        document,
+        object: label,
+        field,
+        reason,
+    })
 }
 
 /// Deserializes a document, naming the field path on error.
