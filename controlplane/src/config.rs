@@ -8,7 +8,8 @@ use ipnet::IpNet;
 use kpx_proto::cli::{parse_duration, LogFormat};
 use kpx_proto::tls::TlsFiles;
 
-use crate::source::SourceSpec;
+use crate::model::ObjectKey;
+use crate::source::{SourceKind, SourceSpec};
 
 #[derive(clap::Parser, Debug, Clone)]
 #[command(
@@ -62,9 +63,29 @@ pub struct Flags {
     /// The audience a node's ServiceAccount token must be bound to (TokenReview).
     #[arg(long, default_value = "kpx")]
     pub token_audience: String,
+    /// Be the clusterset's Multi-Cluster Services controller: allocate ClusterSetIPs from
+    /// this range and write ServiceImports and the conditions of ServiceExports to every
+    /// Kubernetes source. Repeatable, one range per IP family. Without it kpx writes
+    /// nothing and serves the ServiceImports another controller writes.
+    #[arg(long = "clusterset-cidr", value_name = "CIDR", value_parser = cidr)]
+    pub clusterset_cidrs: Vec<IpNet>,
+    /// The Lease (`NAMESPACE/NAME`, in the first Kubernetes source's cluster) that elects
+    /// the one replica that writes the MCS objects; every replica serves nodes.
+    #[arg(long, default_value = "kube-system/kpx-controlplane-mcs", value_parser = lease)]
+    pub mcs_lease: ObjectKey,
     /// Log format: human or json.
     #[arg(long, default_value = "human", value_parser = str::parse::<LogFormat>)]
     pub log_format: LogFormat,
+}
+
+/// A `--mcs-lease` value.
+fn lease(text: &str) -> Result<ObjectKey, String> {
+    match text.split_once('/') {
+        Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok(ObjectKey { namespace: namespace.into(), name: name.into() })
+        }
+        _ => Err(format!("{text:?} is not NAMESPACE/NAME")),
+    }
 }
 
 /// A `--cluster-cidr` value; host bits are cleared, as kube-proxy does.
@@ -85,6 +106,18 @@ pub enum ConfigError {
     Plaintext(SocketAddr),
     #[error("--admin-identity needs TLS (--tls-cert, --tls-key, --tls-client-ca): without it the admin API answers loopback clients only")]
     AdminWithoutTls,
+    #[error("--clusterset-cidr {0} and {1}: one range per IP family")]
+    ClustersetFamilies(IpNet, IpNet),
+    #[error("--clusterset-cidr needs a Kubernetes --source (kubeconfig: or in-cluster) to write ServiceImports to")]
+    ClustersetWithoutApi,
+}
+
+/// kpx as the clusterset's MCS controller (`--clusterset-cidr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McsController {
+    /// One range per family, IPv4 first.
+    pub clusterset_cidrs: Vec<IpNet>,
+    pub lease: ObjectKey,
 }
 
 /// How the gRPC port is secured.
@@ -110,6 +143,8 @@ pub struct Config {
     pub security: Security,
     pub admin_identities: Vec<String>,
     pub token_audience: String,
+    /// `None`: kpx writes no MCS object.
+    pub mcs: Option<McsController>,
 }
 
 impl Config {
@@ -129,6 +164,20 @@ impl Config {
         if !flags.admin_identities.is_empty() && security == Security::Plaintext {
             return Err(ConfigError::AdminWithoutTls);
         }
+        let mcs = match flags.clusterset_cidrs.as_slice() {
+            [] => None,
+            [a, b, ..] if a.addr().is_ipv4() == b.addr().is_ipv4() || flags.clusterset_cidrs.len() > 2 => {
+                return Err(ConfigError::ClustersetFamilies(*a, *b));
+            }
+            _ if !flags.sources.iter().any(|s| matches!(s.kind, SourceKind::Kube(_))) => {
+                return Err(ConfigError::ClustersetWithoutApi);
+            }
+            cidrs => {
+                let mut clusterset_cidrs = cidrs.to_vec();
+                clusterset_cidrs.sort_by_key(|c| !c.addr().is_ipv4());
+                Some(McsController { clusterset_cidrs, lease: flags.mcs_lease })
+            }
+        };
         let mut cluster_cidrs = flags.cluster_cidrs;
         cluster_cidrs.sort();
         cluster_cidrs.dedup();
@@ -142,6 +191,7 @@ impl Config {
             security,
             admin_identities: flags.admin_identities,
             token_audience: flags.token_audience,
+            mcs,
         })
     }
 }
@@ -155,6 +205,44 @@ mod tests {
         let mut all = vec!["kpx-controlplane", "--source=file:/tmp"];
         all.extend(args);
         Config::resolve(Flags::try_parse_from(all).expect("parses"))
+    }
+
+    #[test]
+    fn the_clusterset_cidrs_make_kpx_the_mcs_controller_of_its_kubernetes_sources() {
+        assert_eq!(
+            parse(&["--listen=127.0.0.1:18000"]).expect("valid").mcs,
+            None,
+            "no range: kpx writes nothing"
+        );
+        let err = parse(&["--listen=127.0.0.1:18000", "--clusterset-cidr=10.200.0.0/16"])
+            .expect_err("a file source only");
+        assert_eq!(err, ConfigError::ClustersetWithoutApi);
+        let mut all = vec![
+            "kpx-controlplane",
+            "--source=kubeconfig:/k",
+            "--clusterset-cidr=fd00:c5::/64",
+            "--insecure",
+        ];
+        all.extend(["--clusterset-cidr=10.200.0.0/16", "--mcs-lease=kpx/mcs"]);
+        let config = Config::resolve(Flags::try_parse_from(&all).expect("parses")).expect("valid");
+        let mcs = config.mcs.expect("the controller");
+        assert_eq!(mcs.clusterset_cidrs[0].to_string(), "10.200.0.0/16", "IPv4 first");
+        assert_eq!(mcs.lease.to_string(), "kpx/mcs");
+        all[2] = "--clusterset-cidr=10.201.0.0/16";
+        let err = Config::resolve(Flags::try_parse_from(&all).expect("parses")).expect_err("two IPv4");
+        assert_eq!(
+            err,
+            ConfigError::ClustersetFamilies(
+                "10.201.0.0/16".parse().expect("net"),
+                "10.200.0.0/16".parse().expect("net")
+            )
+        );
+        let err = Flags::try_parse_from(["kpx-controlplane", "--source=file:/a", "--mcs-lease=nons"])
+            .expect_err("bad");
+        assert!(
+            err.to_string().contains("--mcs-lease") && err.to_string().contains("NAMESPACE/NAME"),
+            "{err}"
+        );
     }
 
     #[test]

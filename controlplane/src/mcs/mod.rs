@@ -8,6 +8,7 @@
 //! which no Service can be called (a Service's name is a DNS label, without dots).
 
 pub mod allocate;
+pub mod plan;
 pub mod resolve;
 
 use crate::model::ObjectKey;

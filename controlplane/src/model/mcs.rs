@@ -24,6 +24,28 @@ pub struct ServiceExport {
     /// kpx's extension `service.kpx.io/affinity` on the export: which cluster's
     /// endpoints this cluster's nodes prefer for the import.
     pub cluster_affinity: ClusterAffinity,
+    /// `status.conditions` as the API holds them (what the MCS controller last wrote).
+    pub conditions: Vec<Condition>,
+}
+
+/// A condition of an MCS object's status (`metav1.Condition`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Condition {
+    /// `type`: `Valid`, `Conflict`, …
+    pub kind: String,
+    pub status: bool,
+    pub reason: String,
+    pub message: String,
+    /// `lastTransitionTime` as written (RFC 3339): kept while the status stays.
+    pub last_transition: String,
+}
+
+impl Condition {
+    /// Whether it says the same as `other`, whenever each was written.
+    pub fn means(&self, other: &Condition) -> bool {
+        (&self.kind, self.status, &self.reason, &self.message)
+            == (&other.kind, other.status, &other.reason, &other.message)
+    }
 }
 
 /// How an import is reached.
@@ -55,4 +77,12 @@ pub struct ServiceImport {
     pub ports: Vec<ImportPort>,
     /// `spec.sessionAffinity: ClientIP` with this timeout in seconds.
     pub session_affinity_timeout: Option<u32>,
+    /// Its labels, but for [`MANAGED_BY`].
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    /// Labelled [`MANAGED_BY`]: kpx wrote it, and deletes it when nothing is exported.
+    pub managed: bool,
 }
+
+/// The label (`key`, `value`) kpx puts on the ServiceImports it writes.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "kpx-controlplane");

@@ -10,7 +10,7 @@ mod mcs;
 
 pub use changes::{diff_by_key, ObjectChanges};
 pub use cluster::{Cluster, Touched};
-pub use mcs::{ImportPort, ImportType, ServiceExport, ServiceImport};
+pub use mcs::{Condition, ImportPort, ImportType, ServiceExport, ServiceImport, MANAGED_BY};
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use super::service::{cluster_affinity, session_affinity, SessionAffinityConfig};
 use super::{ip, port, protocol, FieldError, Metadata};
-use crate::model::{ImportPort, ImportType, ServiceExport, ServiceImport};
+use crate::model::{Condition, ImportPort, ImportType, ServiceExport, ServiceImport, MANAGED_BY};
 
 /// The API group of both kinds.
 pub const GROUP: &str = "multicluster.x-k8s.io";
@@ -17,6 +17,28 @@ pub(super) struct ServiceExportManifest {
     metadata: ExportMetadata,
     #[serde(default)]
     spec: ExportSpec,
+    #[serde(default)]
+    status: ExportStatus,
+}
+
+#[derive(Deserialize, Default)]
+struct ExportStatus {
+    #[serde(default)]
+    conditions: Vec<ConditionSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ConditionSpec {
+    #[serde(rename = "type")]
+    kind: String,
+    status: String,
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    message: String,
+    #[serde(default)]
+    last_transition_time: String,
 }
 
 #[derive(Deserialize)]
@@ -50,6 +72,15 @@ pub(super) fn service_export(m: ServiceExportManifest) -> Result<ServiceExport, 
         labels: m.spec.exported_labels,
         annotations: m.spec.exported_annotations,
         cluster_affinity: cluster_affinity(&m.metadata.common)?,
+        conditions: (m.status.conditions.into_iter())
+            .map(|c| Condition {
+                kind: c.kind,
+                status: c.status == "True",
+                reason: c.reason,
+                message: c.message,
+                last_transition: c.last_transition_time,
+            })
+            .collect(),
     })
 }
 
@@ -85,6 +116,8 @@ struct ImportPortSpec {
 
 pub(super) fn service_import(m: ServiceImportManifest) -> Result<ServiceImport, FieldError> {
     let spec = m.spec;
+    let mut labels = m.metadata.labels.clone();
+    let managed = labels.remove(MANAGED_BY.0).is_some_and(|v| v == MANAGED_BY.1);
     let import_type = match spec.import_type.as_str() {
         "ClusterSetIP" => ImportType::ClusterSetIp,
         "Headless" => ImportType::Headless,
@@ -114,6 +147,9 @@ pub(super) fn service_import(m: ServiceImportManifest) -> Result<ServiceImport, 
             spec.session_affinity.as_deref(),
             spec.session_affinity_config.as_ref(),
         )?,
+        labels,
+        annotations: m.metadata.annotations.clone(),
+        managed,
     })
 }
 

@@ -1,0 +1,187 @@
+use super::*;
+use crate::source::manifest::state_of;
+
+fn key() -> ObjectKey {
+    ObjectKey { namespace: "ns".into(), name: "web".into() }
+}
+
+/// Service ns/web with `port`, and its export made at `created`.
+fn exported(port: u16, created: &str) -> String {
+    format!(
+        "kind: Service\nmetadata: {{name: web, namespace: ns}}\nspec: {{clusterIP: 10.96.0.1, ports: [{{name: http, port: {port}}}]}}\n---\n\
+         apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceExport\nmetadata: {{name: web, namespace: ns, creationTimestamp: '{created}'}}\n---\n"
+    )
+}
+
+fn models(clusters: &[(&str, String)]) -> BTreeMap<String, Cluster> {
+    clusters.iter().map(|(c, yaml)| ((*c).to_owned(), Cluster::new(state_of(yaml)))).collect()
+}
+
+fn writable(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|n| (*n).to_owned()).collect()
+}
+
+fn cidrs() -> Vec<IpNet> {
+    vec!["10.200.0.0/24".parse().expect("cidr")]
+}
+
+/// The clusters' models after `plan`'s writes took effect, as the API would hold them.
+fn written(mut clusters: BTreeMap<String, Cluster>, plan: &Plan) -> BTreeMap<String, Cluster> {
+    let mut changes: BTreeMap<String, crate::model::ObjectChanges> = BTreeMap::new();
+    for write in &plan.writes {
+        match write {
+            Write::ApplyImport { cluster, key, import } => {
+                let held = ServiceImport {
+                    key: key.clone(),
+                    import_type: import.import_type,
+                    ips: import.ips.clone(),
+                    ports: import.ports.clone(),
+                    session_affinity_timeout: import.session_affinity_timeout,
+                    labels: import.labels.clone(),
+                    annotations: import.annotations.clone(),
+                    managed: true,
+                };
+                changes.entry(cluster.clone()).or_default().imports.insert(key.clone(), Some(held));
+            }
+            Write::DeleteImport { cluster, key } => {
+                changes.entry(cluster.clone()).or_default().imports.insert(key.clone(), None);
+            }
+            Write::ExportConditions { cluster, key, conditions } => {
+                let model = &clusters[cluster];
+                let export = model.state().exports[key].clone();
+                let export = crate::model::ServiceExport { conditions: conditions.clone(), ..export };
+                changes.entry(cluster.clone()).or_default().exports.insert(key.clone(), Some(export));
+            }
+        }
+    }
+    for (cluster, change) in changes {
+        clusters.get_mut(&cluster).expect("a cluster").apply(change);
+    }
+    clusters
+}
+
+fn condition<'a>(plan: &'a Plan, cluster: &str, kind: &str) -> &'a Condition {
+    plan.writes
+        .iter()
+        .find_map(|w| match w {
+            Write::ExportConditions { cluster: c, conditions, .. } if c == cluster => {
+                conditions.iter().find(|k| k.kind == kind)
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no {kind} condition for {cluster}: {plan:?}"))
+}
+
+#[test]
+fn every_cluster_gets_one_import_at_one_address_and_then_nothing_is_written() {
+    let clusters = models(&[
+        ("east", exported(80, "2026-01-01T00:00:00Z")),
+        ("west", exported(80, "2026-02-01T00:00:00Z")),
+        ("south", String::new()),
+    ]);
+    let all = writable(&["east", "south", "west"]);
+    let first = plan(&clusters, &all, &cidrs(), "T1");
+    let imports: Vec<(&str, &ImportObject)> = (first.writes.iter())
+        .filter_map(|w| match w {
+            Write::ApplyImport { cluster, import, .. } => Some((cluster.as_str(), import)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(imports.iter().map(|(c, _)| *c).collect::<Vec<_>>(), ["east", "south", "west"]);
+    let ip = imports[0].1.ips[0];
+    assert!(cidrs()[0].contains(&ip), "{ip}");
+    assert!(imports.iter().all(|(_, i)| i.ips == [ip] && i.clusters == ["east", "west"]), "{imports:?}");
+    let valid = condition(&first, "west", "Valid");
+    assert!(valid.status && valid.last_transition == "T1", "{valid:?}");
+    assert!(!condition(&first, "east", "Conflict").status);
+
+    let clusters = written(clusters, &first);
+    assert_eq!(plan(&clusters, &all, &cidrs(), "T2").writes, [], "all written: nothing to write");
+}
+
+#[test]
+fn an_address_an_import_holds_is_kept_and_a_write_to_one_cluster_only_is_planned() {
+    let held = "apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceImport\n\
+                metadata: {name: web, namespace: ns, labels: {app.kubernetes.io/managed-by: kpx-controlplane}}\n\
+                spec: {type: ClusterSetIP, ips: [10.200.0.77], ports: [{name: http, protocol: TCP, port: 80}]}\n---\n";
+    let clusters = models(&[
+        ("east", format!("{}{held}", exported(80, "2026-01-01T00:00:00Z"))),
+        ("west", String::new()),
+    ]);
+    let p = plan(&clusters, &writable(&["east", "west"]), &cidrs(), "T1");
+    let applies: Vec<(&str, Vec<IpAddr>)> = (p.writes.iter())
+        .filter_map(|w| match w {
+            Write::ApplyImport { cluster, import, .. } => Some((cluster.as_str(), import.ips.clone())),
+            _ => None,
+        })
+        .collect();
+    let ip: IpAddr = "10.200.0.77".parse().expect("ip");
+    assert_eq!(
+        applies,
+        [("west", vec![ip])],
+        "east's import is as kpx would write it; west gets the same address"
+    );
+}
+
+#[test]
+fn conflicts_and_invalid_exports_are_conditions_on_every_export_and_kept_while_they_last() {
+    let external = "kind: Service\nmetadata: {name: web, namespace: ns}\nspec: {type: ExternalName, externalName: x.example}\n---\n\
+                    apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceExport\nmetadata: {name: web, namespace: ns}\n---\n";
+    let clusters = models(&[
+        ("east", exported(80, "2026-01-01T00:00:00Z")),
+        (
+            "west",
+            exported(80, "2026-02-01T00:00:00Z").replace("name: http, port: 80", "name: http, port: 8080"),
+        ),
+        ("north", external.to_owned()),
+    ]);
+    let all = writable(&["east", "north", "west"]);
+    let first = plan(&clusters, &all, &cidrs(), "T1");
+    for cluster in ["east", "west"] {
+        let conflict = condition(&first, cluster, "Conflict");
+        assert!(conflict.status && conflict.reason == "PortConflict", "{cluster}: {conflict:?}");
+        assert!(conflict.message.contains("east") && conflict.message.contains("west"), "{conflict:?}");
+    }
+    let invalid = condition(&first, "north", "Valid");
+    assert!(!invalid.status && invalid.reason == "InvalidServiceType", "{invalid:?}");
+
+    // Written, then west agrees: only west's and east's Conflict change; Valid keeps T1.
+    let clusters = written(clusters, &first);
+    let mut clusters = clusters;
+    let agree = state_of(&exported(80, "2026-02-01T00:00:00Z"));
+    let mut west = clusters["west"].state().clone();
+    west.services = agree.services;
+    clusters.get_mut("west").expect("west").replace(west);
+    let next = plan(&clusters, &all, &cidrs(), "T2");
+    let conflict = condition(&next, "west", "Conflict");
+    assert!(!conflict.status && conflict.last_transition == "T2", "{conflict:?}");
+    assert_eq!(condition(&next, "west", "Valid").last_transition, "T1", "Valid kept its time");
+    // Every export of the name carries the conflict, north's (not valid) too.
+    assert!(!condition(&next, "north", "Conflict").status);
+    assert_eq!(condition(&next, "north", "Valid").last_transition, "T1");
+    let clusters = written(clusters, &next);
+    assert_eq!(plan(&clusters, &all, &cidrs(), "T3").writes, [], "written: nothing more");
+}
+
+#[test]
+fn when_nothing_is_exported_kpx_deletes_the_imports_it_wrote_and_no_others() {
+    let clusters = models(&[("east", exported(80, "2026-01-01T00:00:00Z")), ("west", String::new())]);
+    let all = writable(&["east", "west"]);
+    let first = plan(&clusters, &all, &cidrs(), "T1");
+    let mut clusters = written(clusters, &first);
+    let mut east = clusters["east"].state().clone();
+    east.exports.clear();
+    // An import another controller wrote stays.
+    let other =
+        ServiceImport { key: ObjectKey { namespace: "ns".into(), name: "db".into() }, ..Default::default() };
+    east.imports.insert(other.key.clone(), other);
+    clusters.get_mut("east").expect("east").replace(east);
+    let p = plan(&clusters, &all, &cidrs(), "T2");
+    assert_eq!(
+        p.writes,
+        [
+            Write::DeleteImport { cluster: "east".into(), key: key() },
+            Write::DeleteImport { cluster: "west".into(), key: key() }
+        ]
+    );
+}
