@@ -31,6 +31,14 @@ pub struct ControlPlaneMetrics {
     pub unresponsive_closed: Counter,
     /// jemalloc's account of the heap, by kind (`memory::HeapStats`), read at each scrape.
     heap: Family<Labels, Gauge>,
+    /// 1 while this replica writes the MCS objects (`--clusterset-cidr`).
+    pub mcs_leader: Gauge,
+    /// Names imported across the clusterset, and those whose exports conflict.
+    pub mcs_imports: Gauge,
+    pub mcs_conflicts: Gauge,
+    /// MCS writes done and failed, by kind (`apply_import`, `delete_import`, `export_conditions`).
+    pub mcs_writes: Family<Labels, Counter>,
+    pub mcs_write_failures: Family<Labels, Counter>,
 }
 
 impl Default for ControlPlaneMetrics {
@@ -51,9 +59,31 @@ impl Default for ControlPlaneMetrics {
             refused_streams: Family::default(),
             unresponsive_closed: Counter::default(),
             heap: Family::default(),
+            mcs_leader: Gauge::default(),
+            mcs_imports: Gauge::default(),
+            mcs_conflicts: Gauge::default(),
+            mcs_writes: Family::default(),
+            mcs_write_failures: Family::default(),
         };
         let mut registry = Registry::default();
         registry.register("kpx_xds_streams", "Open delta xDS streams", m.streams.clone());
+        registry.register(
+            "kpx_mcs_leader",
+            "1 while this replica writes the Multi-Cluster Services objects",
+            m.mcs_leader.clone(),
+        );
+        registry.register("kpx_mcs_imports", "Names imported across the clusterset", m.mcs_imports.clone());
+        registry.register(
+            "kpx_mcs_conflicts",
+            "Imported names whose exports conflict",
+            m.mcs_conflicts.clone(),
+        );
+        registry.register("kpx_mcs_writes", "MCS objects written, by kind of write", m.mcs_writes.clone());
+        registry.register(
+            "kpx_mcs_write_failures",
+            "MCS writes that failed (each retried with backoff), by kind of write",
+            m.mcs_write_failures.clone(),
+        );
         registry.register(
             "kpx_xds_ack_latency_seconds",
             "From sending a response to its ACK or NACK",

@@ -15,7 +15,7 @@ use crate::admin::ControlPlaneAdminService;
 use crate::config::Config;
 use crate::metrics::ControlPlaneMetrics;
 use crate::probes;
-use crate::publisher::Publisher;
+use crate::publisher::{McsPlanning, Publisher};
 use crate::source::{self, kubernetes::TokenReviews, Prepared};
 use crate::trust::{self, TokenReviewer, Trust};
 use crate::xds;
@@ -55,7 +55,8 @@ pub async fn run(
             Prepared::File(_) => None,
         })
         .collect();
-    let reviewer = (!apis.is_empty()).then(|| Arc::new(TokenReviews::new(apis)) as Arc<dyn TokenReviewer>);
+    let reviewer =
+        (!apis.is_empty()).then(|| Arc::new(TokenReviews::new(apis.clone())) as Arc<dyn TokenReviewer>);
     for (spec, prepared) in args.sources.iter().zip(prepared) {
         reachability.insert(spec.cluster.clone(), source::spawn(&spec.cluster, prepared, events_tx.clone()));
     }
@@ -66,6 +67,29 @@ pub async fn run(
     let clusters = args.sources.iter().map(|s| s.cluster.clone());
     let (publisher, snapshot_rx, status_rx) =
         Publisher::new(clusters, options, args.cluster_grace_period, Arc::clone(&metrics));
+    let publisher = match (&args.mcs, apis.first()) {
+        (Some(mcs), Some((home, lease_client))) => {
+            let (plans, plans_rx) = tokio::sync::watch::channel(Arc::default());
+            let (leader, leader_rx) = tokio::sync::watch::channel(false);
+            let identity = crate::mcs::election::identity();
+            tracing::info!(cluster = home, lease = %mcs.lease, identity, clusterset_cidrs = ?mcs.clusterset_cidrs, "the clusterset's MCS controller: electing the writer");
+            tokio::spawn(crate::mcs::election::run(
+                lease_client.clone(),
+                mcs.lease.clone(),
+                identity,
+                leader,
+            ));
+            let clients: BTreeMap<String, _> = apis.iter().cloned().collect();
+            let writable = clients.keys().cloned().collect();
+            tokio::spawn(crate::mcs::writer::run(clients, plans_rx, leader_rx, Arc::clone(&metrics)));
+            publisher.with_mcs(McsPlanning {
+                clusterset_cidrs: mcs.clusterset_cidrs.clone(),
+                writable,
+                plans,
+            })
+        }
+        _ => publisher,
+    };
     tokio::spawn(publisher.run(events, reachability));
     let router = metrics_router(Arc::clone(&metrics)).merge(probes::router(status_rx.clone()));
     tokio::spawn(async move {

@@ -45,12 +45,27 @@ fn clusters() -> Clusters {
 }
 
 impl Clusters {
-    fn start_control_plane(&self, grace: &str) -> KpxProcess {
-        let sources = [
+    fn sources(&self) -> [String; 2] {
+        [
             format!("east=kubeconfig:{}", self.kubeconfigs[0].display()),
             format!("west=kubeconfig:{}", self.kubeconfigs[1].display()),
+        ]
+    }
+
+    fn start_control_plane(&self, grace: &str) -> KpxProcess {
+        self.t.start_control_plane_from(&self.sources(), &[&format!("--cluster-grace-period={grace}")])
+    }
+
+    /// A control plane that is the clusterset's MCS controller, its gRPC on `listen` and
+    /// metrics on `metrics`.
+    fn start_mcs_controller(&self, listen: &str, metrics: &str) -> KpxProcess {
+        let extra = [
+            &format!("--listen={listen}") as &str,
+            &format!("--metrics-listen={metrics}"),
+            "--clusterset-cidr=10.200.0.0/24",
+            "--mcs-lease=kube-system/kpx-mcs",
         ];
-        self.t.start_control_plane_from(&sources, &[&format!("--cluster-grace-period={grace}")])
+        self.t.start_control_plane_from(&self.sources(), &extra)
     }
 
     /// The endpoints this node's view of test/web has, as "address@cluster".
@@ -252,4 +267,156 @@ fn a_clusterset_ip_import_is_answered_by_both_clusters_and_follows_their_exports
         "nothing answers at the ClusterSetIP once the import is gone: {answer:?}"
     );
     c.all_answered_by("pod0", 5);
+}
+
+const CONTROL_PLANE: (&str, &str) = ("127.0.0.1:18000", "127.0.0.1:18002");
+const REPLICA: (&str, &str) = ("127.0.0.1:18010", "127.0.0.1:18012");
+
+/// The address of `api`'s ServiceImport test/web, once it has one.
+fn import_ip(api: &FakeApiServer) -> Option<String> {
+    api.object(Kind::ServiceImport, "test", "web")?["spec"]["ips"][0].as_str().map(str::to_owned)
+}
+
+/// The condition `kind` of `api`'s ServiceExport test/web: (status, reason, message).
+fn export_condition(api: &FakeApiServer, kind: &str) -> Option<(String, String, String)> {
+    let export = api.object(Kind::ServiceExport, "test", "web")?;
+    let conditions = export["status"]["conditions"].as_array()?.clone();
+    let c = conditions.into_iter().find(|c| c["type"] == kind)?;
+    let text = |f: &str| c[f].as_str().unwrap_or_default().to_owned();
+    Some((text("status"), text("reason"), text("message")))
+}
+
+fn wait_condition(
+    api: &FakeApiServer,
+    cluster: &str,
+    kind: &str,
+    want: impl Fn(&(String, String, String)) -> bool,
+) {
+    let mut last = None;
+    let deadline = Instant::now() + DEADLINE;
+    while Instant::now() < deadline {
+        last = export_condition(api, kind);
+        if last.as_ref().is_some_and(&want) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{cluster}'s export of test/web: {kind} is {last:?}");
+}
+
+/// The MCS writes of `api` so far, leases left out.
+fn mcs_writes(api: &FakeApiServer) -> Vec<String> {
+    api.writes().into_iter().filter(|w| !w.contains("lease")).collect()
+}
+
+#[test]
+fn kpx_as_the_mcs_controller_imports_an_export_everywhere_and_says_why_not() {
+    let c = clusters();
+    c.east.apply_yaml(&web("", &pod(0), NODE_NAME, true));
+    c.west.apply_yaml(&web("", &pod(1), "node-w", true));
+    c.east.apply_yaml(EXPORT);
+    c.west.apply_yaml(EXPORT);
+    let _cp = c.start_mcs_controller(CONTROL_PLANE.0, CONTROL_PLANE.1);
+    let _dp = c.t.start_dataplane();
+
+    // One import in each cluster, at one address of --clusterset-cidr.
+    let ip = kpx_e2e::wait_for("east's ServiceImport", DEADLINE, || import_ip(&c.east));
+    let west_ip = kpx_e2e::wait_for("west's ServiceImport", DEADLINE, || import_ip(&c.west));
+    assert_eq!(ip, west_ip, "the same ClusterSetIP in every cluster");
+    assert!(ip.starts_with("10.200.0.") && ip != "10.200.0.0" && ip != "10.200.0.255", "{ip}");
+    let import = c.east.object(Kind::ServiceImport, "test", "web").expect("east's import");
+    assert_eq!(import["spec"]["type"], "ClusterSetIP");
+    assert_eq!(import["spec"]["ports"][0]["port"], 80);
+    assert_eq!(import["metadata"]["labels"]["app.kubernetes.io/managed-by"], "kpx-controlplane");
+    for (name, api) in [("east", &c.east), ("west", &c.west)] {
+        wait_condition(api, name, "Valid", |(status, _, _)| status == "True");
+        wait_condition(api, name, "Conflict", |(status, _, _)| status == "False");
+    }
+    c.t.wait_answered_by(&ip, 80, "pod0");
+    c.t.wait_answered_by(&ip, 80, "pod1");
+
+    // Settled: nothing is written again (no status churn), over two lease renewals.
+    let settled = (mcs_writes(&c.east), mcs_writes(&c.west));
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!((mcs_writes(&c.east), mcs_writes(&c.west)), settled, "writes after settling");
+
+    // West's port differs: both exports say so, naming the field and the clusters.
+    let other_port = web("", &pod(1), "node-w", true).replace("port: 80}", "port: 81}");
+    c.west.apply_yaml(&other_port);
+    for (name, api) in [("east", &c.east), ("west", &c.west)] {
+        wait_condition(api, name, "Conflict", |(status, reason, message)| {
+            status == "True"
+                && reason == "PortConflict"
+                && message.contains("east")
+                && message.contains("west")
+        });
+    }
+    c.west.apply_yaml(&web("", &pod(1), "node-w", true));
+    wait_condition(&c.west, "west", "Conflict", |(status, _, _)| status == "False");
+
+    // An ExternalName Service under an export: not valid, and the import is east's only.
+    let external = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: test}\n\
+                    spec: {type: ExternalName, externalName: web.example}\n";
+    c.west.apply_yaml(external);
+    wait_condition(&c.west, "west", "Valid", |(status, reason, _)| {
+        status == "False" && reason == "InvalidServiceType"
+    });
+    c.wait_endpoints_of("test/web.clusterset", &[format!("{}@east", pod(0))]);
+
+    // Unexported everywhere: kpx deletes both imports, and the nodes' rules go.
+    c.east.delete(Kind::ServiceExport, "test", "web");
+    c.west.delete(Kind::ServiceExport, "test", "web");
+    kpx_e2e::wait_for("both imports deleted", DEADLINE, || {
+        (import_ip(&c.east).is_none() && c.west.object(Kind::ServiceImport, "test", "web").is_none())
+            .then_some(())
+    });
+    kpx_e2e::wait_for("the import's rules to leave the kernel", DEADLINE, || {
+        (!clusterset_ip_in_kernel(&c)).then_some(())
+    });
+}
+
+#[test]
+fn a_writer_killed_with_a_write_left_is_replaced_and_the_next_writes_it() {
+    let c = clusters();
+    c.east.apply_yaml(&web("", &pod(0), NODE_NAME, true));
+    c.east.apply_yaml(EXPORT);
+    c.west.set_namespace("test", false);
+    let mut first = c.start_mcs_controller(CONTROL_PLANE.0, CONTROL_PLANE.1);
+    first.wait_event("the first replica to lead", DEADLINE, |e| {
+        e["message"].as_str().is_some_and(|m| m.starts_with("leading"))
+    });
+    let second = c.start_mcs_controller(REPLICA.0, REPLICA.1);
+    let _dp = c.t.start_dataplane();
+
+    // West has no namespace test: the write is refused, tried again, logged once.
+    let ip = kpx_e2e::wait_for("east's ServiceImport", DEADLINE, || import_ip(&c.east));
+    let tries = || c.west.writes().iter().filter(|w| *w == "APPLY serviceimports test/web").count();
+    kpx_e2e::wait_for("three tries of west's import", DEADLINE, || (tries() >= 3).then_some(()));
+    let refused: Vec<_> = (first.events().into_iter())
+        .filter(|e| e["message"] == "MCS write failed; retrying with backoff")
+        .collect();
+    assert_eq!(refused.len(), 1, "one cause, logged once: {refused:?}");
+    assert_eq!(refused[0]["cluster"], "west");
+    assert!(
+        refused[0]["error"].as_str().is_some_and(|m| m.contains("namespaces \"test\" not found")),
+        "{refused:?}"
+    );
+    c.t.wait_answered_by(&ip, 80, "pod0");
+
+    // The writer killed with west's import unwritten; the namespace comes; the other
+    // replica takes the Lease over and writes it, at the same address.
+    first.kill();
+    let killed = Instant::now();
+    c.west.set_namespace("test", true);
+    second.wait_event("the second replica to lead", DEADLINE, |e| {
+        e["message"].as_str().is_some_and(|m| m.starts_with("leading"))
+    });
+    let took = killed.elapsed();
+    assert!(
+        took < Duration::from_secs(20),
+        "handed over after {took:?}: more than the 15 s lease and a 2 s retry"
+    );
+    let west_ip = kpx_e2e::wait_for("west's ServiceImport", DEADLINE, || import_ip(&c.west));
+    assert_eq!(west_ip, ip, "the address east's import holds");
+    println!("handed over {took:?} after the leader was killed");
 }

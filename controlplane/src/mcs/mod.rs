@@ -8,8 +8,11 @@
 //! which no Service can be called (a Service's name is a DNS label, without dots).
 
 pub mod allocate;
+pub mod election;
+pub mod kube;
 pub mod plan;
 pub mod resolve;
+pub mod writer;
 
 use crate::model::ObjectKey;
 

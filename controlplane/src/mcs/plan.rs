@@ -34,7 +34,7 @@ pub struct ImportObject {
 
 impl ImportObject {
     /// Whether the import the API holds is this one, as kpx wrote it.
-    fn is(&self, held: &ServiceImport) -> bool {
+    pub fn is(&self, held: &ServiceImport) -> bool {
         held.managed
             && (self.import_type, &self.ips, &self.ports, self.session_affinity_timeout)
                 == (held.import_type, &held.ips, &held.ports, held.session_affinity_timeout)

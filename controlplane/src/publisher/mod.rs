@@ -66,8 +66,19 @@ pub fn withdrawn_at<'a>(
 /// first snapshot need not hold every view at once).
 const PART: usize = 512;
 
+/// What the publisher needs to plan the MCS controller's writes (`--clusterset-cidr`).
+pub struct McsPlanning {
+    pub clusterset_cidrs: Vec<ipnet::IpNet>,
+    /// The clusters kpx writes to (its Kubernetes sources).
+    pub writable: BTreeSet<String>,
+    pub plans: watch::Sender<Arc<crate::mcs::plan::Plan>>,
+}
+
 pub struct Publisher {
     tracker: Tracker,
+    mcs: Option<McsPlanning>,
+    /// Whether a plan was made since every source sent its first state.
+    planned: bool,
     grace: Duration,
     /// The last snapshot published; empty before the first.
     snapshot: Arc<Snapshot>,
@@ -90,6 +101,8 @@ impl Publisher {
         let (status, status_rx) = watch::channel(tracker.status());
         let publisher = Publisher {
             tracker,
+            mcs: None,
+            planned: false,
             grace,
             snapshot: Arc::new(Snapshot::default()),
             published: false,
@@ -98,6 +111,40 @@ impl Publisher {
             metrics,
         };
         (publisher, snapshot_rx, status_rx)
+    }
+
+    /// Plans the MCS controller's writes too, whenever an export, import or exported
+    /// Service changes (and once every source has sent its first state).
+    pub fn with_mcs(mut self, planning: McsPlanning) -> Self {
+        self.mcs = Some(planning);
+        self
+    }
+
+    /// The next plan of the MCS writes, if an MCS object may have changed.
+    fn plan_mcs(&mut self, changes: &ChangeSet) {
+        let Some(mcs) = &self.mcs else { return };
+        let touched = changes.services.iter().any(|(_, key)| crate::mcs::imported(key).is_some());
+        if self.planned && !touched {
+            return;
+        }
+        self.planned = true;
+        let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        let plan =
+            crate::mcs::plan::plan(self.tracker.clusters(), &mcs.writable, &mcs.clusterset_cidrs, &now);
+        self.metrics.mcs_imports.set(plan.imports.values().filter(|r| r.import.is_some()).count() as i64);
+        self.metrics
+            .mcs_conflicts
+            .set(plan.imports.values().filter(|r| !r.conflicts.is_empty()).count() as i64);
+        for (key, error) in &plan.unallocated {
+            tracing::warn!(import = %key, error = %error, "no ClusterSetIP for an import");
+        }
+        mcs.plans.send_if_modified(|known| {
+            let differs = **known != plan;
+            if differs {
+                *known = Arc::new(plan);
+            }
+            differs
+        });
     }
 
     /// Runs until the sources are gone.
@@ -117,6 +164,7 @@ impl Publisher {
             self.log_withdrawal(&withdrawn);
             self.tracker.set_withdrawn(withdrawn, &mut pending);
             if self.tracker.synced() {
+                self.plan_mcs(&pending);
                 self.publish(std::mem::take(&mut pending));
             }
             let status = self.tracker.status();

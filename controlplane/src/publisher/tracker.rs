@@ -131,6 +131,11 @@ impl Tracker {
         }
     }
 
+    /// Every cluster's model (once its source has sent its first state).
+    pub fn clusters(&self) -> &BTreeMap<String, Cluster> {
+        &self.clusters
+    }
+
     pub fn withdrawn(&self) -> &BTreeSet<String> {
         &self.withdrawn
     }

@@ -74,6 +74,13 @@ pub enum KubeSourceError {
 #[derive(Clone)]
 pub struct ApiClient(Client);
 
+impl ApiClient {
+    /// kube-rs's client, for the MCS writer (`mcs::kube`).
+    pub(crate) fn kube(&self) -> &Client {
+        &self.0
+    }
+}
+
 /// Loads the target's configuration and makes a client (no request is made yet).
 pub async fn client(target: &KubeTarget) -> Result<ApiClient, KubeSourceError> {
     let config = match target {

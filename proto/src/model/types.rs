@@ -25,6 +25,15 @@ impl Protocol {
             Protocol::Sctp => "sctp",
         }
     }
+
+    /// The name the Kubernetes API uses (`TCP`, `UDP`, `SCTP`).
+    pub fn api_name(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        }
+    }
 }
 
 impl fmt::Display for Protocol {

@@ -25,6 +25,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::harness::netns::{Netns, NetnsPlace};
 
+mod writes;
+
 /// The kinds served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
@@ -34,6 +36,8 @@ pub enum Kind {
     ServiceCidr,
     ServiceExport,
     ServiceImport,
+    /// Written and read by name only (leader election), never listed.
+    Lease,
 }
 
 impl Kind {
@@ -54,6 +58,7 @@ impl Kind {
             Kind::EndpointSlice => "discovery.k8s.io/v1",
             Kind::ServiceCidr => "networking.k8s.io/v1",
             Kind::ServiceExport | Kind::ServiceImport => "multicluster.x-k8s.io/v1alpha1",
+            Kind::Lease => "coordination.k8s.io/v1",
             _ => "v1",
         }
     }
@@ -66,6 +71,7 @@ impl Kind {
             Kind::ServiceCidr => "ServiceCIDR",
             Kind::ServiceExport => "ServiceExport",
             Kind::ServiceImport => "ServiceImport",
+            Kind::Lease => "Lease",
         }
     }
 }
@@ -98,6 +104,12 @@ struct ApiState {
     agent_requests: Vec<String>,
     /// The Events created.
     events: Vec<Value>,
+    /// The writes of an MCS controller, in order: "APPLY serviceimports ns/name",
+    /// "STATUS serviceexports ns/name", "DELETE serviceimports ns/name", "CREATE lease
+    /// ns/name", "REPLACE lease ns/name".
+    writes: Vec<String>,
+    /// Namespaces a test removed: creating an object in one answers 404.
+    missing_namespaces: BTreeSet<String>,
 }
 
 /// How the fake API server answers for ServiceCIDRs.
@@ -198,6 +210,7 @@ impl FakeApiServer {
             .route("/api/v1/namespaces/{namespace}/services/{name}", get(get_service))
             .route("/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices", get(list_slices_of))
             .route("/api/v1/namespaces/{namespace}/events", post(create_event))
+            .merge(writes::routes())
             .with_state(Arc::clone(&self.state));
         let tls = self.tls.clone();
         self.runtime.spawn(async move {
@@ -262,6 +275,26 @@ impl FakeApiServer {
         object["metadata"]["creationTimestamp"] = created;
         let existed = state.objects.insert(key, object.clone()).is_some();
         state.record(kind, if existed { "MODIFIED" } else { "ADDED" }, object);
+    }
+
+    /// The object of `kind` named `namespace/name`, as the server holds it.
+    pub fn object(&self, kind: Kind, namespace: &str, name: &str) -> Option<Value> {
+        self.lock().objects.get(&(kind, format!("{namespace}/{name}"))).cloned()
+    }
+
+    /// The MCS controller's writes so far (see [`ApiState::writes`]).
+    pub fn writes(&self) -> Vec<String> {
+        self.lock().writes.clone()
+    }
+
+    /// Removes a namespace (creations in it answer 404) or, with `present`, brings it back.
+    pub fn set_namespace(&self, namespace: &str, present: bool) {
+        let mut state = self.lock();
+        if present {
+            state.missing_namespaces.remove(namespace);
+        } else {
+            state.missing_namespaces.insert(namespace.to_owned());
+        }
     }
 
     pub fn delete(&self, kind: Kind, namespace: &str, name: &str) {

@@ -179,10 +179,13 @@ impl Topology {
         KpxProcess::start(&self.node, "kpx-controlplane", &args, self.log_path("controlplane"))
     }
 
-    /// The control plane reading `sources` (`--source` values) instead of the manifest folder.
+    /// The control plane reading `sources` (`--source` values) instead of the manifest
+    /// folder; on the usual address unless `extra` gives a `--listen`.
     pub fn start_control_plane_from(&self, sources: &[String], extra: &[&str]) -> KpxProcess {
         let mut args: Vec<String> = sources.iter().map(|s| format!("--source={s}")).collect();
-        args.push(format!("--listen={CONTROL_PLANE_ADDR}"));
+        if !extra.iter().any(|a| a.starts_with("--listen=")) {
+            args.push(format!("--listen={CONTROL_PLANE_ADDR}"));
+        }
         args.extend(extra.iter().map(|a| (*a).to_owned()));
         KpxProcess::start(&self.node, "kpx-controlplane", &args, self.log_path("controlplane"))
     }

@@ -1,0 +1,223 @@
+//! The MCS controller's requests, over kube-rs: server-side apply of ServiceImports and
+//! of ServiceExports' status (field manager [`FIELD_MANAGER`], forced: kpx owns what it
+//! writes), deletion of ServiceImports, and the Lease of leader election.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::Api;
+use serde_json::{json, Map, Value};
+
+use super::plan::ImportObject;
+use crate::model::{Condition, ImportType, ObjectKey, MANAGED_BY};
+use crate::source::kubernetes::ApiClient;
+use crate::source::manifest::MCS_GROUP;
+
+/// The field manager of kpx's server-side applies.
+pub const FIELD_MANAGER: &str = "kpx-controlplane";
+const VERSION: &str = "v1alpha1";
+
+fn resource(kind: &str) -> ApiResource {
+    ApiResource {
+        group: MCS_GROUP.into(),
+        version: VERSION.into(),
+        api_version: format!("{MCS_GROUP}/{VERSION}"),
+        kind: kind.into(),
+        plural: format!("{}s", kind.to_lowercase()),
+    }
+}
+
+fn api(client: &ApiClient, kind: &str, namespace: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.kube().clone(), namespace, &resource(kind))
+}
+
+fn apply_params() -> PatchParams {
+    PatchParams::apply(FIELD_MANAGER).force()
+}
+
+/// The ServiceImport `key` as kpx writes it.
+pub fn import_manifest(key: &ObjectKey, import: &ImportObject) -> Value {
+    let mut labels: Map<String, Value> =
+        import.labels.iter().map(|(k, v)| (k.clone(), Value::from(v.as_str()))).collect();
+    labels.insert(MANAGED_BY.0.into(), MANAGED_BY.1.into());
+    let mut spec = json!({
+        "type": match import.import_type {
+            ImportType::ClusterSetIp => "ClusterSetIP",
+            ImportType::Headless => "Headless",
+        },
+        "ports": import.ports.iter().map(|p| json!({
+            "name": p.name, "protocol": p.protocol.api_name(), "port": p.port,
+        })).collect::<Vec<_>>(),
+    });
+    if !import.ips.is_empty() {
+        spec["ips"] = json!(import.ips.iter().map(ToString::to_string).collect::<Vec<_>>());
+    }
+    match import.session_affinity_timeout {
+        Some(timeout) => {
+            spec["sessionAffinity"] = json!("ClientIP");
+            spec["sessionAffinityConfig"] = json!({"clientIP": {"timeoutSeconds": timeout}});
+        }
+        None => spec["sessionAffinity"] = json!("None"),
+    }
+    json!({
+        "apiVersion": format!("{MCS_GROUP}/{VERSION}"),
+        "kind": "ServiceImport",
+        "metadata": {
+            "name": key.name, "namespace": key.namespace, "labels": labels,
+            "annotations": import.annotations,
+        },
+        "spec": spec,
+    })
+}
+
+pub async fn apply_import(
+    client: &ApiClient,
+    key: &ObjectKey,
+    import: &ImportObject,
+) -> Result<(), kube::Error> {
+    let manifest = import_manifest(key, import);
+    let api = api(client, "ServiceImport", &key.namespace);
+    api.patch(&key.name, &apply_params(), &Patch::Apply(&manifest)).await.map(drop)
+}
+
+/// Deletes the ServiceImport `key`; one already gone is no error.
+pub async fn delete_import(client: &ApiClient, key: &ObjectKey) -> Result<(), kube::Error> {
+    match api(client, "ServiceImport", &key.namespace).delete(&key.name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+pub async fn set_export_conditions(
+    client: &ApiClient,
+    key: &ObjectKey,
+    conditions: &[Condition],
+) -> Result<(), kube::Error> {
+    let conditions: Vec<Value> = (conditions.iter())
+        .map(|c| {
+            json!({
+                "type": c.kind, "status": if c.status { "True" } else { "False" }, "reason": c.reason,
+                "message": c.message, "lastTransitionTime": c.last_transition,
+            })
+        })
+        .collect();
+    let manifest = json!({
+        "apiVersion": format!("{MCS_GROUP}/{VERSION}"),
+        "kind": "ServiceExport",
+        "metadata": {"name": key.name, "namespace": key.namespace},
+        "status": {"conditions": conditions},
+    });
+    let api = api(client, "ServiceExport", &key.namespace);
+    api.patch_status(&key.name, &apply_params(), &Patch::Apply(&manifest)).await.map(drop)
+}
+
+/// A Lease as leader election reads it.
+#[derive(Debug, Clone)]
+pub struct LeaseRecord {
+    pub holder: Option<String>,
+    /// `spec.renewTime`, as written (compared for change, not as a clock).
+    pub renewed: Option<String>,
+    pub duration: Duration,
+    pub transitions: i32,
+    /// The object, to replace with its resourceVersion (optimistic concurrency).
+    object: Lease,
+}
+
+fn lease_api(client: &ApiClient, key: &ObjectKey) -> Api<Lease> {
+    Api::namespaced(client.kube().clone(), &key.namespace)
+}
+
+pub async fn read_lease(client: &ApiClient, key: &ObjectKey) -> Result<Option<LeaseRecord>, kube::Error> {
+    let Some(object) = lease_api(client, key).get_opt(&key.name).await? else { return Ok(None) };
+    let spec = object.spec.clone().unwrap_or_default();
+    Ok(Some(LeaseRecord {
+        holder: spec.holder_identity.filter(|h| !h.is_empty()),
+        renewed: spec.renew_time.map(|t| t.0.to_string()),
+        duration: Duration::from_secs(u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0)),
+        transitions: spec.lease_transitions.unwrap_or(0),
+        object,
+    }))
+}
+
+/// Writes the Lease held by `holder`, renewed now: creates it (`known: None`) or
+/// replaces `known` (refused with 409 Conflict when another replica wrote it since).
+pub async fn write_lease(
+    client: &ApiClient,
+    key: &ObjectKey,
+    known: Option<&LeaseRecord>,
+    holder: &str,
+    duration: Duration,
+) -> Result<(), kube::Error> {
+    let now = MicroTime(jiff::Timestamp::now());
+    let api = lease_api(client, key);
+    let taking = known.is_none_or(|k| k.holder.as_deref() != Some(holder));
+    let mut spec = known.and_then(|k| k.object.spec.clone()).unwrap_or_default();
+    if taking {
+        spec.acquire_time = Some(now.clone());
+        spec.lease_transitions = Some(known.map_or(0, |k| k.transitions + 1));
+    }
+    spec = LeaseSpec {
+        holder_identity: Some(holder.to_owned()),
+        lease_duration_seconds: Some(i32::try_from(duration.as_secs()).unwrap_or(i32::MAX)),
+        renew_time: Some(now),
+        ..spec
+    };
+    match known {
+        None => {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(key.name.clone()),
+                    namespace: Some(key.namespace.clone()),
+                    ..Default::default()
+                },
+                spec: Some(spec),
+            };
+            api.create(&PostParams::default(), &lease).await.map(drop)
+        }
+        Some(known) => {
+            let lease = Lease { spec: Some(spec), ..known.object.clone() };
+            api.replace(&key.name, &PostParams::default(), &lease).await.map(drop)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ImportPort;
+    use crate::source::manifest::{parse, Object};
+    use kpx_proto::types::Protocol;
+
+    #[test]
+    fn an_import_as_written_reads_back_as_it_was_planned() {
+        let key = ObjectKey { namespace: "shop".into(), name: "web".into() };
+        let port = |name: &str, protocol, port| ImportPort { name: name.into(), protocol, port };
+        let mut import = ImportObject {
+            import_type: ImportType::ClusterSetIp,
+            ips: vec!["10.200.0.5".parse().expect("ip"), "fd00:c5::5".parse().expect("ip")],
+            ports: vec![
+                port("http", Protocol::Tcp, 80),
+                port("dns", Protocol::Udp, 53),
+                port("s", Protocol::Sctp, 9),
+            ],
+            session_affinity_timeout: Some(300),
+            labels: [("tier".to_owned(), "web".to_owned())].into(),
+            annotations: [("owner".to_owned(), "team".to_owned())].into(),
+            clusters: vec!["east".into()],
+        };
+        for headless in [false, true] {
+            if headless {
+                (import.import_type, import.ips, import.session_affinity_timeout) =
+                    (ImportType::Headless, vec![], None);
+            }
+            let yaml = serde_yaml::to_string(&import_manifest(&key, &import)).expect("yaml");
+            let Some(Ok(Object::ServiceImport(read))) = parse(&yaml).pop() else {
+                panic!("not read back: {yaml}")
+            };
+            assert!(import.is(&read), "{import:?}\nread back as\n{read:?}");
+        }
+    }
+}

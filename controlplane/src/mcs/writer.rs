@@ -1,0 +1,121 @@
+//! The MCS controller's writer: while this replica leads, it carries out the newest
+//! [`Plan`] against each cluster's API server. A write that fails (RBAC, a conflict, a
+//! missing namespace, an API server down) is logged once per cause and tried again with
+//! backoff (250 ms doubling to 30 s) for as long as it is planned; nothing is lost, since
+//! the plan is remade from the API objects whenever they change, and what was not written
+//! is still in it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::kube::{apply_import, delete_import, set_export_conditions};
+use super::plan::{Plan, Write};
+use crate::metrics::ControlPlaneMetrics;
+use crate::model::ObjectKey;
+use crate::source::kubernetes::ApiClient;
+
+const FIRST_RETRY: Duration = Duration::from_millis(250);
+const LAST_RETRY: Duration = Duration::from_secs(30);
+
+/// A target whose last write failed.
+struct Failing {
+    cause: String,
+    attempts: u32,
+    next: Instant,
+}
+
+type Target = (String, &'static str, ObjectKey);
+
+fn target(write: &Write) -> Target {
+    let (cluster, kind, key) = write.target();
+    (cluster.to_owned(), kind, key.clone())
+}
+
+fn kind_of(write: &Write) -> &'static str {
+    match write {
+        Write::ApplyImport { .. } => "apply_import",
+        Write::DeleteImport { .. } => "delete_import",
+        Write::ExportConditions { .. } => "export_conditions",
+    }
+}
+
+/// Writes the plans of `plans` to `clients` (by cluster) while `leader` says so, until
+/// the process ends.
+pub async fn run(
+    clients: BTreeMap<String, ApiClient>,
+    mut plans: watch::Receiver<Arc<Plan>>,
+    mut leader: watch::Receiver<bool>,
+    metrics: Arc<ControlPlaneMetrics>,
+) {
+    let mut failing: BTreeMap<Target, Failing> = BTreeMap::new();
+    loop {
+        let leads = *leader.borrow_and_update();
+        metrics.mcs_leader.set(i64::from(leads));
+        let plan = Arc::clone(&plans.borrow_and_update());
+        let mut next_retry: Option<Instant> = None;
+        if leads {
+            for write in &plan.writes {
+                let at = target(write);
+                if let Some(f) = failing.get(&at).filter(|f| f.next > Instant::now()) {
+                    next_retry = Some(next_retry.map_or(f.next, |n| n.min(f.next)));
+                    continue;
+                }
+                let Some(client) = clients.get(&at.0) else { continue };
+                let result = match write {
+                    Write::ApplyImport { key, import, .. } => apply_import(client, key, import).await,
+                    Write::DeleteImport { key, .. } => delete_import(client, key).await,
+                    Write::ExportConditions { key, conditions, .. } => {
+                        set_export_conditions(client, key, conditions).await
+                    }
+                };
+                match result {
+                    Ok(()) => {
+                        metrics.mcs_writes.get_or_create(&vec![("kind".into(), kind_of(write).into())]).inc();
+                        if let Some(f) = failing.remove(&at) {
+                            tracing::info!(cluster = at.0, kind = at.1, object = %at.2, attempts = f.attempts + 1, "MCS write done after failures");
+                        } else {
+                            tracing::debug!(cluster = at.0, kind = at.1, object = %at.2, write = kind_of(write), "MCS write done");
+                        }
+                    }
+                    Err(e) => {
+                        metrics
+                            .mcs_write_failures
+                            .get_or_create(&vec![("kind".into(), kind_of(write).into())])
+                            .inc();
+                        let cause = e.to_string();
+                        let entry = failing.entry(at.clone()).or_insert(Failing {
+                            cause: String::new(),
+                            attempts: 0,
+                            next: Instant::now(),
+                        });
+                        if entry.cause != cause {
+                            tracing::warn!(cluster = at.0, kind = at.1, object = %at.2, write = kind_of(write), error = %cause, "MCS write failed; retrying with backoff");
+                            entry.cause = cause;
+                        }
+                        let backoff = FIRST_RETRY.saturating_mul(1 << entry.attempts.min(8)).min(LAST_RETRY);
+                        entry.attempts += 1;
+                        entry.next = Instant::now() + backoff;
+                        next_retry = Some(next_retry.map_or(entry.next, |n| n.min(entry.next)));
+                    }
+                }
+            }
+        }
+        // A target no longer planned has nothing left to retry.
+        failing.retain(|at, _| plan.writes.iter().any(|w| target(w) == *at));
+        let retry = async {
+            match next_retry {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = plans.changed() => if changed.is_err() { return },
+            changed = leader.changed() => if changed.is_err() { return },
+            () = retry => {}
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! The writes an MCS controller makes, served as a kube-apiserver serves them: server-side
+//! apply of ServiceImports (the spec and metadata of the patch, the status kept) and of
+//! a ServiceExport's status subresource, deletion of ServiceImports, and Leases (get,
+//! create, replace refused with 409 Conflict when the resourceVersion is not the newest).
+//! An apply that changes nothing changes no resourceVersion and sends no watch event. A
+//! namespace a test removed refuses creations in it with 404, as a real one does.
+
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, patch, post};
+use axum::Router;
+use kpx_proto::sync::Locked as _;
+use serde_json::{json, Value};
+
+use super::{json_response, key_of, not_found, ApiState, Kind};
+
+type Shared = Arc<Mutex<ApiState>>;
+
+pub(super) fn routes() -> Router<Shared> {
+    let mcs = "/apis/multicluster.x-k8s.io/v1alpha1/namespaces/{namespace}";
+    let leases = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases";
+    Router::new()
+        .route(&format!("{mcs}/serviceimports/{{name}}"), patch(apply_import).delete(delete_import))
+        .route(&format!("{mcs}/serviceexports/{{name}}/status"), patch(apply_export_status))
+        .route(leases, post(create_lease))
+        .route(&format!("{leases}/{{name}}"), get(get_lease).put(replace_lease))
+}
+
+fn status(code: StatusCode, reason: &str, message: String) -> Response {
+    let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": code.as_u16()});
+    (code, body.to_string()).into_response()
+}
+
+fn body(bytes: &Bytes) -> Result<Value, serde_json::Error> {
+    serde_json::from_slice(bytes)
+}
+
+fn bad_request(e: serde_json::Error) -> Response {
+    status(StatusCode::BAD_REQUEST, "BadRequest", format!("not JSON: {e}"))
+}
+
+impl ApiState {
+    /// Stores `object` of `kind` as the newest: unchanged (but for its resourceVersion)
+    /// it is left as it was; else it gets the next resourceVersion (and, if new, a uid
+    /// and creationTimestamp) and a watch event.
+    fn put(&mut self, kind: Kind, mut object: Value) -> Value {
+        let key = (kind, key_of(&object));
+        if let Some(old) = self.objects.get(&key) {
+            let mut same = object.clone();
+            same["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
+            if same == *old {
+                return old.clone();
+            }
+        }
+        self.revision += 1;
+        let revision = self.revision;
+        object["metadata"]["resourceVersion"] = json!(revision.to_string());
+        let existed = self.objects.contains_key(&key);
+        if !existed {
+            object["metadata"]["uid"] = json!(format!("uid-{revision}"));
+            if object["metadata"].get("creationTimestamp").is_none() {
+                object["metadata"]["creationTimestamp"] =
+                    json!(jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+            }
+        }
+        self.objects.insert(key, object.clone());
+        self.record(kind, if existed { "MODIFIED" } else { "ADDED" }, object.clone());
+        object
+    }
+}
+
+/// `PATCH …/serviceimports/NAME` (apply): the patch's metadata and spec, the status kept.
+async fn apply_import(
+    State(state): State<Shared>,
+    Path((namespace, name)): Path<(String, String)>,
+    bytes: Bytes,
+) -> Response {
+    let patch = match body(&bytes) {
+        Ok(v) => v,
+        Err(e) => return bad_request(e),
+    };
+    let mut s = state.locked();
+    s.writes.push(format!("APPLY serviceimports {namespace}/{name}"));
+    let key = (Kind::ServiceImport, format!("{namespace}/{name}"));
+    let old = s.objects.get(&key).cloned();
+    if old.is_none() && s.missing_namespaces.contains(&namespace) {
+        return status(StatusCode::NOT_FOUND, "NotFound", format!("namespaces \"{namespace}\" not found"));
+    }
+    let mut object = old.clone().unwrap_or_else(|| json!({"metadata": {}}));
+    object["apiVersion"] = patch["apiVersion"].clone();
+    object["kind"] = json!("ServiceImport");
+    object["spec"] = patch["spec"].clone();
+    for field in ["labels", "annotations"] {
+        object["metadata"][field] = patch["metadata"].get(field).cloned().unwrap_or_else(|| json!({}));
+    }
+    object["metadata"]["name"] = json!(name);
+    object["metadata"]["namespace"] = json!(namespace);
+    json_response(&s.put(Kind::ServiceImport, object))
+}
+
+async fn delete_import(
+    State(state): State<Shared>,
+    Path((namespace, name)): Path<(String, String)>,
+) -> Response {
+    let mut s = state.locked();
+    s.writes.push(format!("DELETE serviceimports {namespace}/{name}"));
+    let Some(mut object) = s.objects.remove(&(Kind::ServiceImport, format!("{namespace}/{name}"))) else {
+        return not_found(&format!("serviceimports.multicluster.x-k8s.io \"{name}\""));
+    };
+    s.revision += 1;
+    object["metadata"]["resourceVersion"] = json!(s.revision.to_string());
+    s.record(Kind::ServiceImport, "DELETED", object.clone());
+    json_response(&object)
+}
+
+/// `PATCH …/serviceexports/NAME/status` (apply): the status replaced, nothing else.
+async fn apply_export_status(
+    State(state): State<Shared>,
+    Path((namespace, name)): Path<(String, String)>,
+    bytes: Bytes,
+) -> Response {
+    let patch = match body(&bytes) {
+        Ok(v) => v,
+        Err(e) => return bad_request(e),
+    };
+    let mut s = state.locked();
+    s.writes.push(format!("STATUS serviceexports {namespace}/{name}"));
+    let Some(mut object) = s.objects.get(&(Kind::ServiceExport, format!("{namespace}/{name}"))).cloned()
+    else {
+        return not_found(&format!("serviceexports.multicluster.x-k8s.io \"{name}\""));
+    };
+    object["status"] = patch["status"].clone();
+    json_response(&s.put(Kind::ServiceExport, object))
+}
+
+async fn get_lease(State(state): State<Shared>, Path((namespace, name)): Path<(String, String)>) -> Response {
+    match state.locked().objects.get(&(Kind::Lease, format!("{namespace}/{name}"))) {
+        Some(lease) => json_response(lease),
+        None => not_found(&format!("leases.coordination.k8s.io \"{name}\"")),
+    }
+}
+
+async fn create_lease(State(state): State<Shared>, Path(namespace): Path<String>, bytes: Bytes) -> Response {
+    let mut lease = match body(&bytes) {
+        Ok(v) => v,
+        Err(e) => return bad_request(e),
+    };
+    lease["metadata"]["namespace"] = json!(namespace);
+    let mut s = state.locked();
+    if s.objects.contains_key(&(Kind::Lease, key_of(&lease))) {
+        let name = lease["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+        return status(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            format!("leases.coordination.k8s.io \"{name}\" already exists"),
+        );
+    }
+    s.writes.push(format!("CREATE lease {}", key_of(&lease)));
+    (StatusCode::CREATED, json_response(&s.put(Kind::Lease, lease))).into_response()
+}
+
+async fn replace_lease(
+    State(state): State<Shared>,
+    Path((namespace, name)): Path<(String, String)>,
+    bytes: Bytes,
+) -> Response {
+    let lease = match body(&bytes) {
+        Ok(v) => v,
+        Err(e) => return bad_request(e),
+    };
+    let mut s = state.locked();
+    let Some(old) = s.objects.get(&(Kind::Lease, format!("{namespace}/{name}"))) else {
+        return not_found(&format!("leases.coordination.k8s.io \"{name}\""));
+    };
+    if lease["metadata"]["resourceVersion"] != old["metadata"]["resourceVersion"] {
+        return status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!("Operation cannot be fulfilled on leases.coordination.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"),
+        );
+    }
+    s.writes.push(format!("REPLACE lease {namespace}/{name}"));
+    json_response(&s.put(Kind::Lease, lease))
+}
