@@ -20,11 +20,12 @@ use kpx_e2e::{wait_for, DEADLINE};
 const API_PORT: u16 = 16445;
 
 /// Each kustomization and the chart values rendering the same objects.
-const VARIANTS: [(&str, Option<&str>); 4] = [
+const VARIANTS: [(&str, Option<&str>); 5] = [
     ("", None),
     ("overlays/iptables", Some("ci/iptables-values.yaml")),
     ("overlays/ipvs", Some("ci/ipvs-values.yaml")),
     ("overlays/multi-cluster", Some("ci/multi-cluster-values.yaml")),
+    ("overlays/mcs", Some("ci/mcs-values.yaml")),
 ];
 
 #[test]

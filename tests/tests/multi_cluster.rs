@@ -63,7 +63,7 @@ impl Clusters {
             &format!("--listen={listen}") as &str,
             &format!("--metrics-listen={metrics}"),
             "--clusterset-cidr=10.200.0.0/24",
-            "--mcs-lease=kube-system/kpx-mcs",
+            "--mcs-lease=kube-system/kpx-controlplane-mcs",
         ];
         self.t.start_control_plane_from(&self.sources(), &extra)
     }
@@ -373,6 +373,45 @@ fn kpx_as_the_mcs_controller_imports_an_export_everywhere_and_says_why_not() {
     kpx_e2e::wait_for("the import's rules to leave the kernel", DEADLINE, || {
         (!clusterset_ip_in_kernel(&c)).then_some(())
     });
+    mcs_rbac_covers_the_writes(&[&c.east, &c.west]);
+}
+
+/// The MCS install (kustomize's overlay and the chart alike) grants the control plane
+/// every write the controller made above, and no other write: `group/resource:verb`.
+fn mcs_rbac_covers_the_writes(apis: &[&FakeApiServer]) {
+    use kpx_e2e::harness::install;
+    let mut asked =
+        std::collections::BTreeSet::from(["coordination.k8s.io/leases/kpx-controlplane-mcs:get".to_owned()]);
+    for write in apis.iter().flat_map(|api| api.writes()) {
+        let verbs: &[&str] = match write.split_whitespace().take(2).collect::<Vec<_>>()[..] {
+            ["APPLY", "serviceimports"] => {
+                &["multicluster.x-k8s.io/serviceimports:create", "multicluster.x-k8s.io/serviceimports:patch"]
+            }
+            ["DELETE", "serviceimports"] => &["multicluster.x-k8s.io/serviceimports:delete"],
+            ["STATUS", "serviceexports"] => &["multicluster.x-k8s.io/serviceexports/status:patch"],
+            ["CREATE", "lease"] => &["coordination.k8s.io/leases:create"],
+            ["REPLACE", "lease"] => &["coordination.k8s.io/leases/kpx-controlplane-mcs:update"],
+            _ => panic!("a write the check does not know: {write}"),
+        };
+        asked.extend(verbs.iter().map(|v| (*v).to_owned()));
+    }
+    let installs = [
+        ("kubectl kustomize", install::documents(&install::kustomize("overlays/mcs"))),
+        ("helm template", install::documents(&install::helm_template(Some("ci/mcs-values.yaml")))),
+    ];
+    for (how, objects) in installs {
+        let mut granted: std::collections::BTreeSet<String> = install::granted_to_control_plane(&objects)
+            .into_iter()
+            .filter(|g| !g.ends_with(":list") && !g.ends_with(":watch") && !g.contains("tokenreviews"))
+            .collect();
+        // The Lease's Role, in the control plane's namespace (the lease is kube-system's here).
+        granted.extend(
+            install::granted_by_roles_to_control_plane(&objects)
+                .into_iter()
+                .filter_map(|g| g.strip_prefix("kube-system ").map(str::to_owned)),
+        );
+        assert_eq!(granted, asked, "{how}: exactly the writes the MCS controller makes");
+    }
 }
 
 #[test]

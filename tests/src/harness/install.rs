@@ -150,18 +150,28 @@ pub fn granted_to_control_plane(objects: &[Value]) -> BTreeSet<String> {
 /// RoleBindings) to the ServiceAccount the kpx-dataplane DaemonSet runs as.
 pub fn granted_to_agent(objects: &[Value]) -> BTreeSet<String> {
     let daemonset = object(objects, "DaemonSet", "kpx-dataplane");
-    let account = daemonset["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap_or("default");
-    let namespace = daemonset["metadata"]["namespace"].as_str().unwrap_or("default");
+    granted_by_roles(objects, daemonset)
+}
+
+/// The same for the kpx-controlplane Deployment's ServiceAccount (the MCS Lease).
+pub fn granted_by_roles_to_control_plane(objects: &[Value]) -> BTreeSet<String> {
+    granted_by_roles(objects, object(objects, "Deployment", "kpx-controlplane"))
+}
+
+/// `NAMESPACE group/resource[/name]:verb` granted by Roles to the ServiceAccount `workload` runs as.
+fn granted_by_roles(objects: &[Value], workload: &Value) -> BTreeSet<String> {
+    let account = workload["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap_or("default");
+    let namespace = workload["metadata"]["namespace"].as_str().unwrap_or("default");
     let strings = |v: &Value| -> Vec<String> {
         v.as_array().into_iter().flatten().filter_map(|s| s.as_str().map(str::to_owned)).collect()
     };
     let mut granted = BTreeSet::new();
     for binding in objects.iter().filter(|o| o["kind"] == "RoleBinding" && o["roleRef"]["kind"] == "Role") {
-        let to_agent =
+        let to_account =
             binding["subjects"].as_array().into_iter().flatten().any(|s| {
                 s["kind"] == "ServiceAccount" && s["name"] == account && s["namespace"] == namespace
             });
-        if !to_agent {
+        if !to_account {
             continue;
         }
         let at = binding["metadata"]["namespace"].as_str().unwrap_or("default");
