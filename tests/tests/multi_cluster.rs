@@ -316,7 +316,7 @@ fn kpx_as_the_mcs_controller_imports_an_export_everywhere_and_says_why_not() {
     c.west.apply_yaml(&web("", &pod(1), "node-w", true));
     c.east.apply_yaml(EXPORT);
     c.west.apply_yaml(EXPORT);
-    let _cp = c.start_mcs_controller(CONTROL_PLANE.0, CONTROL_PLANE.1);
+    let cp = c.start_mcs_controller(CONTROL_PLANE.0, CONTROL_PLANE.1);
     let _dp = c.t.start_dataplane();
 
     // One import in each cluster, at one address of --clusterset-cidr.
@@ -351,6 +351,11 @@ fn kpx_as_the_mcs_controller_imports_an_export_everywhere_and_says_why_not() {
                 && message.contains("west")
         });
     }
+    cp.wait_event("the conflict logged, naming the field", DEADLINE, |e| {
+        e["message"].as_str().is_some_and(|m| m.starts_with("ServiceExport in conflict"))
+            && e["object"] == "test/web"
+            && e["reason"] == "PortConflict"
+    });
     c.west.apply_yaml(&web("", &pod(1), "node-w", true));
     wait_condition(&c.west, "west", "Conflict", |(status, _, _)| status == "False");
 
@@ -360,6 +365,12 @@ fn kpx_as_the_mcs_controller_imports_an_export_everywhere_and_says_why_not() {
     c.west.apply_yaml(external);
     wait_condition(&c.west, "west", "Valid", |(status, reason, _)| {
         status == "False" && reason == "InvalidServiceType"
+    });
+    cp.wait_event("the invalid export logged, naming the object", DEADLINE, |e| {
+        e["message"].as_str().is_some_and(|m| m.starts_with("ServiceExport not valid"))
+            && e["cluster"] == "west"
+            && e["object"] == "test/web"
+            && e["reason"] == "InvalidServiceType"
     });
     c.wait_endpoints_of("test/web.clusterset", &[format!("{}@east", pod(0))]);
 

@@ -43,6 +43,22 @@ fn kind_of(write: &Write) -> &'static str {
     }
 }
 
+/// Logs, once per change (conditions are written only when their meaning changes), an
+/// export that is not valid or conflicts, naming the object and the field.
+fn say_what_is_wrong(at: &Target, conditions: &[crate::model::Condition]) {
+    for c in conditions {
+        match (c.kind.as_str(), c.status) {
+            ("Valid", false) => {
+                tracing::warn!(cluster = at.0, object = %at.2, reason = c.reason, "ServiceExport not valid: {}", c.message)
+            }
+            ("Conflict", true) => {
+                tracing::warn!(cluster = at.0, object = %at.2, reason = c.reason, "ServiceExport in conflict: {}", c.message)
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Writes the plans of `plans` to `clients` (by cluster) while `leader` says so, until
 /// the process ends.
 pub async fn run(
@@ -75,6 +91,9 @@ pub async fn run(
                 match result {
                     Ok(()) => {
                         metrics.mcs_writes.get_or_create(&vec![("kind".into(), kind_of(write).into())]).inc();
+                        if let Write::ExportConditions { conditions, .. } = write {
+                            say_what_is_wrong(&at, conditions);
+                        }
                         if let Some(f) = failing.remove(&at) {
                             tracing::info!(cluster = at.0, kind = at.1, object = %at.2, attempts = f.attempts + 1, "MCS write done after failures");
                         } else {
