@@ -304,6 +304,11 @@ fn wait_condition(
     panic!("{cluster}'s export of test/web: {kind} is {last:?}");
 }
 
+/// `api`'s MCS EndpointSlice of test/web's slice web-1 of cluster `source`.
+fn mcs_slice(api: &FakeApiServer, source: &str) -> Option<serde_json::Value> {
+    api.object(Kind::EndpointSlice, "test", &format!("web-1-{source}"))
+}
+
 /// The MCS writes of `api` so far, leases left out.
 fn mcs_writes(api: &FakeApiServer) -> Vec<String> {
     api.writes().into_iter().filter(|w| !w.contains("lease")).collect()
@@ -334,6 +339,28 @@ fn kpx_as_the_mcs_controller_imports_an_export_everywhere_and_says_why_not() {
     }
     c.t.wait_answered_by(&ip, 80, "pod0");
     c.t.wait_answered_by(&ip, 80, "pod1");
+
+    // Each cluster holds an MCS EndpointSlice per exporting cluster, owned by its import.
+    for (name, api) in [("east", &c.east), ("west", &c.west)] {
+        let uid =
+            api.object(Kind::ServiceImport, "test", "web").expect("the import")["metadata"]["uid"].clone();
+        for (source, address) in [("east", pod(0)), ("west", pod(1))] {
+            let slice = kpx_e2e::wait_for(&format!("{name}'s MCS slice of {source}"), DEADLINE, || {
+                mcs_slice(api, source)
+            });
+            let labels = &slice["metadata"]["labels"];
+            assert_eq!(labels["multicluster.kubernetes.io/service-name"], "web", "{slice}");
+            assert_eq!(labels["multicluster.kubernetes.io/source-cluster"], source, "{slice}");
+            assert_eq!(
+                labels["endpointslice.kubernetes.io/managed-by"], "kpx-controlplane.kpx.io",
+                "{slice}"
+            );
+            assert!(labels.get("kubernetes.io/service-name").is_none(), "no Service's slice: {slice}");
+            assert_eq!(slice["metadata"]["ownerReferences"][0]["uid"], uid, "{slice}");
+            assert_eq!(slice["endpoints"][0]["addresses"][0], address.as_str(), "{slice}");
+            assert_eq!(slice["endpoints"][0]["conditions"]["ready"], true, "{slice}");
+        }
+    }
 
     // Settled: nothing is written again (no status churn), over two lease renewals.
     let settled = (mcs_writes(&c.east), mcs_writes(&c.west));
@@ -373,8 +400,11 @@ fn kpx_as_the_mcs_controller_imports_an_export_everywhere_and_says_why_not() {
             && e["reason"] == "InvalidServiceType"
     });
     c.wait_endpoints_of("test/web.clusterset", &[format!("{}@east", pod(0))]);
+    kpx_e2e::wait_for("west's MCS slice to leave east", DEADLINE, || {
+        mcs_slice(&c.east, "west").is_none().then_some(())
+    });
 
-    // Unexported everywhere: kpx deletes both imports, and the nodes' rules go.
+    // Unexported everywhere: kpx deletes both imports and their slices, and the nodes' rules go.
     c.east.delete(Kind::ServiceExport, "test", "web");
     c.west.delete(Kind::ServiceExport, "test", "web");
     kpx_e2e::wait_for("both imports deleted", DEADLINE, || {
@@ -399,6 +429,10 @@ fn mcs_rbac_covers_the_writes(apis: &[&FakeApiServer]) {
                 &["multicluster.x-k8s.io/serviceimports:create", "multicluster.x-k8s.io/serviceimports:patch"]
             }
             ["DELETE", "serviceimports"] => &["multicluster.x-k8s.io/serviceimports:delete"],
+            ["APPLY", "endpointslices"] => {
+                &["discovery.k8s.io/endpointslices:create", "discovery.k8s.io/endpointslices:patch"]
+            }
+            ["DELETE", "endpointslices"] => &["discovery.k8s.io/endpointslices:delete"],
             ["STATUS", "serviceexports"] => &["multicluster.x-k8s.io/serviceexports/status:patch"],
             ["CREATE", "lease"] => &["coordination.k8s.io/leases:create"],
             ["REPLACE", "lease"] => &["coordination.k8s.io/leases/kpx-controlplane-mcs:update"],

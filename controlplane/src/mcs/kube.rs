@@ -10,10 +10,11 @@ use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, Po
 use kube::Api;
 use serde_json::{json, Map, Value};
 
-use super::plan::ImportObject;
-use crate::model::{Condition, ImportType, ObjectKey, MANAGED_BY};
+use super::plan::{ImportObject, SliceObject};
+use crate::model::{Condition, ImportType, ObjectKey, MANAGED_BY, SLICE_MANAGER};
 use crate::source::kubernetes::ApiClient;
 use crate::source::manifest::MCS_GROUP;
+use crate::source::manifest::{MANAGED_BY_LABEL, MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL};
 
 /// The field manager of kpx's server-side applies.
 pub const FIELD_MANAGER: &str = "kpx-controlplane";
@@ -112,6 +113,60 @@ pub async fn set_export_conditions(
     });
     let api = api(client, "ServiceExport", &key.namespace);
     api.patch_status(&key.name, &apply_params(), &Patch::Apply(&manifest)).await.map(drop)
+}
+
+fn slices_api(client: &ApiClient, namespace: &str) -> Api<DynamicObject> {
+    let resource = ApiResource::erase::<k8s_openapi::api::discovery::v1::EndpointSlice>(&());
+    Api::namespaced_with(client.kube().clone(), namespace, &resource)
+}
+
+/// The MCS EndpointSlice `key` as kpx writes it.
+pub fn slice_manifest(key: &ObjectKey, slice: &SliceObject) -> Value {
+    json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": key.name, "namespace": key.namespace,
+            "labels": {
+                MCS_SERVICE_NAME_LABEL: slice.service,
+                MCS_SOURCE_CLUSTER_LABEL: slice.source_cluster,
+                MANAGED_BY_LABEL: SLICE_MANAGER,
+            },
+            "ownerReferences": [{
+                "apiVersion": format!("{MCS_GROUP}/{VERSION}"), "kind": "ServiceImport",
+                "name": slice.service, "uid": slice.owner_uid,
+            }],
+        },
+        "addressType": if slice.ipv6 { "IPv6" } else { "IPv4" },
+        "ports": slice.ports.iter().map(|p| json!({
+            "name": p.name, "protocol": p.protocol.api_name(), "port": p.port,
+        })).collect::<Vec<_>>(),
+        "endpoints": slice.endpoints.iter().map(|e| json!({
+            "addresses": e.addresses.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "conditions": {"ready": e.ready, "serving": e.serving, "terminating": e.terminating},
+        })).collect::<Vec<_>>(),
+    })
+}
+
+pub async fn apply_slice(
+    client: &ApiClient,
+    key: &ObjectKey,
+    slice: &SliceObject,
+) -> Result<(), kube::Error> {
+    let manifest = slice_manifest(key, slice);
+    slices_api(client, &key.namespace)
+        .patch(&key.name, &apply_params(), &Patch::Apply(&manifest))
+        .await
+        .map(drop)
+}
+
+/// Deletes the MCS EndpointSlice `key`; one already gone is no error.
+pub async fn delete_slice(client: &ApiClient, key: &ObjectKey) -> Result<(), kube::Error> {
+    match slices_api(client, &key.namespace).delete(&key.name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// A Lease as leader election reads it.
@@ -218,6 +273,37 @@ mod tests {
                 panic!("not read back: {yaml}")
             };
             assert!(import.is(&read), "{import:?}\nread back as\n{read:?}");
+        }
+    }
+
+    #[test]
+    fn an_mcs_slice_as_written_reads_back_as_it_was_planned() {
+        use crate::model::{McsEndpoint, SlicePort};
+        let key = ObjectKey { namespace: "shop".into(), name: "web-abc12-west".into() };
+        let endpoint = |address: &str, ready| McsEndpoint {
+            addresses: vec![address.parse().expect("ip")],
+            ready,
+            serving: true,
+            terminating: !ready,
+        };
+        for (ipv6, a, b) in [(false, "10.1.0.1", "10.1.0.2"), (true, "fd00::1", "fd00::2")] {
+            let slice = SliceObject {
+                service: "web".into(),
+                source_cluster: "west".into(),
+                ipv6,
+                ports: vec![SlicePort { name: "http".into(), protocol: Protocol::Tcp, port: 8080 }],
+                endpoints: vec![endpoint(a, true), endpoint(b, false)],
+                owner_uid: "uid-7".into(),
+            };
+            let yaml = serde_yaml::to_string(&slice_manifest(&key, &slice)).expect("yaml");
+            let Some(Ok(Object::McsSlice(read))) = parse(&yaml).pop() else {
+                panic!("not read back: {yaml}")
+            };
+            assert!(slice.is(&read), "{slice:?}\nread back as\n{read:?}");
+            assert!(
+                parse(&yaml).iter().all(|o| !matches!(o, Ok(Object::EndpointSlice(_)))),
+                "no Service's slice"
+            );
         }
     }
 }

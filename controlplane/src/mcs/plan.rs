@@ -17,7 +17,9 @@ use ipnet::IpNet;
 
 use super::allocate::{allocate, AllocateError};
 use super::resolve::{resolve, Resolution};
-use crate::model::{Cluster, Condition, ImportPort, ImportType, ObjectKey, ServiceImport};
+use crate::model::{
+    Cluster, Condition, ImportPort, ImportType, McsEndpoint, McsSlice, ObjectKey, ServiceImport, SlicePort,
+};
 
 /// The spec and metadata kpx gives a ServiceImport.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +44,35 @@ impl ImportObject {
     }
 }
 
+/// An MCS EndpointSlice as kpx writes it: the endpoints of one slice of one exporting
+/// cluster, in an importing cluster, owned by the import.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceObject {
+    /// The import's name.
+    pub service: String,
+    pub source_cluster: String,
+    pub ipv6: bool,
+    pub ports: Vec<SlicePort>,
+    pub endpoints: Vec<McsEndpoint>,
+    /// The import's `metadata.uid` (its owner reference).
+    pub owner_uid: String,
+}
+
+impl SliceObject {
+    /// Whether the slice the API holds is this one, as kpx wrote it.
+    pub fn is(&self, held: &McsSlice) -> bool {
+        held.managed
+            && (&self.service, &self.source_cluster, self.ipv6, &self.ports, &self.endpoints)
+                == (&held.service, &held.source_cluster, held.ipv6, &held.ports, &held.endpoints)
+    }
+}
+
+/// The name of the MCS EndpointSlice of `source_cluster`'s slice `source`: one per
+/// source slice, which no slice of the importing cluster's own is named.
+pub fn slice_name(source: &str, source_cluster: &str) -> String {
+    format!("{source}-{source_cluster}")
+}
+
 /// One write to one cluster's API server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Write {
@@ -51,6 +82,10 @@ pub enum Write {
     DeleteImport { cluster: String, key: ObjectKey },
     /// Set the conditions of the ServiceExport `key` (status subresource).
     ExportConditions { cluster: String, key: ObjectKey, conditions: Vec<Condition> },
+    /// Create or update (server-side apply) the MCS EndpointSlice `key`.
+    ApplySlice { cluster: String, key: ObjectKey, slice: SliceObject },
+    /// Delete the MCS EndpointSlice `key` kpx wrote.
+    DeleteSlice { cluster: String, key: ObjectKey },
 }
 
 impl Write {
@@ -61,6 +96,9 @@ impl Write {
                 (cluster, "ServiceImport", key)
             }
             Write::ExportConditions { cluster, key, .. } => (cluster, "ServiceExport", key),
+            Write::ApplySlice { cluster, key, .. } | Write::DeleteSlice { cluster, key } => {
+                (cluster, "EndpointSlice", key)
+            }
         }
     }
 }
@@ -86,12 +124,20 @@ pub fn plan(
     now: &str,
 ) -> Plan {
     let mut names: BTreeSet<&ObjectKey> = BTreeSet::new();
+    // Names of which kpx's MCS EndpointSlices are left (owned, not borrowed: made here).
+    let mut owners: BTreeSet<ObjectKey> = BTreeSet::new();
     let mut taken: BTreeSet<IpAddr> = BTreeSet::new();
     for model in clusters.values() {
         names.extend(model.state().exports.keys());
         names.extend(model.state().imports.iter().filter(|(_, i)| i.managed).map(|(k, _)| k));
+        let sliced = model.state().mcs_slices.values().filter(|s| s.managed);
+        owners.extend(
+            sliced.map(|s| ObjectKey { namespace: s.key.namespace.clone(), name: s.service.clone() }),
+        );
         taken.extend(model.state().imports.values().flat_map(|i| i.ips.iter().copied()));
     }
+    let owners: Vec<ObjectKey> = owners.into_iter().filter(|k| !names.contains(k)).collect();
+    names.extend(owners.iter());
     let mut out = Plan::default();
     for key in names {
         let exports: Vec<_> = (clusters.iter())
@@ -143,11 +189,19 @@ pub fn plan(
                         let (cluster, key, import) = (cluster.clone(), key.clone(), object.clone());
                         out.writes.push(Write::ApplyImport { cluster, key, import });
                     }
+                    // Its slices once it exists (they name it as their owner).
+                    let owner = held(cluster).map(|i| i.uid.as_str()).filter(|uid| !uid.is_empty());
+                    let wanted =
+                        owner.map(|uid| slices(clusters, key, &import.clusters, uid)).unwrap_or_default();
+                    sync_slices(clusters, cluster, key, wanted, &mut out.writes);
                 }
             }
             None => {
-                for cluster in writable.iter().filter(|c| held(c).is_some_and(|i| i.managed)) {
-                    out.writes.push(Write::DeleteImport { cluster: cluster.clone(), key: key.clone() });
+                for cluster in writable {
+                    if held(cluster).is_some_and(|i| i.managed) {
+                        out.writes.push(Write::DeleteImport { cluster: cluster.clone(), key: key.clone() });
+                    }
+                    sync_slices(clusters, cluster, key, BTreeMap::new(), &mut out.writes);
                 }
             }
         }
@@ -156,6 +210,63 @@ pub fn plan(
         }
     }
     out
+}
+
+/// The MCS EndpointSlices of import `key` owned by `uid`: one per slice of each
+/// exporting cluster's Service, by name.
+fn slices(
+    clusters: &BTreeMap<String, Cluster>,
+    key: &ObjectKey,
+    exporters: &[String],
+    uid: &str,
+) -> BTreeMap<ObjectKey, SliceObject> {
+    let mut out = BTreeMap::new();
+    for source_cluster in exporters {
+        let Some(model) = clusters.get(source_cluster) else { continue };
+        for source in model.slices_of(key) {
+            let endpoints: Vec<McsEndpoint> = (source.endpoints.iter())
+                .map(|e| McsEndpoint {
+                    addresses: e.addresses.clone(),
+                    ready: e.ready,
+                    serving: e.serving,
+                    terminating: e.terminating,
+                })
+                .collect();
+            let name = slice_name(&source.name, source_cluster);
+            let slice = SliceObject {
+                service: key.name.clone(),
+                source_cluster: source_cluster.clone(),
+                ipv6: endpoints.iter().flat_map(|e| &e.addresses).any(IpAddr::is_ipv6),
+                ports: source.ports.clone(),
+                endpoints,
+                owner_uid: uid.to_owned(),
+            };
+            out.insert(ObjectKey { namespace: key.namespace.clone(), name }, slice);
+        }
+    }
+    out
+}
+
+/// The writes that make `cluster`'s MCS EndpointSlices of `key` those `wanted`.
+fn sync_slices(
+    clusters: &BTreeMap<String, Cluster>,
+    cluster: &str,
+    key: &ObjectKey,
+    wanted: BTreeMap<ObjectKey, SliceObject>,
+    writes: &mut Vec<Write>,
+) {
+    let Some(model) = clusters.get(cluster) else { return };
+    let held = &model.state().mcs_slices;
+    let ours =
+        held.values().filter(|s| s.managed && s.service == key.name && s.key.namespace == key.namespace);
+    for gone in ours.filter(|s| !wanted.contains_key(&s.key)) {
+        writes.push(Write::DeleteSlice { cluster: cluster.to_owned(), key: gone.key.clone() });
+    }
+    for (name, slice) in wanted {
+        if !held.get(&name).is_some_and(|h| slice.is(h)) {
+            writes.push(Write::ApplySlice { cluster: cluster.to_owned(), key: name, slice });
+        }
+    }
 }
 
 /// The `Valid` and `Conflict` conditions of `cluster`'s export, each keeping its

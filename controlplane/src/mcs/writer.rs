@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::kube::{apply_import, delete_import, set_export_conditions};
+use super::kube::{apply_import, apply_slice, delete_import, delete_slice, set_export_conditions};
 use super::plan::{Plan, Write};
 use crate::metrics::ControlPlaneMetrics;
 use crate::model::ObjectKey;
@@ -40,6 +40,8 @@ fn kind_of(write: &Write) -> &'static str {
         Write::ApplyImport { .. } => "apply_import",
         Write::DeleteImport { .. } => "delete_import",
         Write::ExportConditions { .. } => "export_conditions",
+        Write::ApplySlice { .. } => "apply_slice",
+        Write::DeleteSlice { .. } => "delete_slice",
     }
 }
 
@@ -87,6 +89,8 @@ pub async fn run(
                     Write::ExportConditions { key, conditions, .. } => {
                         set_export_conditions(client, key, conditions).await
                     }
+                    Write::ApplySlice { key, slice, .. } => apply_slice(client, key, slice).await,
+                    Write::DeleteSlice { key, .. } => delete_slice(client, key).await,
                 };
                 match result {
                     Ok(()) => {

@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 
 use super::{
-    ClusterState, EndpointSlice, Node, ObjectKey, Service, ServiceCidr, ServiceExport, ServiceImport,
+    ClusterState, EndpointSlice, McsSlice, Node, ObjectKey, Service, ServiceCidr, ServiceExport,
+    ServiceImport,
 };
 
 /// Upserts (`Some`) and deletions (`None`) of each kind's objects, by key.
@@ -18,6 +19,7 @@ pub struct ObjectChanges {
     pub service_cidrs: BTreeMap<String, Option<ServiceCidr>>,
     pub exports: BTreeMap<ObjectKey, Option<ServiceExport>>,
     pub imports: BTreeMap<ObjectKey, Option<ServiceImport>>,
+    pub mcs_slices: BTreeMap<ObjectKey, Option<McsSlice>>,
 }
 
 impl ObjectChanges {
@@ -28,6 +30,7 @@ impl ObjectChanges {
             && self.service_cidrs.is_empty()
             && self.exports.is_empty()
             && self.imports.is_empty()
+            && self.mcs_slices.is_empty()
     }
 
     /// How many objects changed.
@@ -38,6 +41,7 @@ impl ObjectChanges {
             + self.service_cidrs.len()
             + self.exports.len()
             + self.imports.len()
+            + self.mcs_slices.len()
     }
 
     /// Takes `later` in: where both name an object, `later` wins.
@@ -48,6 +52,7 @@ impl ObjectChanges {
         self.service_cidrs.extend(later.service_cidrs);
         self.exports.extend(later.exports);
         self.imports.extend(later.imports);
+        self.mcs_slices.extend(later.mcs_slices);
     }
 
     /// The objects upserted, as a state (deletions have nothing to add).
@@ -62,6 +67,7 @@ impl ObjectChanges {
             service_cidrs: upserts(self.service_cidrs),
             exports: upserts(self.exports),
             imports: upserts(self.imports),
+            mcs_slices: upserts(self.mcs_slices),
         }
     }
 
@@ -74,6 +80,7 @@ impl ObjectChanges {
             service_cidrs: diff_by_key(&old.service_cidrs, &new.service_cidrs),
             exports: diff_by_key(&old.exports, &new.exports),
             imports: diff_by_key(&old.imports, &new.imports),
+            mcs_slices: diff_by_key(&old.mcs_slices, &new.mcs_slices),
         }
     }
 }

@@ -20,7 +20,7 @@ fn remove_sorted<T: Ord>(set: &mut SortedSet<T>, item: &T) {
     }
 }
 
-use super::{ClusterState, EndpointSlice, Node, ObjectChanges, ObjectKey, Service};
+use super::{ClusterState, EndpointSlice, McsSlice, Node, ObjectChanges, ObjectKey, Service};
 
 /// A cluster's objects and its index of slices by Service.
 #[derive(Debug, Default)]
@@ -39,9 +39,9 @@ pub struct Touched {
     /// Of those, the ones marked global (before or after the change): the same
     /// namespace/name in other clusters may draw on them.
     pub shared: BTreeSet<ObjectKey>,
-    /// Names whose ServiceExport or ServiceImport changed, or whose Service or slices
-    /// changed while this cluster exports the name: every cluster's import of the name
-    /// may differ.
+    /// Names whose ServiceExport, ServiceImport or MCS EndpointSlices changed, or whose
+    /// Service or slices changed while this cluster exports the name: every cluster's
+    /// import of the name may differ.
     pub exported: BTreeSet<ObjectKey>,
     /// Nodes whose object changed, came or went.
     pub nodes: BTreeSet<String>,
@@ -185,6 +185,15 @@ impl Cluster {
                 touched.exported.insert(key);
             }
         }
+        for (key, new) in changes.mcs_slices {
+            let imports =
+                |s: &McsSlice| ObjectKey { namespace: s.key.namespace.clone(), name: s.service.clone() };
+            let before = self.state.mcs_slices.get(&key).map(imports);
+            let after = new.as_ref().map(imports);
+            if set(&mut self.state.mcs_slices, &key, new) {
+                touched.exported.extend(before.into_iter().chain(after));
+            }
+        }
         for (name, new) in changes.nodes {
             if set(&mut self.state.nodes, &name, new) {
                 touched.nodes.insert(name);
@@ -223,6 +232,14 @@ impl Cluster {
         touched.exported = touched.services.iter().filter(|k| exported(k)).cloned().collect();
         touched.exported.extend(changed_keys(&old.exports, &new.exports).into_iter().cloned());
         touched.exported.extend(changed_keys(&old.imports, &new.imports).into_iter().cloned());
+        for key in changed_keys(&old.mcs_slices, &new.mcs_slices) {
+            for slice in old.mcs_slices.get(key).into_iter().chain(new.mcs_slices.get(key)) {
+                touched.exported.insert(ObjectKey {
+                    namespace: slice.key.namespace.clone(),
+                    name: slice.service.clone(),
+                });
+            }
+        }
         touched.nodes = changed_keys(&old.nodes, &new.nodes).into_iter().cloned().collect();
         if old.service_ranges() != new.service_ranges() {
             touched.nodes.extend(new.nodes.keys().cloned());

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 
 use kpx_proto::types::Protocol;
 
-use super::{ClusterAffinity, ObjectKey};
+use super::{ClusterAffinity, ObjectKey, SlicePort};
 
 /// A `ServiceExport`: the Service of the same namespace and name may be imported.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -82,7 +82,38 @@ pub struct ServiceImport {
     pub annotations: BTreeMap<String, String>,
     /// Labelled [`MANAGED_BY`]: kpx wrote it, and deletes it when nothing is exported.
     pub managed: bool,
+    /// `metadata.uid`: what the MCS EndpointSlices of the import name as their owner.
+    pub uid: String,
 }
+
+/// An MCS EndpointSlice: in an importing cluster, the endpoints of one exporting
+/// cluster for a ServiceImport (label `multicluster.kubernetes.io/service-name`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct McsSlice {
+    pub key: ObjectKey,
+    /// The import's name (in the slice's namespace).
+    pub service: String,
+    /// `multicluster.kubernetes.io/source-cluster`.
+    pub source_cluster: String,
+    /// `endpointslice.kubernetes.io/managed-by` is kpx's ([`SLICE_MANAGER`]).
+    pub managed: bool,
+    /// `addressType`: `IPv4` or `IPv6`.
+    pub ipv6: bool,
+    pub ports: Vec<SlicePort>,
+    pub endpoints: Vec<McsEndpoint>,
+}
+
+/// An endpoint of an MCS EndpointSlice: its addresses and conditions, as in its source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McsEndpoint {
+    pub addresses: Vec<IpAddr>,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+}
+
+/// The `endpointslice.kubernetes.io/managed-by` of the MCS EndpointSlices kpx writes.
+pub const SLICE_MANAGER: &str = "kpx-controlplane.kpx.io";
 
 /// The label (`key`, `value`) kpx puts on the ServiceImports it writes.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "kpx-controlplane");

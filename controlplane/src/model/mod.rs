@@ -10,7 +10,10 @@ mod mcs;
 
 pub use changes::{diff_by_key, ObjectChanges};
 pub use cluster::{Cluster, Touched};
-pub use mcs::{Condition, ImportPort, ImportType, ServiceExport, ServiceImport, MANAGED_BY};
+pub use mcs::{
+    Condition, ImportPort, ImportType, McsEndpoint, McsSlice, ServiceExport, ServiceImport, MANAGED_BY,
+    SLICE_MANAGER,
+};
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -44,6 +47,8 @@ pub struct ClusterState {
     pub exports: BTreeMap<ObjectKey, ServiceExport>,
     /// ServiceImports, by key.
     pub imports: BTreeMap<ObjectKey, ServiceImport>,
+    /// MCS EndpointSlices (an import's endpoints from each exporting cluster), by their own key.
+    pub mcs_slices: BTreeMap<ObjectKey, McsSlice>,
 }
 
 /// A `ServiceCIDR`: the ranges ClusterIPs are allocated from.

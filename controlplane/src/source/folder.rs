@@ -25,6 +25,7 @@ enum ObjectId {
     ServiceCidr(String),
     Export(ObjectKey),
     Import(ObjectKey),
+    McsSlice(ObjectKey),
 }
 
 impl ObjectId {
@@ -36,6 +37,7 @@ impl ObjectId {
             Object::ServiceCidr(s) => ObjectId::ServiceCidr(s.name.clone()),
             Object::ServiceExport(e) => ObjectId::Export(e.key.clone()),
             Object::ServiceImport(i) => ObjectId::Import(i.key.clone()),
+            Object::McsSlice(m) => ObjectId::McsSlice(m.key.clone()),
         }
     }
 
@@ -48,6 +50,7 @@ impl ObjectId {
             ObjectId::ServiceCidr(name) => changes.service_cidrs.insert(name, None).map(drop),
             ObjectId::Export(key) => changes.exports.insert(key, None).map(drop),
             ObjectId::Import(key) => changes.imports.insert(key, None).map(drop),
+            ObjectId::McsSlice(key) => changes.mcs_slices.insert(key, None).map(drop),
         };
     }
 }
@@ -61,6 +64,7 @@ fn upsert(object: Object, changes: &mut ObjectChanges) {
         Object::ServiceCidr(s) => changes.service_cidrs.insert(s.name.clone(), Some(s)).map(drop),
         Object::ServiceExport(e) => changes.exports.insert(e.key.clone(), Some(e)).map(drop),
         Object::ServiceImport(i) => changes.imports.insert(i.key.clone(), Some(i)).map(drop),
+        Object::McsSlice(m) => changes.mcs_slices.insert(m.key.clone(), Some(m)).map(drop),
     };
 }
 

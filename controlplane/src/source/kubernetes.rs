@@ -207,6 +207,8 @@ struct Objects {
     service_cidrs: Kind<crate::model::ServiceCidr>,
     exports: Kind<crate::model::ServiceExport>,
     imports: Kind<crate::model::ServiceImport>,
+    /// MCS EndpointSlices: from the same watch as `slices`, told apart by their labels.
+    mcs_slices: Kind<crate::model::McsSlice>,
     /// The kinds whose list the API server answered with 404 or 403 (each logged once).
     unavailable: std::collections::BTreeSet<Optional>,
 }
@@ -220,6 +222,7 @@ struct Pending {
     service_cidrs: BTreeMap<ObjectKey, Option<crate::model::ServiceCidr>>,
     exports: BTreeMap<ObjectKey, Option<crate::model::ServiceExport>>,
     imports: BTreeMap<ObjectKey, Option<crate::model::ServiceImport>>,
+    mcs_slices: BTreeMap<ObjectKey, Option<crate::model::McsSlice>>,
 }
 
 impl Pending {
@@ -231,6 +234,7 @@ impl Pending {
             service_cidrs: self.service_cidrs.into_iter().map(|(k, s)| (k.name, s)).collect(),
             exports: self.exports,
             imports: self.imports,
+            mcs_slices: self.mcs_slices,
         }
     }
 }
@@ -254,6 +258,7 @@ impl Objects {
             service_cidrs: self.service_cidrs.live.iter().map(|(k, s)| (k.name.clone(), s.clone())).collect(),
             exports: self.exports.live.clone(),
             imports: self.imports.live.clone(),
+            mcs_slices: self.mcs_slices.live.clone(),
         }
     }
 
@@ -512,10 +517,21 @@ fn handle(
             })
         }
         Ok(Change::Slice(event)) => {
-            apply(cluster, "EndpointSlice", &mut objects.slices, *event, &mut pending.slices, |o| match o {
-                Object::EndpointSlice(s) => Some(s),
-                _ => None,
-            })
+            // One watch, two kinds: each sees every event, and the object if it is of its kind
+            // (a slice whose labels change from one kind to the other leaves the first).
+            let (event, object) = split(*event);
+            let key = object.as_ref().map(key_of);
+            let read = match (&event, &object) {
+                (Event::Delete(()), _) | (_, None) => None,
+                (_, Some(o)) => read(cluster, "EndpointSlice", o),
+            };
+            let (slice, mcs) = match read {
+                Some(Object::EndpointSlice(s)) => (Some(s), None),
+                Some(Object::McsSlice(m)) => (None, Some(m)),
+                _ => (None, None),
+            };
+            objects.slices.apply(event.clone(), key.clone(), slice, &mut pending.slices);
+            objects.mcs_slices.apply(event, key, mcs, &mut pending.mcs_slices);
         }
         Ok(Change::Node(event)) => {
             apply(cluster, "Node", &mut objects.nodes, *event, &mut pending.nodes, |o| match o {

@@ -5,11 +5,14 @@ fn key() -> ObjectKey {
     ObjectKey { namespace: "ns".into(), name: "web".into() }
 }
 
-/// Service ns/web with `port`, and its export made at `created`.
+/// Service ns/web with `port`, a slice `web-1` of one endpoint, and its export made at `created`.
 fn exported(port: u16, created: &str) -> String {
     format!(
         "kind: Service\nmetadata: {{name: web, namespace: ns}}\nspec: {{clusterIP: 10.96.0.1, ports: [{{name: http, port: {port}}}]}}\n---\n\
-         apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceExport\nmetadata: {{name: web, namespace: ns, creationTimestamp: '{created}'}}\n---\n"
+         kind: EndpointSlice\nmetadata: {{name: web-1, namespace: ns, labels: {{kubernetes.io/service-name: web}}}}\n\
+         addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.1.0.{}]}}]\n---\n\
+         apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceExport\nmetadata: {{name: web, namespace: ns, creationTimestamp: '{created}'}}\n---\n",
+        port % 256
     )
 }
 
@@ -40,11 +43,27 @@ fn written(mut clusters: BTreeMap<String, Cluster>, plan: &Plan) -> BTreeMap<Str
                     labels: import.labels.clone(),
                     annotations: import.annotations.clone(),
                     managed: true,
+                    uid: format!("uid-{cluster}-{key}"),
                 };
                 changes.entry(cluster.clone()).or_default().imports.insert(key.clone(), Some(held));
             }
             Write::DeleteImport { cluster, key } => {
                 changes.entry(cluster.clone()).or_default().imports.insert(key.clone(), None);
+            }
+            Write::ApplySlice { cluster, key, slice } => {
+                let held = crate::model::McsSlice {
+                    key: key.clone(),
+                    service: slice.service.clone(),
+                    source_cluster: slice.source_cluster.clone(),
+                    managed: true,
+                    ipv6: slice.ipv6,
+                    ports: slice.ports.clone(),
+                    endpoints: slice.endpoints.clone(),
+                };
+                changes.entry(cluster.clone()).or_default().mcs_slices.insert(key.clone(), Some(held));
+            }
+            Write::DeleteSlice { cluster, key } => {
+                changes.entry(cluster.clone()).or_default().mcs_slices.insert(key.clone(), None);
             }
             Write::ExportConditions { cluster, key, conditions } => {
                 let model = &clusters[cluster];
@@ -58,6 +77,24 @@ fn written(mut clusters: BTreeMap<String, Cluster>, plan: &Plan) -> BTreeMap<Str
         clusters.get_mut(&cluster).expect("a cluster").apply(change);
     }
     clusters
+}
+
+/// Writes plan after plan until one is empty (an import's slices follow once it exists);
+/// the writes of every round.
+fn settle(
+    mut clusters: BTreeMap<String, Cluster>,
+    all: &BTreeSet<String>,
+) -> (BTreeMap<String, Cluster>, Vec<Write>) {
+    let mut writes = Vec::new();
+    for _ in 0..4 {
+        let p = plan(&clusters, all, &cidrs(), "T9");
+        if p.writes.is_empty() {
+            return (clusters, writes);
+        }
+        writes.extend(p.writes.iter().cloned());
+        clusters = written(clusters, &p);
+    }
+    panic!("no settled plan after four rounds: {writes:?}");
 }
 
 fn condition<'a>(plan: &'a Plan, cluster: &str, kind: &str) -> &'a Condition {
@@ -96,7 +133,48 @@ fn every_cluster_gets_one_import_at_one_address_and_then_nothing_is_written() {
     assert!(!condition(&first, "east", "Conflict").status);
 
     let clusters = written(clusters, &first);
+    let (clusters, writes) = settle(clusters, &all);
+    let slices: Vec<String> = (writes.iter())
+        .filter_map(|w| match w {
+            Write::ApplySlice { cluster, key, slice } => Some(format!(
+                "{cluster}:{}:{}:{}",
+                key.name, slice.source_cluster, slice.endpoints[0].addresses[0]
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        slices,
+        [
+            "east:web-1-east:east:10.1.0.80",
+            "east:web-1-west:west:10.1.0.80",
+            "south:web-1-east:east:10.1.0.80",
+            "south:web-1-west:west:10.1.0.80",
+            "west:web-1-east:east:10.1.0.80",
+            "west:web-1-west:west:10.1.0.80"
+        ],
+        "once the imports exist: an MCS slice per exporting cluster's slice, in every cluster"
+    );
+    let owner = |c: &str| clusters[c].state().imports[&key()].uid.clone();
+    assert!(writes.iter().all(|w| match w {
+        Write::ApplySlice { cluster, slice, .. } => slice.owner_uid == owner(cluster),
+        _ => true,
+    }));
     assert_eq!(plan(&clusters, &all, &cidrs(), "T2").writes, [], "all written: nothing to write");
+
+    // West unexports: its MCS slices leave every cluster.
+    let mut clusters = clusters;
+    let mut west = clusters["west"].state().clone();
+    west.exports.clear();
+    clusters.get_mut("west").expect("west").replace(west);
+    let p = plan(&clusters, &all, &cidrs(), "T3");
+    let deleted: Vec<String> = (p.writes.iter())
+        .filter_map(|w| match w {
+            Write::DeleteSlice { cluster, key } => Some(format!("{cluster}:{}", key.name)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deleted, ["east:web-1-west", "south:web-1-west", "west:web-1-west"]);
 }
 
 #[test]
@@ -129,10 +207,7 @@ fn conflicts_and_invalid_exports_are_conditions_on_every_export_and_kept_while_t
                     apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceExport\nmetadata: {name: web, namespace: ns}\n---\n";
     let clusters = models(&[
         ("east", exported(80, "2026-01-01T00:00:00Z")),
-        (
-            "west",
-            exported(80, "2026-02-01T00:00:00Z").replace("name: http, port: 80", "name: http, port: 8080"),
-        ),
+        ("west", exported(80, "2026-02-01T00:00:00Z").replace("port: 80}]}", "port: 8080}]}")),
         ("north", external.to_owned()),
     ]);
     let all = writable(&["east", "north", "west"]);
@@ -167,8 +242,7 @@ fn conflicts_and_invalid_exports_are_conditions_on_every_export_and_kept_while_t
 fn when_nothing_is_exported_kpx_deletes_the_imports_it_wrote_and_no_others() {
     let clusters = models(&[("east", exported(80, "2026-01-01T00:00:00Z")), ("west", String::new())]);
     let all = writable(&["east", "west"]);
-    let first = plan(&clusters, &all, &cidrs(), "T1");
-    let mut clusters = written(clusters, &first);
+    let (mut clusters, _) = settle(clusters, &all);
     let mut east = clusters["east"].state().clone();
     east.exports.clear();
     // An import another controller wrote stays.
@@ -177,11 +251,27 @@ fn when_nothing_is_exported_kpx_deletes_the_imports_it_wrote_and_no_others() {
     east.imports.insert(other.key.clone(), other);
     clusters.get_mut("east").expect("east").replace(east);
     let p = plan(&clusters, &all, &cidrs(), "T2");
+    let said: Vec<String> = (p.writes.iter())
+        .map(|w| {
+            let (cluster, kind, key) = w.target();
+            format!(
+                "{} {cluster} {kind} {}",
+                if matches!(w, Write::DeleteImport { .. } | Write::DeleteSlice { .. }) {
+                    "delete"
+                } else {
+                    "write"
+                },
+                key.name
+            )
+        })
+        .collect();
     assert_eq!(
-        p.writes,
+        said,
         [
-            Write::DeleteImport { cluster: "east".into(), key: key() },
-            Write::DeleteImport { cluster: "west".into(), key: key() }
+            "delete east ServiceImport web",
+            "delete east EndpointSlice web-1-east",
+            "delete west ServiceImport web",
+            "delete west EndpointSlice web-1-east"
         ]
     );
 }

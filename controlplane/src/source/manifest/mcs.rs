@@ -150,6 +150,7 @@ pub(super) fn service_import(m: ServiceImportManifest) -> Result<ServiceImport, 
         labels,
         annotations: m.metadata.annotations.clone(),
         managed,
+        uid: m.metadata.uid.clone().unwrap_or_default(),
     })
 }
 

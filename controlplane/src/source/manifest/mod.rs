@@ -16,13 +16,16 @@ use ipnet::IpNet;
 use kpx_proto::types::Protocol;
 use serde::Deserialize;
 
-use crate::model::{EndpointSlice, Node, ObjectKey, Service, ServiceCidr, ServiceExport, ServiceImport};
+use crate::model::{
+    EndpointSlice, McsSlice, Node, ObjectKey, Service, ServiceCidr, ServiceExport, ServiceImport,
+};
 pub use mcs::GROUP as MCS_GROUP;
 use mcs::{service_export, service_import};
 use node::node;
 use service::service;
 use service_cidr::service_cidr;
 use slice::endpoint_slice;
+pub use slice::{MANAGED_BY_LABEL, MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL};
 
 /// The label that makes kube-proxy leave a Service, or an EndpointSlice, alone.
 const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
@@ -36,6 +39,7 @@ pub enum Object {
     ServiceCidr(ServiceCidr),
     ServiceExport(ServiceExport),
     ServiceImport(ServiceImport),
+    McsSlice(McsSlice),
 }
 
 /// Why a document was skipped: `document` counts from 0 in its file.
@@ -123,7 +127,9 @@ fn read_value(document: usize, value: serde_yaml::Value, out: &mut Vec<Result<Ob
             }
         }
         "Service" => out.push(read_as(document, value, &kind, service, Object::Service)),
-        "EndpointSlice" if slice::is_mcs_slice(&value) => {}
+        "EndpointSlice" if slice::is_mcs_slice(&value) => {
+            out.push(read_as(document, value, &kind, slice::mcs_slice, Object::McsSlice))
+        }
         "EndpointSlice" => out.push(read_as(document, value, &kind, endpoint_slice, Object::EndpointSlice)),
         "Node" => out.push(read_as(document, value, &kind, node, Object::Node)),
         "ServiceCIDR" => out.push(read_as(document, value, &kind, service_cidr, Object::ServiceCidr)),
@@ -190,6 +196,8 @@ struct Metadata {
     annotations: BTreeMap<String, String>,
     #[serde(default, rename = "deletionTimestamp")]
     deletion_timestamp: Option<String>,
+    #[serde(default)]
+    uid: Option<String>,
 }
 
 impl Metadata {
@@ -255,6 +263,9 @@ pub(crate) fn state_of(text: &str) -> crate::model::ClusterState {
             }
             Object::ServiceImport(i) => {
                 state.imports.insert(i.key.clone(), i);
+            }
+            Object::McsSlice(m) => {
+                state.mcs_slices.insert(m.key.clone(), m);
             }
         }
     }

@@ -3,7 +3,9 @@
 use serde::Deserialize;
 
 use super::{ip, port, protocol, FieldError, Metadata, HEADLESS_LABEL};
-use crate::model::{EndpointSlice, ObjectKey, SliceEndpoint, SlicePort};
+use crate::model::{
+    EndpointSlice, McsEndpoint, McsSlice, ObjectKey, SliceEndpoint, SlicePort, SLICE_MANAGER,
+};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -63,12 +65,16 @@ struct EndpointPortSpec {
 
 /// The label of an MCS EndpointSlice: the endpoints another cluster exports, written in
 /// the importing cluster for its ServiceImport (kpx reads those from their own cluster).
-const MCS_SERVICE_NAME_LABEL: &str = "multicluster.kubernetes.io/service-name";
+pub const MCS_SERVICE_NAME_LABEL: &str = "multicluster.kubernetes.io/service-name";
+/// The exporting cluster an MCS EndpointSlice's endpoints are of.
+pub const MCS_SOURCE_CLUSTER_LABEL: &str = "multicluster.kubernetes.io/source-cluster";
+/// Who manages a slice (never Kubernetes' own EndpointSlice controller for MCS slices).
+pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
 /// The label of a Service's own slices.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// Whether a document is an MCS EndpointSlice (labelled for an import, not a Service):
-/// no Service's endpoints, and no error either.
+/// no Service's endpoints; read as an [`McsSlice`].
 pub(super) fn is_mcs_slice(value: &serde_yaml::Value) -> bool {
     let labels = value.get("metadata").and_then(|m| m.get("labels"));
     let has = |label: &str| labels.and_then(|l| l.get(label)).is_some();
@@ -97,15 +103,52 @@ pub(super) fn endpoint_slice(m: EndpointSliceManifest) -> Result<EndpointSlice, 
     if m.metadata.labels.contains_key(HEADLESS_LABEL) {
         return unused(key, service_name);
     }
+    match contents(&m)? {
+        Some((_, ports, endpoints)) => {
+            Ok(EndpointSlice { namespace: key.namespace, name: key.name, service_name, ports, endpoints })
+        }
+        None => unused(key, service_name),
+    }
+}
+
+/// An MCS EndpointSlice (see [`is_mcs_slice`]).
+pub(super) fn mcs_slice(m: EndpointSliceManifest) -> Result<McsSlice, FieldError> {
+    let label = |name: &str| m.metadata.labels.get(name).cloned().unwrap_or_default();
+    let (ipv6, ports, endpoints) = match contents(&m)? {
+        Some((v4, ports, endpoints)) => (!v4, ports, endpoints),
+        None => (false, Vec::new(), Vec::new()),
+    };
+    Ok(McsSlice {
+        key: m.metadata.key(),
+        service: label(MCS_SERVICE_NAME_LABEL),
+        source_cluster: label(MCS_SOURCE_CLUSTER_LABEL),
+        managed: label(MANAGED_BY_LABEL) == SLICE_MANAGER,
+        ipv6,
+        ports,
+        endpoints: (endpoints.into_iter())
+            .map(|e| McsEndpoint {
+                addresses: e.addresses,
+                ready: e.ready,
+                serving: e.serving,
+                terminating: e.terminating,
+            })
+            .collect(),
+    })
+}
+
+/// A slice's family (true: IPv4), ports and endpoints; `None` for an FQDN slice.
+type Contents = (bool, Vec<SlicePort>, Vec<SliceEndpoint>);
+
+fn contents(m: &EndpointSliceManifest) -> Result<Option<Contents>, FieldError> {
     let want_v4 = match m.address_type.as_str() {
         "IPv4" => true,
         "IPv6" => false,
         // FQDN slices carry no addresses a proxy can use.
-        "FQDN" => return unused(key, service_name),
+        "FQDN" => return Ok(None),
         other => return Err(("addressType".into(), format!("unknown address type {other:?}"))),
     };
     let mut ports = Vec::new();
-    for (i, p) in m.ports.unwrap_or_default().iter().enumerate() {
+    for (i, p) in m.ports.iter().flatten().enumerate() {
         // A port without a number means "all ports", which a Service proxy cannot use.
         let Some(number) = p.port else { continue };
         ports.push(SlicePort {
@@ -137,7 +180,7 @@ pub(super) fn endpoint_slice(m: EndpointSliceManifest) -> Result<EndpointSlice, 
             node_hints: e.hints.for_nodes.iter().map(|h| h.name.clone()).collect(),
         });
     }
-    Ok(EndpointSlice { namespace: key.namespace, name: key.name, service_name, ports, endpoints })
+    Ok(Some((want_v4, ports, endpoints)))
 }
 
 #[cfg(test)]
@@ -154,10 +197,16 @@ mod tests {
     }
 
     #[test]
-    fn an_mcs_slice_is_no_services_and_no_error() {
-        let text = "kind: EndpointSlice\nmetadata: {name: web-east-1, namespace: shop, labels: {multicluster.kubernetes.io/service-name: web}}\n\
+    fn an_mcs_slice_is_read_as_one_and_is_no_services() {
+        let text = "kind: EndpointSlice\nmetadata: {name: web-east-1, namespace: shop, labels: {multicluster.kubernetes.io/service-name: web,\n\
+                    multicluster.kubernetes.io/source-cluster: east, endpointslice.kubernetes.io/managed-by: kpx-controlplane.kpx.io}}\n\
                     addressType: IPv4\nports: [{port: 80}]\nendpoints: [{addresses: [10.0.0.1]}]\n";
-        assert!(parse(text).is_empty(), "{:?}", parse(text));
+        let Some(Ok(Object::McsSlice(slice))) = parse(text).pop() else { panic!("{:?}", parse(text)) };
+        assert_eq!((slice.service.as_str(), slice.source_cluster.as_str()), ("web", "east"));
+        assert!(slice.managed && !slice.ipv6 && slice.endpoints.len() == 1, "{slice:?}");
+        let theirs = text.replace("kpx-controlplane.kpx.io", "other-controller");
+        let Some(Ok(Object::McsSlice(slice))) = parse(&theirs).pop() else { panic!("not an MCS slice") };
+        assert!(!slice.managed, "another controller's");
         let unlabelled = text.replace("multicluster.kubernetes.io/service-name: web", "app: web");
         let err = parse(&unlabelled).remove(0).expect_err("a slice of no Service");
         assert_eq!(err.field, "metadata.labels");

@@ -1,6 +1,7 @@
 //! The writes an MCS controller makes, served as a kube-apiserver serves them: server-side
-//! apply of ServiceImports (the spec and metadata of the patch, the status kept) and of
-//! a ServiceExport's status subresource, deletion of ServiceImports, and Leases (get,
+//! apply of ServiceImports and EndpointSlices (the patch's fields, the status and the
+//! object's identity kept) and of a ServiceExport's status subresource, their deletion,
+//! and Leases (get,
 //! create, replace refused with 409 Conflict when the resourceVersion is not the newest).
 //! An apply that changes nothing changes no resourceVersion and sends no watch event. A
 //! namespace a test removed refuses creations in it with 404, as a real one does.
@@ -24,7 +25,16 @@ pub(super) fn routes() -> Router<Shared> {
     let mcs = "/apis/multicluster.x-k8s.io/v1alpha1/namespaces/{namespace}";
     let leases = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases";
     Router::new()
-        .route(&format!("{mcs}/serviceimports/{{name}}"), patch(apply_import).delete(delete_import))
+        .route(
+            &format!("{mcs}/serviceimports/{{name}}"),
+            patch(|s, p, b| apply(s, p, b, Kind::ServiceImport))
+                .delete(|s, p| delete(s, p, Kind::ServiceImport)),
+        )
+        .route(
+            "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices/{name}",
+            patch(|s, p, b| apply(s, p, b, Kind::EndpointSlice))
+                .delete(|s, p| delete(s, p, Kind::EndpointSlice)),
+        )
         .route(&format!("{mcs}/serviceexports/{{name}}/status"), patch(apply_export_status))
         .route(leases, post(create_lease))
         .route(&format!("{leases}/{{name}}"), get(get_lease).put(replace_lease))
@@ -74,47 +84,58 @@ impl ApiState {
     }
 }
 
-/// `PATCH …/serviceimports/NAME` (apply): the patch's metadata and spec, the status kept.
-async fn apply_import(
+/// The plural a write of `kind` is recorded under.
+fn plural(kind: Kind) -> &'static str {
+    match kind {
+        Kind::ServiceImport => "serviceimports",
+        Kind::EndpointSlice => "endpointslices",
+        _ => "objects",
+    }
+}
+
+/// `PATCH …/NAME` (apply): the patch's fields; the status, uid and creationTimestamp kept.
+async fn apply(
     State(state): State<Shared>,
     Path((namespace, name)): Path<(String, String)>,
     bytes: Bytes,
+    kind: Kind,
 ) -> Response {
-    let patch = match body(&bytes) {
+    let mut object = match body(&bytes) {
         Ok(v) => v,
         Err(e) => return bad_request(e),
     };
     let mut s = state.locked();
-    s.writes.push(format!("APPLY serviceimports {namespace}/{name}"));
-    let key = (Kind::ServiceImport, format!("{namespace}/{name}"));
-    let old = s.objects.get(&key).cloned();
+    s.writes.push(format!("APPLY {} {namespace}/{name}", plural(kind)));
+    let old = s.objects.get(&(kind, format!("{namespace}/{name}"))).cloned();
     if old.is_none() && s.missing_namespaces.contains(&namespace) {
         return status(StatusCode::NOT_FOUND, "NotFound", format!("namespaces \"{namespace}\" not found"));
     }
-    let mut object = old.clone().unwrap_or_else(|| json!({"metadata": {}}));
-    object["apiVersion"] = patch["apiVersion"].clone();
-    object["kind"] = json!("ServiceImport");
-    object["spec"] = patch["spec"].clone();
-    for field in ["labels", "annotations"] {
-        object["metadata"][field] = patch["metadata"].get(field).cloned().unwrap_or_else(|| json!({}));
-    }
     object["metadata"]["name"] = json!(name);
     object["metadata"]["namespace"] = json!(namespace);
-    json_response(&s.put(Kind::ServiceImport, object))
+    if let Some(old) = old {
+        for field in ["uid", "creationTimestamp"] {
+            object["metadata"][field] = old["metadata"][field].clone();
+        }
+        if let Some(status) = old.get("status") {
+            object["status"] = status.clone();
+        }
+    }
+    json_response(&s.put(kind, object))
 }
 
-async fn delete_import(
+async fn delete(
     State(state): State<Shared>,
     Path((namespace, name)): Path<(String, String)>,
+    kind: Kind,
 ) -> Response {
     let mut s = state.locked();
-    s.writes.push(format!("DELETE serviceimports {namespace}/{name}"));
-    let Some(mut object) = s.objects.remove(&(Kind::ServiceImport, format!("{namespace}/{name}"))) else {
-        return not_found(&format!("serviceimports.multicluster.x-k8s.io \"{name}\""));
+    s.writes.push(format!("DELETE {} {namespace}/{name}", plural(kind)));
+    let Some(mut object) = s.objects.remove(&(kind, format!("{namespace}/{name}"))) else {
+        return not_found(&format!("{} \"{name}\"", plural(kind)));
     };
     s.revision += 1;
     object["metadata"]["resourceVersion"] = json!(s.revision.to_string());
-    s.record(Kind::ServiceImport, "DELETED", object.clone());
+    s.record(kind, "DELETED", object.clone());
     json_response(&object)
 }
 
