@@ -8,16 +8,17 @@ use std::time::SystemTime;
 use kpx_proto::admin::control_plane_admin_server::ControlPlaneAdmin;
 use kpx_proto::admin::{
     GetNodeResourcesRequest, GetNodeResourcesResponse, GetNodeViewRequest, GetNodeViewResponse,
-    GetServiceViewsRequest, GetServiceViewsResponse, ListNodesRequest, ListNodesResponse,
-    ListServicesRequest, ListServicesResponse, ListSourcesRequest, ListSourcesResponse, NodeResource,
-    NodeStatus, NodeTraceRequest, ServiceSummary, SourceStatus, TraceResponse, TypeStatus, ViewVariant,
+    GetServiceViewsRequest, GetServiceViewsResponse, ImportSummary, ListImportsRequest, ListImportsResponse,
+    ListNodesRequest, ListNodesResponse, ListServicesRequest, ListServicesResponse, ListSourcesRequest,
+    ListSourcesResponse, NodeResource, NodeStatus, NodeTraceRequest, ServiceSummary, SourceStatus,
+    TraceResponse, TypeStatus, ViewVariant,
 };
 use kpx_proto::node_context::{NodeContext, ProxySettings};
 use kpx_proto::trace::{self, Packet};
 use kpx_proto::types::{NodeConfig, ServiceView};
 use tonic::{Request, Response, Status};
 
-use crate::publisher::StatusReceiver;
+use crate::publisher::{ImportsReceiver, StatusReceiver};
 use crate::source::SourceSpec;
 use crate::xds::nodes::NodeRegistry;
 use crate::xds::snapshot::Audience;
@@ -29,6 +30,7 @@ pub struct ControlPlaneAdminService {
     nodes: NodeRegistry,
     sources: Vec<SourceSpec>,
     status: StatusReceiver,
+    imports: ImportsReceiver,
 }
 
 impl ControlPlaneAdminService {
@@ -37,8 +39,9 @@ impl ControlPlaneAdminService {
         nodes: NodeRegistry,
         sources: Vec<SourceSpec>,
         status: StatusReceiver,
+        imports: ImportsReceiver,
     ) -> Self {
-        ControlPlaneAdminService { snapshots, nodes, sources, status }
+        ControlPlaneAdminService { snapshots, nodes, sources, status, imports }
     }
 
     fn snapshot(&self) -> Result<Arc<Snapshot>, Status> {
@@ -265,6 +268,34 @@ impl ControlPlaneAdmin for ControlPlaneAdminService {
             view: Some(decode_view(resource.body())?.to_proto()),
             node_config,
         }))
+    }
+
+    async fn list_imports(
+        &self,
+        _: Request<ListImportsRequest>,
+    ) -> Result<Response<ListImportsResponse>, Status> {
+        use crate::model::ImportType;
+        let imports = (self.imports.borrow().iter())
+            .map(|r| ImportSummary {
+                name: r.key.to_string(),
+                r#type: match r.import_type {
+                    Some(ImportType::ClusterSetIp) => "ClusterSetIP".into(),
+                    Some(ImportType::Headless) => "Headless".into(),
+                    None => String::new(),
+                },
+                ips: r.ips.iter().map(ToString::to_string).collect(),
+                ports: (r.ports.iter())
+                    .map(|p| {
+                        format!("{} {}/{}", p.name, p.port, p.protocol.api_name()).trim_start().to_owned()
+                    })
+                    .collect(),
+                exported_by: r.exported_by.clone(),
+                imported_in: r.imported_in.clone(),
+                conflicts: r.conflicts.clone(),
+                invalid: r.invalid.clone(),
+            })
+            .collect();
+        Ok(Response::new(ListImportsResponse { imports }))
     }
 
     async fn trace(&self, request: Request<NodeTraceRequest>) -> Result<Response<TraceResponse>, Status> {

@@ -67,6 +67,7 @@ pub async fn run(
     let clusters = args.sources.iter().map(|s| s.cluster.clone());
     let (publisher, snapshot_rx, status_rx) =
         Publisher::new(clusters, options, args.cluster_grace_period, Arc::clone(&metrics));
+    let imports_rx = publisher.imports();
     let publisher = match (&args.mcs, apis.first()) {
         (Some(mcs), Some((home, lease_client))) => {
             let (plans, plans_rx) = tokio::sync::watch::channel(Arc::default());
@@ -111,7 +112,13 @@ pub async fn run(
     ));
     let admin_trust = Arc::clone(&trust);
     let admin = ControlPlaneAdminServer::with_interceptor(
-        ControlPlaneAdminService::new(snapshot_rx.clone(), nodes.clone(), args.sources.clone(), status_rx),
+        ControlPlaneAdminService::new(
+            snapshot_rx.clone(),
+            nodes.clone(),
+            args.sources.clone(),
+            status_rx,
+            imports_rx,
+        ),
         move |request: tonic::Request<()>| admin_trust.admit_admin(&request).map(|()| request),
     );
     let ads = xds::transport::AdsService::new(

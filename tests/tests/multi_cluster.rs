@@ -11,7 +11,7 @@ use kpx_e2e::harness::kernel_rules::tcp_cluster_ips;
 use kpx_e2e::harness::manifests::{documents, ep, service, slice};
 use kpx_e2e::harness::process::KpxProcess;
 use kpx_e2e::harness::topology::{node_yaml, sock, ProxyBackend, Topology, NODE_NAME};
-use kpx_e2e::harness::traffic::{tcp_request, Answer, Backend};
+use kpx_e2e::harness::traffic::{http_get_path, metric_value, tcp_request, Answer, Backend};
 use kpx_e2e::DEADLINE;
 
 const VIP: &str = "10.96.0.10";
@@ -107,6 +107,22 @@ impl Clusters {
             std::thread::sleep(Duration::from_millis(50));
         }
         panic!("node-a's view of {service}: {last:?}, not {want:?}");
+    }
+
+    /// `kpxctl imports`' entry of test/web.
+    fn imports(&self) -> serde_json::Value {
+        let out = self.t.kpxctl(&["imports", "-o", "json"]);
+        assert!(out.status.success(), "kpxctl imports: {}", String::from_utf8_lossy(&out.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let list = json["imports"].as_array().cloned().unwrap_or_default();
+        list.into_iter().find(|i| i["name"] == "test/web").unwrap_or_else(|| panic!("no test/web: {json}"))
+    }
+
+    /// The control plane's metric `name`, from its /metrics.
+    fn control_plane_metric(&self, name: &str) -> Option<f64> {
+        let to: std::net::SocketAddr = CONTROL_PLANE.1.parse().expect("the metrics address");
+        let (_, body) = self.t.node.run_in(move || http_get_path(to, "/metrics")).ok()?;
+        metric_value(&body, name)
     }
 
     /// Every one of `n` connections to the Service's ClusterIP is answered by `pod`.
@@ -362,6 +378,20 @@ fn kpx_as_the_mcs_controller_imports_an_export_everywhere_and_says_why_not() {
         }
     }
 
+    // kpxctl and the metrics say so.
+    let imports = c.imports();
+    assert_eq!(imports["type"], "ClusterSetIP", "{imports}");
+    assert_eq!(imports["ips"], serde_json::json!([ip]), "{imports}");
+    assert_eq!(imports["exportedBy"], serde_json::json!(["east", "west"]), "{imports}");
+    assert_eq!(imports["importedIn"], serde_json::json!(["east", "west"]), "{imports}");
+    assert_eq!(imports["ports"], serde_json::json!(["http 80/TCP"]), "{imports}");
+    let table = c.t.kpxctl(&["imports"]);
+    assert!(table.status.success(), "kpxctl imports: {}", String::from_utf8_lossy(&table.stderr));
+    println!("{}", String::from_utf8_lossy(&table.stdout));
+    for (metric, want) in [("kpx_mcs_leader", 1.0), ("kpx_mcs_imports", 1.0), ("kpx_mcs_conflicts", 0.0)] {
+        assert_eq!(c.control_plane_metric(metric), Some(want), "{metric}");
+    }
+
     // Settled: nothing is written again (no status churn), over two lease renewals.
     let settled = (mcs_writes(&c.east), mcs_writes(&c.west));
     std::thread::sleep(Duration::from_secs(5));
@@ -378,6 +408,9 @@ fn kpx_as_the_mcs_controller_imports_an_export_everywhere_and_says_why_not() {
                 && message.contains("west")
         });
     }
+    let conflicts = c.imports()["conflicts"].clone();
+    assert!(conflicts.to_string().contains("PortConflict"), "kpxctl imports: {conflicts}");
+    assert_eq!(c.control_plane_metric("kpx_mcs_conflicts"), Some(1.0));
     cp.wait_event("the conflict logged, naming the field", DEADLINE, |e| {
         e["message"].as_str().is_some_and(|m| m.starts_with("ServiceExport in conflict"))
             && e["object"] == "test/web"
@@ -400,6 +433,7 @@ fn kpx_as_the_mcs_controller_imports_an_export_everywhere_and_says_why_not() {
             && e["reason"] == "InvalidServiceType"
     });
     c.wait_endpoints_of("test/web.clusterset", &[format!("{}@east", pod(0))]);
+    assert_eq!(c.imports()["invalid"], serde_json::json!(["west: InvalidServiceType"]));
     kpx_e2e::wait_for("west's MCS slice to leave east", DEADLINE, || {
         mcs_slice(&c.east, "west").is_none().then_some(())
     });
@@ -407,8 +441,10 @@ fn kpx_as_the_mcs_controller_imports_an_export_everywhere_and_says_why_not() {
     // Unexported everywhere: kpx deletes both imports and their slices, and the nodes' rules go.
     c.east.delete(Kind::ServiceExport, "test", "web");
     c.west.delete(Kind::ServiceExport, "test", "web");
-    kpx_e2e::wait_for("both imports deleted", DEADLINE, || {
-        (import_ip(&c.east).is_none() && c.west.object(Kind::ServiceImport, "test", "web").is_none())
+    kpx_e2e::wait_for("both imports and their slices deleted", DEADLINE, || {
+        let imports =
+            import_ip(&c.east).is_none() && c.west.object(Kind::ServiceImport, "test", "web").is_none();
+        (imports && mcs_slice(&c.east, "east").is_none() && mcs_slice(&c.west, "east").is_none())
             .then_some(())
     });
     kpx_e2e::wait_for("the import's rules to leave the kernel", DEADLINE, || {

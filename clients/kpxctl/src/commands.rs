@@ -5,8 +5,8 @@ use kpx_proto::admin::control_plane_admin_client::ControlPlaneAdminClient;
 use kpx_proto::admin::node_admin_client::NodeAdminClient;
 use kpx_proto::admin::{
     GetNodeResourcesRequest, GetNodeViewRequest, GetRulesRequest, GetServiceViewsRequest, GetStateRequest,
-    GetStatusRequest, ListNodesRequest, ListServicesRequest, ListSourcesRequest, NodeTraceRequest,
-    TraceRequest, TraceResponse,
+    GetStatusRequest, ListImportsRequest, ListNodesRequest, ListServicesRequest, ListSourcesRequest,
+    NodeTraceRequest, TraceRequest, TraceResponse,
 };
 use kpx_proto::pb;
 use serde_json::{json, Value};
@@ -223,6 +223,39 @@ pub async fn run(cli: &Cli) -> anyhow::Result<String> {
                 }
             }
             Ok(table::render(&["NODE", "PEER", "TYPE", "ACKED", "PENDING", "LAG", "LAST-NACK"], &rows))
+        }
+        Command::Imports => {
+            let mut c = ControlPlaneAdminClient::new(connect(cli, &cli.control_plane, CP).await?);
+            let r = c.list_imports(ListImportsRequest {}).await.map_err(call_error(CP))?.into_inner();
+            if json {
+                let list: Vec<Value> = (r.imports.iter())
+                    .map(|i| {
+                        json!({"name": i.name, "type": i.r#type, "ips": i.ips, "ports": i.ports,
+                            "exportedBy": i.exported_by, "importedIn": i.imported_in,
+                            "conflicts": i.conflicts, "invalid": i.invalid})
+                    })
+                    .collect();
+                return pretty(json!({ "imports": list }));
+            }
+            let dash = |list: &[String]| if list.is_empty() { "-".to_owned() } else { list.join(",") };
+            let rows = (r.imports.iter())
+                .map(|i| {
+                    let problems: Vec<String> = i.conflicts.iter().chain(&i.invalid).cloned().collect();
+                    vec![
+                        i.name.clone(),
+                        if i.r#type.is_empty() { "-".into() } else { i.r#type.clone() },
+                        dash(&i.ips),
+                        dash(&i.ports),
+                        dash(&i.exported_by),
+                        dash(&i.imported_in),
+                        if problems.is_empty() { "-".into() } else { problems.join("; ") },
+                    ]
+                })
+                .collect::<Vec<_>>();
+            Ok(table::render(
+                &["IMPORT", "TYPE", "IPS", "PORTS", "EXPORTED BY", "IMPORTED IN", "PROBLEMS"],
+                &rows,
+            ))
         }
         Command::Sources => {
             let mut c = ControlPlaneAdminClient::new(connect(cli, &cli.control_plane, CP).await?);

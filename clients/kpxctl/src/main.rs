@@ -63,6 +63,9 @@ pub enum Command {
     Nodes { node: Option<String> },
     /// The control plane's sources and whether they synced.
     Sources,
+    /// What the clusterset imports (Multi-Cluster Services): ClusterSetIPs, the clusters
+    /// that export and import each name, conflicts, exports that are not valid.
+    Imports,
     /// The rules a node agent programmed, exactly as the kernel holds them.
     Rules,
     /// What a node agent accepted, with versions.

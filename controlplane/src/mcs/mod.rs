@@ -11,6 +11,7 @@ pub mod allocate;
 pub mod election;
 pub mod kube;
 pub mod plan;
+pub mod report;
 pub mod resolve;
 pub mod writer;
 

@@ -109,9 +109,6 @@ pub struct Plan {
     pub writes: Vec<Write>,
     /// Per name: why an import has no address of some family (the range is full).
     pub unallocated: BTreeMap<ObjectKey, AllocateError>,
-    /// Every import with its exporting clusters and conflicts (what kpxctl and the
-    /// metrics show), by name.
-    pub imports: BTreeMap<ObjectKey, Resolution>,
 }
 
 /// The plan for `clusters`: kpx writes to those in `writable` (its Kubernetes sources),
@@ -204,9 +201,6 @@ pub fn plan(
                     sync_slices(clusters, cluster, key, BTreeMap::new(), &mut out.writes);
                 }
             }
-        }
-        if resolution.import.is_some() || !resolution.invalid.is_empty() {
-            out.imports.insert(key.clone(), resolution);
         }
     }
     out

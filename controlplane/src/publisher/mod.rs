@@ -74,11 +74,15 @@ pub struct McsPlanning {
     pub plans: watch::Sender<Arc<crate::mcs::plan::Plan>>,
 }
 
+/// What the clusterset imports, for the admin API.
+pub type ImportsReceiver = watch::Receiver<Arc<Vec<crate::mcs::report::ImportReport>>>;
+
 pub struct Publisher {
     tracker: Tracker,
     mcs: Option<McsPlanning>,
-    /// Whether a plan was made since every source sent its first state.
+    /// Whether the MCS objects were looked at since every source sent its first state.
     planned: bool,
+    imports: watch::Sender<Arc<Vec<crate::mcs::report::ImportReport>>>,
     grace: Duration,
     /// The last snapshot published; empty before the first.
     snapshot: Arc<Snapshot>,
@@ -103,6 +107,7 @@ impl Publisher {
             tracker,
             mcs: None,
             planned: false,
+            imports: watch::channel(Arc::default()).0,
             grace,
             snapshot: Arc::new(Snapshot::default()),
             published: false,
@@ -120,21 +125,33 @@ impl Publisher {
         self
     }
 
-    /// The next plan of the MCS writes, if an MCS object may have changed.
-    fn plan_mcs(&mut self, changes: &ChangeSet) {
-        let Some(mcs) = &self.mcs else { return };
+    /// What the clusterset imports, as last reported.
+    pub fn imports(&self) -> ImportsReceiver {
+        self.imports.subscribe()
+    }
+
+    /// The report of the imports and the next plan of the MCS writes, if an MCS object
+    /// may have changed.
+    fn follow_mcs(&mut self, changes: &ChangeSet) {
         let touched = changes.services.iter().any(|(_, key)| crate::mcs::imported(key).is_some());
         if self.planned && !touched {
             return;
         }
         self.planned = true;
+        let report = crate::mcs::report::report(self.tracker.clusters());
+        self.metrics.mcs_imports.set(report.iter().filter(|r| !r.exported_by.is_empty()).count() as i64);
+        self.metrics.mcs_conflicts.set(report.iter().filter(|r| !r.conflicts.is_empty()).count() as i64);
+        self.imports.send_if_modified(|known| {
+            let differs = **known != report;
+            if differs {
+                *known = Arc::new(report);
+            }
+            differs
+        });
+        let Some(mcs) = &self.mcs else { return };
         let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
         let plan =
             crate::mcs::plan::plan(self.tracker.clusters(), &mcs.writable, &mcs.clusterset_cidrs, &now);
-        self.metrics.mcs_imports.set(plan.imports.values().filter(|r| r.import.is_some()).count() as i64);
-        self.metrics
-            .mcs_conflicts
-            .set(plan.imports.values().filter(|r| !r.conflicts.is_empty()).count() as i64);
         for (key, error) in &plan.unallocated {
             tracing::warn!(import = %key, error = %error, "no ClusterSetIP for an import");
         }
@@ -164,7 +181,7 @@ impl Publisher {
             self.log_withdrawal(&withdrawn);
             self.tracker.set_withdrawn(withdrawn, &mut pending);
             if self.tracker.synced() {
-                self.plan_mcs(&pending);
+                self.follow_mcs(&pending);
                 self.publish(std::mem::take(&mut pending));
             }
             let status = self.tracker.status();
