@@ -6,7 +6,7 @@
 //!   no part in the import;
 //! - among the valid ones, the oldest export (by `creationTimestamp`, ties by cluster
 //!   name) wins every property the exports disagree on: headless or not, session
-//!   affinity and its timeout, and each port;
+//!   affinity and its timeout, each port, the exported labels and annotations;
 //! - the import's ports are the union of the exported ports; a port that another port
 //!   of the import already claims (its name, or its number and protocol) with other
 //!   values is a conflict, and the older claim stays;
@@ -42,6 +42,10 @@ pub enum Field {
     Type,
     SessionAffinity,
     SessionAffinityConfig,
+    /// `spec.exportedLabels` differ.
+    Labels,
+    /// `spec.exportedAnnotations` differ.
+    Annotations,
 }
 
 impl Field {
@@ -52,6 +56,8 @@ impl Field {
             Field::Type => "TypeConflict",
             Field::SessionAffinity => "SessionAffinityConflict",
             Field::SessionAffinityConfig => "SessionAffinityConfigConflict",
+            Field::Labels => "LabelsConflict",
+            Field::Annotations => "AnnotationsConflict",
         }
     }
 }
@@ -206,6 +212,12 @@ pub fn resolve<'a>(
                 lose(Field::SessionAffinityConfig, detail, winner.cluster, offer.cluster);
             }
             _ => {}
+        }
+        if offer.export.labels != winner.export.labels {
+            lose(Field::Labels, "exportedLabels".into(), winner.cluster, offer.cluster);
+        }
+        if offer.export.annotations != winner.export.annotations {
+            lose(Field::Annotations, "exportedAnnotations".into(), winner.cluster, offer.cluster);
         }
     }
 

@@ -160,11 +160,12 @@ fn the_import_carries_the_winning_exports_labels_and_annotations() {
     let mut b = export("b", 200);
     b.1.labels.insert("tier".into(), "other".into());
     let web = service(&[("http", TCP, 80)]);
-    let import = resolve([(b.0.as_str(), &b.1, Some(&web)), (a.0.as_str(), &a.1, Some(&web))])
-        .import
-        .expect("an import");
+    let r = resolve([(b.0.as_str(), &b.1, Some(&web)), (a.0.as_str(), &a.1, Some(&web))]);
+    let import = r.import.clone().expect("an import");
     assert_eq!(import.labels, a.1.labels);
     assert_eq!(import.annotations, a.1.annotations);
+    let (reason, _) = r.conflict_condition().expect("they differ: a conflict");
+    assert_eq!(reason, "LabelsConflict,AnnotationsConflict");
 }
 
 mod properties {
