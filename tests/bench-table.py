@@ -111,6 +111,17 @@ def table(data):
                      f"{api['endpoints_per_service']}: EndpointSlice replaced in an API server (the tests' "
                      f"list/watch server) → node agent's kernel committed, {api['changes']} changes",
                      f"p50 {api['api_to_kernel_p50_ms']} ms, p99 {api['api_to_kernel_p99_ms']} ms"))
+    mcs = data.get("mcs")
+    if mcs:
+        rows.append((f"Multi-Cluster Services: one Service exported by {mcs['clusters']} clusters (each an API "
+                     f"server of the tests' list/watch), {mcs['endpoints']:,} endpoints in slices of "
+                     f"{mcs['endpoints_per_slice']}, kpx the MCS controller: control plane started → "
+                     f"ServiceImports written / every endpoint in a node's kernel",
+                     f"{mcs['imports_written_ms']} ms / {mcs['all_endpoints_programmed_ms']} ms"))
+        rows.append((f"Multi-Cluster Services, the same export: one endpoint changed in an EndpointSlice of "
+                     f"any of the clusters → the node's kernel committed the import's view, {mcs['changes']} "
+                     f"changes", f"p50 {mcs['change_to_kernel_p50_ms']} ms, p99 "
+                     f"{mcs['change_to_kernel_p99_ms']} ms, max {mcs['change_to_kernel_max_ms']} ms"))
     vm = data.get("ipvs_vm")
     if vm:
         by = {b["backend"]: b for b in vm["backends"]}

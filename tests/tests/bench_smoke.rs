@@ -28,6 +28,8 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
             "25",
             "--ack-timeout",
             "3",
+            "--mcs-endpoints",
+            "30",
         ])
         // This build's agent as its own baseline: the comparison of full rewrites runs.
         .arg("--baseline")
@@ -46,12 +48,15 @@ fn the_scale_benchmark_runs_at_a_small_size_and_writes_its_json() {
         "TCP connect",
         "== one endpoint change through the Kubernetes API",
         "== IPVS vs nftables in the VM",
+        "== an MCS export across 3 clusters",
     ] {
         assert!(text.contains(section), "no {section:?} in:\n{text}");
     }
     let figures: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).expect("json written")).expect("valid JSON");
     assert!(figures.get("fanout").is_some(), "no fanout in {figures}");
+    assert_eq!(figures["mcs"]["endpoints"], 30, "{figures}");
+    assert_eq!(figures["mcs"]["changes"], 3, "{figures}");
     let runs: Vec<(String, u64, u64)> = figures["node_programming"]
         .as_array()
         .expect("node_programming runs")

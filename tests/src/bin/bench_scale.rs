@@ -20,6 +20,9 @@
 //! 4. one endpoint change through the Kubernetes API (the tests' list/watch server).
 //! 5. IPVS beside nftables at `--services` Services, `--node-changes` changes, in the
 //!    test VM (`tests/vm/run-in-vm.sh`: this kernel has no IPVS).
+//! 6. one Service exported by three clusters (`--mcs-endpoints` endpoints in all), kpx
+//!    the MCS controller: exports → the node's kernel, and `--node-changes` endpoint
+//!    changes in any cluster → the node's kernel.
 
 use kpx_e2e::bench::backends_in_vm;
 use kpx_e2e::bench::scale::fanout::*;
@@ -97,6 +100,9 @@ fn main() {
     }
     if let Some(&first) = a.node_scales.first().filter(|_| !a.skip.iter().any(|s| s == "api")) {
         out.insert("api".into(), api_latency(&a, first));
+    }
+    if !a.skip.iter().any(|s| s == "mcs") {
+        out.insert("mcs".into(), kpx_e2e::bench::scale::mcs::mcs_latency(&a));
     }
     if !a.skip.iter().any(|s| s == "ipvs") {
         if let Some(figures) = ipvs_in_vm(&a) {

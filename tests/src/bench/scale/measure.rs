@@ -138,6 +138,28 @@ pub fn exited_before(agent: &KpxProcess, what: &str) {
     }
 }
 
+/// From `written` (Unix seconds, when a change was made at its source) to when the
+/// agent's kernel committed it, by the agent's `delta applied` event: the event is logged
+/// once the delta is stored too, which took `elapsed - kernel` after the commit (the
+/// result is rounded to the log's microseconds, never below zero).
+pub fn committed_after(event: &serde_json::Value, written: f64) -> Duration {
+    let logged = event["timestamp"]
+        .as_str()
+        .and_then(unix_seconds)
+        .unwrap_or_else(|| panic!("the agent's event has no UTC timestamp: {event}"));
+    let after_kernel_us =
+        event["elapsed_us"].as_f64().unwrap_or(0.0) - event["kernel_us"].as_f64().unwrap_or(0.0);
+    Duration::from_secs_f64((logged - written - after_kernel_us / 1e6).max(0.0))
+}
+
+/// Now, in Unix seconds.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default()
+}
+
 /// The agent's "delta applied" events of Services (the log holds every run of it).
 pub fn service_deltas(log: &Path) -> Vec<serde_json::Value> {
     events(log)

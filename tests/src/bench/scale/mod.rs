@@ -4,6 +4,7 @@
 //! programming, restarts and the API path ([`node`]).
 
 pub mod fanout;
+pub mod mcs;
 pub mod measure;
 pub mod node;
 pub mod workload;
@@ -32,6 +33,8 @@ pub struct Args {
     /// Another build's agent (its commit, its binary): nftables' full rewrite is also
     /// timed with it, in the same run, and the two printed side by side.
     pub baseline: Option<(String, PathBuf)>,
+    /// The endpoints of the one Service exported across three clusters (MCS).
+    pub mcs_endpoints: usize,
 }
 
 /// Node programming's scales: Kubernetes' per-cluster envelope of 250k endpoints (5k ×
@@ -54,6 +57,7 @@ pub fn parse_args() -> Result<Args, String> {
         skip: vec![],
         tls: false,
         baseline: None,
+        mcs_endpoints: 1_000,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -70,6 +74,7 @@ pub fn parse_args() -> Result<Args, String> {
             "--node-scales" => a.node_scales = parse_scales(&flag, &value()?)?,
             "--node-changes" => a.node_changes = number(value()?)?.max(1),
             "--node-idle" => a.node_idle_s = number(value()?)? as u64,
+            "--mcs-endpoints" => a.mcs_endpoints = number(value()?)?.max(3),
             "--json" => a.json = Some(PathBuf::from(value()?)),
             "--skip" => a.skip.push(value()?),
             "--tls" => a.tls = true,

@@ -43,24 +43,13 @@ pub fn api_latency(a: &Args, scale: Scale) -> serde_json::Value {
     for change in 1..=a.node_changes {
         let before = service_deltas(&dp.log).len();
         std::thread::sleep(Duration::from_millis(100));
-        let written = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or_default();
+        let written = unix_now();
         api.apply_yaml(&BenchService::numbered(0, scale.endpoints, change).slice_yaml());
         let event = crate::wait_for("the change applied", Duration::from_secs(120), || {
             exited_before(&dp, "the change applied");
             service_deltas(&dp.log).into_iter().nth(before)
         });
-        // The event is logged once stored too: the kernel had it `elapsed - kernel` before.
-        let logged = event["timestamp"]
-            .as_str()
-            .and_then(unix_seconds)
-            .unwrap_or_else(|| panic!("the agent's event has no UTC timestamp: {event}"));
-        let after_kernel_us =
-            event["elapsed_us"].as_f64().unwrap_or(0.0) - event["kernel_us"].as_f64().unwrap_or(0.0);
-        // (Rounded to the log's microseconds: never below zero.)
-        latencies.push(Duration::from_secs_f64((logged - written - after_kernel_us / 1e6).max(0.0)));
+        latencies.push(committed_after(&event, written));
     }
     latencies.sort();
     println!(
