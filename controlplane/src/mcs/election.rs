@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::kube::{read_lease, write_lease};
+use super::kube::{read_lease, write_lease, RequestError};
 use crate::model::ObjectKey;
 use crate::source::kubernetes::ApiClient;
 
@@ -86,7 +86,7 @@ async fn step(
     lease: &ObjectKey,
     identity: &str,
     seen: &mut Option<Seen>,
-) -> Result<bool, kube::Error> {
+) -> Result<bool, RequestError> {
     let record = read_lease(client, lease).await?;
     let take = match &record {
         None => true,
@@ -107,10 +107,5 @@ async fn step(
     if !take {
         return Ok(false);
     }
-    match write_lease(client, lease, record.as_ref(), identity, LEASE_DURATION).await {
-        Ok(()) => Ok(true),
-        // Another replica wrote it first (409 on replace, AlreadyExists on create).
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
-        Err(e) => Err(e),
-    }
+    write_lease(client, lease, record.as_ref(), identity, LEASE_DURATION).await
 }

@@ -16,6 +16,11 @@ use crate::source::kubernetes::ApiClient;
 use crate::source::manifest::MCS_GROUP;
 use crate::source::manifest::{MANAGED_BY_LABEL, MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL};
 
+/// A request that failed, as the API server or the connection said.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct RequestError(#[from] kube::Error);
+
 /// The field manager of kpx's server-side applies.
 pub const FIELD_MANAGER: &str = "kpx-controlplane";
 const VERSION: &str = "v1alpha1";
@@ -77,18 +82,18 @@ pub async fn apply_import(
     client: &ApiClient,
     key: &ObjectKey,
     import: &ImportObject,
-) -> Result<(), kube::Error> {
+) -> Result<(), RequestError> {
     let manifest = import_manifest(key, import);
     let api = api(client, "ServiceImport", &key.namespace);
-    api.patch(&key.name, &apply_params(), &Patch::Apply(&manifest)).await.map(drop)
+    api.patch(&key.name, &apply_params(), &Patch::Apply(&manifest)).await.map(drop).map_err(RequestError)
 }
 
 /// Deletes the ServiceImport `key`; one already gone is no error.
-pub async fn delete_import(client: &ApiClient, key: &ObjectKey) -> Result<(), kube::Error> {
+pub async fn delete_import(client: &ApiClient, key: &ObjectKey) -> Result<(), RequestError> {
     match api(client, "ServiceImport", &key.namespace).delete(&key.name, &DeleteParams::default()).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
-        Err(e) => Err(e),
+        Err(e) => Err(RequestError(e)),
     }
 }
 
@@ -96,7 +101,7 @@ pub async fn set_export_conditions(
     client: &ApiClient,
     key: &ObjectKey,
     conditions: &[Condition],
-) -> Result<(), kube::Error> {
+) -> Result<(), RequestError> {
     let conditions: Vec<Value> = (conditions.iter())
         .map(|c| {
             json!({
@@ -112,7 +117,10 @@ pub async fn set_export_conditions(
         "status": {"conditions": conditions},
     });
     let api = api(client, "ServiceExport", &key.namespace);
-    api.patch_status(&key.name, &apply_params(), &Patch::Apply(&manifest)).await.map(drop)
+    api.patch_status(&key.name, &apply_params(), &Patch::Apply(&manifest))
+        .await
+        .map(drop)
+        .map_err(RequestError)
 }
 
 fn slices_api(client: &ApiClient, namespace: &str) -> Api<DynamicObject> {
@@ -152,20 +160,21 @@ pub async fn apply_slice(
     client: &ApiClient,
     key: &ObjectKey,
     slice: &SliceObject,
-) -> Result<(), kube::Error> {
+) -> Result<(), RequestError> {
     let manifest = slice_manifest(key, slice);
     slices_api(client, &key.namespace)
         .patch(&key.name, &apply_params(), &Patch::Apply(&manifest))
         .await
         .map(drop)
+        .map_err(RequestError)
 }
 
 /// Deletes the MCS EndpointSlice `key`; one already gone is no error.
-pub async fn delete_slice(client: &ApiClient, key: &ObjectKey) -> Result<(), kube::Error> {
+pub async fn delete_slice(client: &ApiClient, key: &ObjectKey) -> Result<(), RequestError> {
     match slices_api(client, &key.namespace).delete(&key.name, &DeleteParams::default()).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
-        Err(e) => Err(e),
+        Err(e) => Err(RequestError(e)),
     }
 }
 
@@ -185,7 +194,7 @@ fn lease_api(client: &ApiClient, key: &ObjectKey) -> Api<Lease> {
     Api::namespaced(client.kube().clone(), &key.namespace)
 }
 
-pub async fn read_lease(client: &ApiClient, key: &ObjectKey) -> Result<Option<LeaseRecord>, kube::Error> {
+pub async fn read_lease(client: &ApiClient, key: &ObjectKey) -> Result<Option<LeaseRecord>, RequestError> {
     let Some(object) = lease_api(client, key).get_opt(&key.name).await? else { return Ok(None) };
     let spec = object.spec.clone().unwrap_or_default();
     Ok(Some(LeaseRecord {
@@ -198,14 +207,15 @@ pub async fn read_lease(client: &ApiClient, key: &ObjectKey) -> Result<Option<Le
 }
 
 /// Writes the Lease held by `holder`, renewed now: creates it (`known: None`) or
-/// replaces `known` (refused with 409 Conflict when another replica wrote it since).
+/// replaces `known`. False when another replica wrote it first (409: it already exists,
+/// or it changed since `known` was read).
 pub async fn write_lease(
     client: &ApiClient,
     key: &ObjectKey,
     known: Option<&LeaseRecord>,
     holder: &str,
     duration: Duration,
-) -> Result<(), kube::Error> {
+) -> Result<bool, RequestError> {
     let now = MicroTime(jiff::Timestamp::now());
     let api = lease_api(client, key);
     let taking = known.is_none_or(|k| k.holder.as_deref() != Some(holder));
@@ -220,7 +230,7 @@ pub async fn write_lease(
         renew_time: Some(now),
         ..spec
     };
-    match known {
+    let written = match known {
         None => {
             let lease = Lease {
                 metadata: ObjectMeta {
@@ -236,6 +246,11 @@ pub async fn write_lease(
             let lease = Lease { spec: Some(spec), ..known.object.clone() };
             api.replace(&key.name, &PostParams::default(), &lease).await.map(drop)
         }
+    };
+    match written {
+        Ok(()) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+        Err(e) => Err(RequestError(e)),
     }
 }
 
