@@ -82,11 +82,14 @@ pub async fn run(
             ));
             let clients: BTreeMap<String, _> = apis.iter().cloned().collect();
             let writable = clients.keys().cloned().collect();
-            tokio::spawn(crate::mcs::writer::run(clients, plans_rx, leader_rx, Arc::clone(&metrics)));
+            let (missing, missing_rx) = tokio::sync::watch::channel(Default::default());
+            let writer = crate::mcs::writer::run(clients, plans_rx, leader_rx, missing, Arc::clone(&metrics));
+            tokio::spawn(writer);
             publisher.with_mcs(McsPlanning {
                 clusterset_cidrs: mcs.clusterset_cidrs.clone(),
                 writable,
                 plans,
+                missing: missing_rx,
             })
         }
         _ => publisher,

@@ -352,6 +352,7 @@ fn kpx_as_the_mcs_controller_imports_an_export_everywhere_and_says_why_not() {
     for (name, api) in [("east", &c.east), ("west", &c.west)] {
         wait_condition(api, name, "Valid", |(status, _, _)| status == "True");
         wait_condition(api, name, "Conflict", |(status, _, _)| status == "False");
+        wait_condition(api, name, "Ready", |(status, reason, _)| status == "True" && reason == "Exported");
     }
     c.t.wait_answered_by(&ip, 80, "pod0");
     c.t.wait_answered_by(&ip, 80, "pod1");
@@ -521,6 +522,10 @@ fn a_writer_killed_with_a_write_left_is_replaced_and_the_next_writes_it() {
         refused[0]["error"].as_str().is_some_and(|m| m.contains("namespaces \"test\" not found")),
         "{refused:?}"
     );
+    // The export says so, naming the cluster.
+    wait_condition(&c.east, "east", "Ready", |(status, reason, message)| {
+        status == "False" && reason == "Pending" && message.contains("west")
+    });
     c.t.wait_answered_by(&ip, 80, "pod0");
 
     // The writer killed with west's import unwritten; the namespace comes; the other
@@ -538,5 +543,6 @@ fn a_writer_killed_with_a_write_left_is_replaced_and_the_next_writes_it() {
     );
     let west_ip = kpx_e2e::wait_for("west's ServiceImport", DEADLINE, || import_ip(&c.west));
     assert_eq!(west_ip, ip, "the address east's import holds");
+    wait_condition(&c.east, "east", "Ready", |(status, reason, _)| status == "True" && reason == "Exported");
     println!("handed over {took:?} after the leader was killed");
 }

@@ -21,6 +21,13 @@ use crate::source::manifest::{MANAGED_BY_LABEL, MCS_SERVICE_NAME_LABEL, MCS_SOUR
 #[error(transparent)]
 pub struct RequestError(#[from] kube::Error);
 
+impl RequestError {
+    /// Whether the object's namespace does not exist (a create refused with 404).
+    pub fn namespace_missing(&self) -> bool {
+        matches!(&self.0, kube::Error::Api(status) if status.is_not_found() && status.message.starts_with("namespaces "))
+    }
+}
+
 /// The field manager of kpx's server-side applies.
 pub const FIELD_MANAGER: &str = "kpx-controlplane";
 const VERSION: &str = "v1alpha1";

@@ -111,13 +111,19 @@ pub struct Plan {
     pub unallocated: BTreeMap<ObjectKey, AllocateError>,
 }
 
+/// Where an import could not be written because its namespace does not exist:
+/// (cluster, the import's key), as the writer last found.
+pub type MissingNamespaces = BTreeSet<(String, ObjectKey)>;
+
 /// The plan for `clusters`: kpx writes to those in `writable` (its Kubernetes sources),
-/// allocating ClusterSetIPs from `cidrs` (one per family); `now` is the
-/// `lastTransitionTime` of a condition that changes.
+/// allocating ClusterSetIPs from `cidrs` (one per family); `missing` says where an
+/// import waits for its namespace; `now` is the `lastTransitionTime` of a condition
+/// that changes.
 pub fn plan(
     clusters: &BTreeMap<String, Cluster>,
     writable: &BTreeSet<String>,
     cidrs: &[IpNet],
+    missing: &MissingNamespaces,
     now: &str,
 ) -> Plan {
     let mut names: BTreeSet<&ObjectKey> = BTreeSet::new();
@@ -141,8 +147,12 @@ pub fn plan(
             .filter_map(|(c, m)| Some((c.as_str(), m.state().exports.get(key)?, m.service(key))))
             .collect();
         let resolution = resolve(exports.iter().copied());
+        let waiting: Vec<&str> = (writable.iter())
+            .filter(|c| missing.contains(&((*c).clone(), key.clone())))
+            .map(String::as_str)
+            .collect();
         for &(cluster, export, _) in exports.iter().filter(|(c, _, _)| writable.contains(*c)) {
-            let conditions = conditions(&resolution, cluster, &export.conditions, now);
+            let conditions = conditions(&resolution, cluster, &waiting, &export.conditions, now);
             let same = conditions.len() == export.conditions.len()
                 && conditions.iter().zip(&export.conditions).all(|(a, b)| a.means(b));
             if !same {
@@ -263,9 +273,17 @@ fn sync_slices(
     }
 }
 
-/// The `Valid` and `Conflict` conditions of `cluster`'s export, each keeping its
+/// The `Valid`, `Conflict` and `Ready` conditions of `cluster`'s export (`Ready` as the
+/// API's later versions define it: the import is in every cluster; not while the export
+/// is not valid, or the namespace is missing in the clusters `waiting`), each keeping its
 /// `lastTransitionTime` from `held` while its status stays.
-fn conditions(resolution: &Resolution, cluster: &str, held: &[Condition], now: &str) -> Vec<Condition> {
+fn conditions(
+    resolution: &Resolution,
+    cluster: &str,
+    waiting: &[&str],
+    held: &[Condition],
+    now: &str,
+) -> Vec<Condition> {
     let valid = match resolution.invalid.get(cluster) {
         Some(why) => (false, why.reason().to_owned(), why.message().to_owned()),
         None => (true, "Valid".to_owned(), "the Service is exported".to_owned()),
@@ -274,7 +292,21 @@ fn conditions(resolution: &Resolution, cluster: &str, held: &[Condition], now: &
         Some((reason, message)) => (true, reason, message),
         None => (false, "NoConflicts".to_owned(), "no conflict among the exports of this name".to_owned()),
     };
-    [("Valid", valid), ("Conflict", conflict)]
+    let ready = match (resolution.invalid.contains_key(cluster), waiting) {
+        (true, _) => {
+            (false, "Failed".to_owned(), "the export is not valid (see the Valid condition)".to_owned())
+        }
+        (false, []) => (true, "Exported".to_owned(), "imported in every cluster".to_owned()),
+        (false, waiting) => (
+            false,
+            "Pending".to_owned(),
+            format!(
+                "the namespace does not exist in cluster {}: imported there once it does",
+                waiting.join(", ")
+            ),
+        ),
+    };
+    [("Valid", valid), ("Conflict", conflict), ("Ready", ready)]
         .into_iter()
         .map(|(kind, (status, reason, message))| {
             let kept = held.iter().find(|c| c.kind == kind && c.status == status);

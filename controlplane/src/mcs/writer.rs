@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::kube::{apply_import, apply_slice, delete_import, delete_slice, set_export_conditions};
-use super::plan::{Plan, Write};
+use super::plan::{MissingNamespaces, Plan, Write};
 use crate::metrics::ControlPlaneMetrics;
 use crate::model::ObjectKey;
 use crate::source::kubernetes::ApiClient;
@@ -62,11 +62,12 @@ fn say_what_is_wrong(at: &Target, conditions: &[crate::model::Condition]) {
 }
 
 /// Writes the plans of `plans` to `clients` (by cluster) while `leader` says so, until
-/// the process ends.
+/// the process ends; says on `missing` where an import waits for its namespace.
 pub async fn run(
     clients: BTreeMap<String, ApiClient>,
     mut plans: watch::Receiver<Arc<Plan>>,
     mut leader: watch::Receiver<bool>,
+    missing: watch::Sender<MissingNamespaces>,
     metrics: Arc<ControlPlaneMetrics>,
 ) {
     let mut failing: BTreeMap<Target, Failing> = BTreeMap::new();
@@ -92,6 +93,11 @@ pub async fn run(
                     Write::ApplySlice { key, slice, .. } => apply_slice(client, key, slice).await,
                     Write::DeleteSlice { key, .. } => delete_slice(client, key).await,
                 };
+                if let Write::ApplyImport { cluster, key, .. } = write {
+                    let waits = result.as_ref().is_err_and(|e| e.namespace_missing());
+                    let at = (cluster.clone(), key.clone());
+                    missing.send_if_modified(|m| if waits { m.insert(at) } else { m.remove(&at) });
+                }
                 match result {
                     Ok(()) => {
                         metrics.mcs_writes.get_or_create(&vec![("kind".into(), kind_of(write).into())]).inc();
@@ -127,8 +133,18 @@ pub async fn run(
                 }
             }
         }
-        // A target no longer planned has nothing left to retry.
+        // A target no longer planned has nothing left to retry, nor waits.
         failing.retain(|at, _| plan.writes.iter().any(|w| target(w) == *at));
+        let planned = |(cluster, key): &(String, ObjectKey)| {
+            plan.writes.iter().any(
+                |w| matches!(w, Write::ApplyImport { cluster: c, key: k, .. } if c == cluster && k == key),
+            )
+        };
+        missing.send_if_modified(|m| {
+            let before = m.len();
+            m.retain(planned);
+            m.len() != before
+        });
         let retry = async {
             match next_retry {
                 Some(at) => tokio::time::sleep_until(at).await,

@@ -72,6 +72,9 @@ pub struct McsPlanning {
     /// The clusters kpx writes to (its Kubernetes sources).
     pub writable: BTreeSet<String>,
     pub plans: watch::Sender<Arc<crate::mcs::plan::Plan>>,
+    /// Where the writer found an import's namespace missing (it goes into the exports'
+    /// `Ready` condition): a change plans again.
+    pub missing: watch::Receiver<crate::mcs::plan::MissingNamespaces>,
 }
 
 /// What the clusterset imports, for the admin API.
@@ -150,8 +153,14 @@ impl Publisher {
         });
         let Some(mcs) = &self.mcs else { return };
         let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
-        let plan =
-            crate::mcs::plan::plan(self.tracker.clusters(), &mcs.writable, &mcs.clusterset_cidrs, &now);
+        let missing = mcs.missing.borrow().clone();
+        let plan = crate::mcs::plan::plan(
+            self.tracker.clusters(),
+            &mcs.writable,
+            &mcs.clusterset_cidrs,
+            &missing,
+            &now,
+        );
         for (key, error) in &plan.unallocated {
             tracing::warn!(import = %key, error = %error, "no ClusterSetIP for an import");
         }
@@ -171,6 +180,7 @@ impl Publisher {
         mut reachability: BTreeMap<String, ReachabilityReceiver>,
     ) {
         let mut pending = ChangeSet::default();
+        let mut missing = self.mcs.as_ref().map(|m| m.missing.clone());
         loop {
             let since: Vec<(String, Option<Instant>)> = reachability
                 .iter_mut()
@@ -207,6 +217,12 @@ impl Publisher {
                     None => std::future::pending().await,
                 }
             };
+            let missing_changed = async {
+                match &mut missing {
+                    Some(rx) => rx.changed().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 update = events.recv() => {
                     let Some(update) = update else { return };
@@ -222,6 +238,13 @@ impl Publisher {
                     }
                 }
                 () = expiry => {}
+                changed = missing_changed => {
+                    match changed {
+                        // Plan again, the exports' Ready conditions with it.
+                        Ok(()) => self.planned = false,
+                        Err(_) => missing = None,
+                    }
+                }
             }
         }
     }

@@ -87,7 +87,7 @@ fn settle(
 ) -> (BTreeMap<String, Cluster>, Vec<Write>) {
     let mut writes = Vec::new();
     for _ in 0..4 {
-        let p = plan(&clusters, all, &cidrs(), "T9");
+        let p = plan(&clusters, all, &cidrs(), &MissingNamespaces::new(), "T9");
         if p.writes.is_empty() {
             return (clusters, writes);
         }
@@ -117,7 +117,7 @@ fn every_cluster_gets_one_import_at_one_address_and_then_nothing_is_written() {
         ("south", String::new()),
     ]);
     let all = writable(&["east", "south", "west"]);
-    let first = plan(&clusters, &all, &cidrs(), "T1");
+    let first = plan(&clusters, &all, &cidrs(), &MissingNamespaces::new(), "T1");
     let imports: Vec<(&str, &ImportObject)> = (first.writes.iter())
         .filter_map(|w| match w {
             Write::ApplyImport { cluster, import, .. } => Some((cluster.as_str(), import)),
@@ -160,14 +160,18 @@ fn every_cluster_gets_one_import_at_one_address_and_then_nothing_is_written() {
         Write::ApplySlice { cluster, slice, .. } => slice.owner_uid == owner(cluster),
         _ => true,
     }));
-    assert_eq!(plan(&clusters, &all, &cidrs(), "T2").writes, [], "all written: nothing to write");
+    assert_eq!(
+        plan(&clusters, &all, &cidrs(), &MissingNamespaces::new(), "T2").writes,
+        [],
+        "all written: nothing to write"
+    );
 
     // West unexports: its MCS slices leave every cluster.
     let mut clusters = clusters;
     let mut west = clusters["west"].state().clone();
     west.exports.clear();
     clusters.get_mut("west").expect("west").replace(west);
-    let p = plan(&clusters, &all, &cidrs(), "T3");
+    let p = plan(&clusters, &all, &cidrs(), &MissingNamespaces::new(), "T3");
     let deleted: Vec<String> = (p.writes.iter())
         .filter_map(|w| match w {
             Write::DeleteSlice { cluster, key } => Some(format!("{cluster}:{}", key.name)),
@@ -186,7 +190,7 @@ fn an_address_an_import_holds_is_kept_and_a_write_to_one_cluster_only_is_planned
         ("east", format!("{}{held}", exported(80, "2026-01-01T00:00:00Z"))),
         ("west", String::new()),
     ]);
-    let p = plan(&clusters, &writable(&["east", "west"]), &cidrs(), "T1");
+    let p = plan(&clusters, &writable(&["east", "west"]), &cidrs(), &MissingNamespaces::new(), "T1");
     let applies: Vec<(&str, Vec<IpAddr>)> = (p.writes.iter())
         .filter_map(|w| match w {
             Write::ApplyImport { cluster, import, .. } => Some((cluster.as_str(), import.ips.clone())),
@@ -211,7 +215,7 @@ fn conflicts_and_invalid_exports_are_conditions_on_every_export_and_kept_while_t
         ("north", external.to_owned()),
     ]);
     let all = writable(&["east", "north", "west"]);
-    let first = plan(&clusters, &all, &cidrs(), "T1");
+    let first = plan(&clusters, &all, &cidrs(), &MissingNamespaces::new(), "T1");
     for cluster in ["east", "west"] {
         let conflict = condition(&first, cluster, "Conflict");
         assert!(conflict.status && conflict.reason == "PortConflict", "{cluster}: {conflict:?}");
@@ -227,7 +231,7 @@ fn conflicts_and_invalid_exports_are_conditions_on_every_export_and_kept_while_t
     let mut west = clusters["west"].state().clone();
     west.services = agree.services;
     clusters.get_mut("west").expect("west").replace(west);
-    let next = plan(&clusters, &all, &cidrs(), "T2");
+    let next = plan(&clusters, &all, &cidrs(), &MissingNamespaces::new(), "T2");
     let conflict = condition(&next, "west", "Conflict");
     assert!(!conflict.status && conflict.last_transition == "T2", "{conflict:?}");
     assert_eq!(condition(&next, "west", "Valid").last_transition, "T1", "Valid kept its time");
@@ -235,7 +239,11 @@ fn conflicts_and_invalid_exports_are_conditions_on_every_export_and_kept_while_t
     assert!(!condition(&next, "north", "Conflict").status);
     assert_eq!(condition(&next, "north", "Valid").last_transition, "T1");
     let clusters = written(clusters, &next);
-    assert_eq!(plan(&clusters, &all, &cidrs(), "T3").writes, [], "written: nothing more");
+    assert_eq!(
+        plan(&clusters, &all, &cidrs(), &MissingNamespaces::new(), "T3").writes,
+        [],
+        "written: nothing more"
+    );
 }
 
 #[test]
@@ -250,7 +258,7 @@ fn when_nothing_is_exported_kpx_deletes_the_imports_it_wrote_and_no_others() {
         ServiceImport { key: ObjectKey { namespace: "ns".into(), name: "db".into() }, ..Default::default() };
     east.imports.insert(other.key.clone(), other);
     clusters.get_mut("east").expect("east").replace(east);
-    let p = plan(&clusters, &all, &cidrs(), "T2");
+    let p = plan(&clusters, &all, &cidrs(), &MissingNamespaces::new(), "T2");
     let said: Vec<String> = (p.writes.iter())
         .map(|w| {
             let (cluster, kind, key) = w.target();
@@ -274,4 +282,28 @@ fn when_nothing_is_exported_kpx_deletes_the_imports_it_wrote_and_no_others() {
             "delete west EndpointSlice web-1-east"
         ]
     );
+}
+
+#[test]
+fn an_import_waiting_for_its_namespace_makes_every_export_pending_until_it_is_written() {
+    let clusters = models(&[("east", exported(80, "2026-01-01T00:00:00Z")), ("west", String::new())]);
+    let all = writable(&["east", "west"]);
+    let missing: MissingNamespaces = [("west".to_owned(), key())].into();
+    let p = plan(&clusters, &all, &cidrs(), &missing, "T1");
+    let ready = condition(&p, "east", "Ready");
+    assert!(!ready.status && ready.reason == "Pending" && ready.message.contains("west"), "{ready:?}");
+    assert!(
+        p.writes.iter().any(|w| matches!(w, Write::ApplyImport { cluster, .. } if cluster == "west")),
+        "west's import is still planned: the writer tries again"
+    );
+    let clusters = written(clusters, &p);
+    let p = plan(&clusters, &all, &cidrs(), &MissingNamespaces::new(), "T2");
+    let ready = condition(&p, "east", "Ready");
+    assert!(ready.status && ready.reason == "Exported" && ready.last_transition == "T2", "{ready:?}");
+
+    let external = "kind: Service\nmetadata: {name: web, namespace: ns}\nspec: {type: ExternalName, externalName: x.example}\n---\n\
+                    apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceExport\nmetadata: {name: web, namespace: ns}\n---\n";
+    let invalid = models(&[("east", external.to_owned())]);
+    let p = plan(&invalid, &writable(&["east"]), &cidrs(), &MissingNamespaces::new(), "T1");
+    assert_eq!(condition(&p, "east", "Ready").reason, "Failed", "not valid: not ready");
 }
