@@ -1,8 +1,10 @@
 #!/bin/sh
 # Where kpx stands at scale: fan-out to simulated nodes, node programming per backend,
-# data-path connect latency, one endpoint change through the Kubernetes API. Prints a table; --json PATH writes the figures.
+# data-path connect latency, one endpoint change through the Kubernetes API, an MCS export across
+# three clusters. Prints a table; --json PATH writes the figures.
 # Usage: sudo tests/bench-scale.sh [--services N] [--endpoints N] [--nodes N] [--slow-percent P]
-#        [--changes N] [--node-scales SxE,…] [--node-changes N] [--node-idle S] [--json PATH] [--skip fanout|node|iptables|api] [--tls]
+#        [--changes N] [--node-scales SxE,…] [--node-changes N] [--node-idle S] [--mcs-endpoints N] [--json PATH]
+#        [--skip fanout|floor|node|iptables|api|ipvs|mcs] [--tls]
 #        [--baseline COMMIT=AGENT_BINARY]   (nftables' full rewrite also timed with another build's agent)
 # The documentation's tables: tests/bench-table.py PATH.json --into docs/performance.md --into README.md
 set -eu

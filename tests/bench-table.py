@@ -170,6 +170,11 @@ def headline(data):
         rows.append((f"control plane, {f['services']:,} Services × {f['endpoints']} endpoints, {f['nodes']:,} "
                      f"nodes: one endpoint change → every node, p50", f"{f['change_p50_ms']} ms"))
         rows.append((f"control plane: memory per connected node", f"{f['controlplane_kib_per_stream']:.1f} KiB"))
+    mcs = data.get("mcs")
+    if mcs:
+        rows.append((f"Multi-Cluster Services, one Service exported by {mcs['clusters']} clusters, "
+                     f"{mcs['endpoints']:,} endpoints: an endpoint change in any cluster → a node's kernel, "
+                     f"p50 / max", f"{mcs['change_to_kernel_p50_ms']} / {mcs['change_to_kernel_max_ms']} ms"))
     out = ["| what | measured |", "|---|---|"]
     out.extend(f"| {what} | {value} |" for what, value in rows)
     m = data.get("machine", {})

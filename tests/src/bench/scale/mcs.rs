@@ -39,8 +39,13 @@ fn slice_yaml(index: usize, slice: usize, range: std::ops::Range<usize>, generat
     let last = range.end.saturating_sub(1);
     let endpoints: Vec<String> = range
         .map(|i| {
-            let i = if i == last { i + 5_000 * generation } else { i };
-            format!("{{addresses: [10.{}.{}.{}]}}", 100 + index, i / 250, i % 250 + 1)
+            // The moved endpoint goes to 10.x.200+.y, which no other endpoint has.
+            let (third, fourth) = if i == last && generation > 0 {
+                (200 + generation / 250 % 50, generation % 250)
+            } else {
+                (i / 250, i % 250)
+            };
+            format!("{{addresses: [10.{}.{third}.{}]}}", 100 + index, fourth + 1)
         })
         .collect();
     format!(
