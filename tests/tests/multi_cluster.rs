@@ -398,6 +398,26 @@ fn kpx_as_the_mcs_controller_imports_an_export_everywhere_and_says_why_not() {
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!((mcs_writes(&c.east), mcs_writes(&c.west)), settled, "writes after settling");
 
+    // A headless Service exported: a Headless import in both clusters, with no address.
+    let db = "apiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: test}\n\
+              spec: {clusterIP: None, ports: [{name: pg, protocol: TCP, port: 5432}]}\n---\n\
+              apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceExport\nmetadata: {name: db, namespace: test}\n";
+    c.west.apply_yaml(db);
+    for api in [&c.east, &c.west] {
+        let import = kpx_e2e::wait_for("the Headless import", DEADLINE, || {
+            api.object(Kind::ServiceImport, "test", "db")
+        });
+        assert_eq!(import["spec"]["type"], "Headless", "{import}");
+        assert!(import["spec"].get("ips").is_none(), "no ClusterSetIP for a Headless import: {import}");
+    }
+    c.west.delete(Kind::ServiceExport, "test", "db");
+    kpx_e2e::wait_for("the Headless imports deleted", DEADLINE, || {
+        [&c.east, &c.west]
+            .iter()
+            .all(|api| api.object(Kind::ServiceImport, "test", "db").is_none())
+            .then_some(())
+    });
+
     // West's port differs: both exports say so, naming the field and the clusters.
     let other_port = web("", &pod(1), "node-w", true).replace("port: 80}", "port: 81}");
     c.west.apply_yaml(&other_port);

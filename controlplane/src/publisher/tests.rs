@@ -350,8 +350,8 @@ fn an_import_is_served_over_the_endpoints_of_every_valid_export_and_follows_them
         import("ClusterSetIP", "10.200.0.10")
     );
     let west = format!("{}{}", service("web", "", &["10.2.0.1"], "nw"), export("2026-02-01T00:00:00Z"));
-    let south = import("ClusterSetIP", "10.200.0.10");
-    let mut t = tracker(&[("east", &east), ("west", &west), ("south", &south)]);
+    let south_import = import("ClusterSetIP", "10.200.0.10");
+    let mut t = tracker(&[("east", &east), ("west", &west), ("south", &south_import)]);
     let all = t.everything();
     assert_eq!(
         import_endpoints(&mut t, &all, "east/ns/web.clusterset").expect("east imports"),
@@ -363,6 +363,16 @@ fn an_import_is_served_over_the_endpoints_of_every_valid_export_and_follows_them
         "a cluster that exports nothing gets every exporter's endpoints"
     );
     assert!(import_endpoints(&mut t, &all, "west/ns/web.clusterset").is_none(), "west holds no import");
+
+    // The import's session affinity (not its Services') is the view's.
+    let sticky = import("ClusterSetIP", "10.200.0.10").replace("ports:", "sessionAffinity: ClientIP, ports:");
+    let mut changes = ChangeSet::default();
+    t.apply("south", SourceEvent::Apply(upserts(&sticky)), &mut changes);
+    let views = t.views(&changes);
+    let south =
+        views.services.iter().find(|(n, _)| n == "south/ns/web.clusterset").and_then(|(_, v)| v.as_ref());
+    assert_eq!(south.expect("served").default.session_affinity_timeout, Some(10800));
+    t.apply("south", SourceEvent::Apply(upserts(&south_import)), &mut ChangeSet::default());
 
     // A change of an exported Service's slices touches every cluster's import.
     let mut changes = ChangeSet::default();
