@@ -18,30 +18,12 @@ use ipnet::IpNet;
 use super::allocate::{allocate, AllocateError};
 use super::resolve::{resolve, Resolution};
 use crate::model::{
-    Cluster, Condition, ImportPort, ImportType, McsEndpoint, McsSlice, ObjectKey, ServiceImport, SlicePort,
+    Cluster, Condition, ImportSpec, ImportType, McsEndpoint, McsSlice, ObjectKey, ServiceImport, SlicePort,
 };
 
-/// The spec and metadata kpx gives a ServiceImport.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ImportObject {
-    pub import_type: ImportType,
-    pub ips: Vec<IpAddr>,
-    pub ports: Vec<ImportPort>,
-    pub session_affinity_timeout: Option<u32>,
-    pub labels: BTreeMap<String, String>,
-    pub annotations: BTreeMap<String, String>,
-    /// The clusters whose exports it is made of (`status.clusters`).
-    pub clusters: Vec<String>,
-}
-
-impl ImportObject {
-    /// Whether the import the API holds is this one, as kpx wrote it.
-    pub fn is(&self, held: &ServiceImport) -> bool {
-        held.managed
-            && (self.import_type, &self.ips, &self.ports, self.session_affinity_timeout)
-                == (held.import_type, &held.ips, &held.ports, held.session_affinity_timeout)
-            && (&self.labels, &self.annotations) == (&held.labels, &held.annotations)
-    }
+/// Whether `held` is `spec` as kpx wrote it.
+fn holds(held: &ServiceImport, spec: &ImportSpec) -> bool {
+    held.managed && held.spec == *spec
 }
 
 /// An MCS EndpointSlice as kpx writes it: the endpoints of one slice of one exporting
@@ -77,7 +59,7 @@ pub fn slice_name(source: &str, source_cluster: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Write {
     /// Create or update (server-side apply) the ServiceImport `key`.
-    ApplyImport { cluster: String, key: ObjectKey, import: ImportObject },
+    ApplyImport { cluster: String, key: ObjectKey, import: ImportSpec },
     /// Delete the ServiceImport `key` kpx wrote.
     DeleteImport { cluster: String, key: ObjectKey },
     /// Set the conditions of the ServiceExport `key` (status subresource).
@@ -137,7 +119,7 @@ pub fn plan(
         owners.extend(
             sliced.map(|s| ObjectKey { namespace: s.key.namespace.clone(), name: s.service.clone() }),
         );
-        taken.extend(model.state().imports.values().flat_map(|i| i.ips.iter().copied()));
+        taken.extend(model.state().imports.values().flat_map(|i| i.spec.ips.iter().copied()));
     }
     let owners: Vec<ObjectKey> = owners.into_iter().filter(|k| !names.contains(k)).collect();
     names.extend(owners.iter());
@@ -164,8 +146,11 @@ pub fn plan(
         match &resolution.import {
             Some(import) => {
                 let ips = if import.import_type == ImportType::ClusterSetIp {
-                    let holding: Vec<IpAddr> =
-                        clusters.keys().filter_map(|c| held(c)).flat_map(|i| i.ips.iter().copied()).collect();
+                    let holding: Vec<IpAddr> = clusters
+                        .keys()
+                        .filter_map(|c| held(c))
+                        .flat_map(|i| i.spec.ips.iter().copied())
+                        .collect();
                     let mut ips = Vec::new();
                     for &cidr in cidrs {
                         match allocate(cidr, key, &holding, &taken) {
@@ -182,17 +167,16 @@ pub fn plan(
                 } else {
                     Vec::new()
                 };
-                let object = ImportObject {
+                let object = ImportSpec {
                     import_type: import.import_type,
                     ips,
                     ports: import.ports.clone(),
                     session_affinity_timeout: import.session_affinity_timeout,
                     labels: import.labels.clone(),
                     annotations: import.annotations.clone(),
-                    clusters: import.clusters.clone(),
                 };
                 for cluster in writable {
-                    if !held(cluster).is_some_and(|h| object.is(h)) {
+                    if !held(cluster).is_some_and(|h| holds(h, &object)) {
                         let (cluster, key, import) = (cluster.clone(), key.clone(), object.clone());
                         out.writes.push(Write::ApplyImport { cluster, key, import });
                     }

@@ -47,7 +47,7 @@ pub fn report<'a>(
                 .filter_map(|(c, m)| Some((c, m.state().imports.get(key)?)))
                 .collect();
             let (import_type, ips, ports) = match (held.first(), &resolution.import) {
-                (Some((_, i)), _) => (Some(i.import_type), i.ips.clone(), i.ports.clone()),
+                (Some((_, i)), _) => (Some(i.spec.import_type), i.spec.ips.clone(), i.spec.ports.clone()),
                 (None, Some(i)) => (Some(i.import_type), Vec::new(), i.ports.clone()),
                 (None, None) => (None, Vec::new(), Vec::new()),
             };

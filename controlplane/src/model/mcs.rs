@@ -66,10 +66,10 @@ pub struct ImportPort {
     pub port: u16,
 }
 
-/// A `ServiceImport` as read from a cluster.
+/// What a ServiceImport says of the Service it imports: its spec and the metadata the
+/// exports give it (what kpx writes, and compares with what a cluster holds).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ServiceImport {
-    pub key: ObjectKey,
+pub struct ImportSpec {
     pub import_type: ImportType,
     /// `spec.ips`: the ClusterSetIPs, at most one per family (none for Headless, or while
     /// none is allocated yet).
@@ -80,6 +80,13 @@ pub struct ServiceImport {
     /// Its labels, but for [`MANAGED_BY`].
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
+}
+
+/// A `ServiceImport` as read from a cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServiceImport {
+    pub key: ObjectKey,
+    pub spec: ImportSpec,
     /// Labelled [`MANAGED_BY`]: kpx wrote it, and deletes it when nothing is exported.
     pub managed: bool,
     /// `metadata.uid`: what the MCS EndpointSlices of the import name as their owner.

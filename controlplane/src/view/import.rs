@@ -18,7 +18,7 @@ impl Inputs<'_> {
     /// ClusterSetIP with an address, or no cluster exports the name validly.
     pub fn import_views(&self, cluster: &str, key: &ObjectKey) -> Option<ServiceViews> {
         let model = self.clusters.get(cluster)?;
-        let import = model.state().imports.get(key)?;
+        let import = &model.state().imports.get(key)?.spec;
         if import.import_type != ImportType::ClusterSetIp || import.ips.is_empty() {
             return None;
         }

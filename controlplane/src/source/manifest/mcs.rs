@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use super::service::{cluster_affinity, session_affinity, SessionAffinityConfig};
 use super::{ip, port, protocol, FieldError, Metadata};
-use crate::model::{Condition, ImportPort, ImportType, ServiceExport, ServiceImport, MANAGED_BY};
+use crate::model::{Condition, ImportPort, ImportSpec, ImportType, ServiceExport, ServiceImport, MANAGED_BY};
 
 /// The API group of both kinds.
 pub const GROUP: &str = "multicluster.x-k8s.io";
@@ -87,12 +87,12 @@ pub(super) fn service_export(m: ServiceExportManifest) -> Result<ServiceExport, 
 #[derive(Deserialize)]
 pub(super) struct ServiceImportManifest {
     metadata: Metadata,
-    spec: ImportSpec,
+    spec: ImportSpecManifest,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct ImportSpec {
+struct ImportSpecManifest {
     #[serde(rename = "type")]
     import_type: String,
     #[serde(default)]
@@ -140,15 +140,17 @@ pub(super) fn service_import(m: ServiceImportManifest) -> Result<ServiceImport, 
         .collect::<Result<Vec<_>, FieldError>>()?;
     Ok(ServiceImport {
         key: m.metadata.key(),
-        import_type,
-        ips,
-        ports,
-        session_affinity_timeout: session_affinity(
-            spec.session_affinity.as_deref(),
-            spec.session_affinity_config.as_ref(),
-        )?,
-        labels,
-        annotations: m.metadata.annotations.clone(),
+        spec: ImportSpec {
+            import_type,
+            ips,
+            ports,
+            session_affinity_timeout: session_affinity(
+                spec.session_affinity.as_deref(),
+                spec.session_affinity_config.as_ref(),
+            )?,
+            labels,
+            annotations: m.metadata.annotations.clone(),
+        },
         managed,
         uid: m.metadata.uid.clone().unwrap_or_default(),
     })
@@ -183,10 +185,10 @@ mod tests {
                     spec: {type: ClusterSetIP, ips: [10.200.0.10], sessionAffinity: ClientIP,\n\
                     ports: [{name: http, protocol: TCP, port: 80}, {name: dns, protocol: UDP, port: 53}]}\n";
         let Some(Ok(Object::ServiceImport(i))) = parse(text).pop() else { panic!("not an import") };
-        assert_eq!(i.import_type, ImportType::ClusterSetIp);
-        assert_eq!(i.ips, ["10.200.0.10".parse::<std::net::IpAddr>().expect("ip")]);
-        assert_eq!(i.ports.len(), 2);
-        assert_eq!(i.session_affinity_timeout, Some(10800));
+        assert_eq!(i.spec.import_type, ImportType::ClusterSetIp);
+        assert_eq!(i.spec.ips, ["10.200.0.10".parse::<std::net::IpAddr>().expect("ip")]);
+        assert_eq!(i.spec.ports.len(), 2);
+        assert_eq!(i.spec.session_affinity_timeout, Some(10800));
         for (from, to, field) in [
             ("type: ClusterSetIP", "type: NodePort", "spec.type"),
             ("ips: [10.200.0.10]", "ips: [10.200.0.10, 10.200.0.11]", "spec.ips"),
