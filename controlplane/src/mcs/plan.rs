@@ -151,19 +151,7 @@ pub fn plan(
                         .filter_map(|c| held(c))
                         .flat_map(|i| i.spec.ips.iter().copied())
                         .collect();
-                    let mut ips = Vec::new();
-                    for &cidr in cidrs {
-                        match allocate(cidr, key, &holding, &taken) {
-                            Ok(ip) => {
-                                taken.insert(ip);
-                                ips.push(ip);
-                            }
-                            Err(e) => {
-                                out.unallocated.insert(key.clone(), e);
-                            }
-                        }
-                    }
-                    ips
+                    clusterset_ips(cidrs, key, &holding, &mut taken, &mut out.unallocated)
                 } else {
                     Vec::new()
                 };
@@ -198,6 +186,30 @@ pub fn plan(
         }
     }
     out
+}
+
+/// The ClusterSetIPs of import `key`, one per range of `cidrs`: those it `holds`, else
+/// new ones, added to `taken`; a range without room is said in `unallocated`.
+fn clusterset_ips(
+    cidrs: &[IpNet],
+    key: &ObjectKey,
+    holds: &[IpAddr],
+    taken: &mut BTreeSet<IpAddr>,
+    unallocated: &mut BTreeMap<ObjectKey, AllocateError>,
+) -> Vec<IpAddr> {
+    let mut ips = Vec::new();
+    for &cidr in cidrs {
+        match allocate(cidr, key, holds, taken) {
+            Ok(ip) => {
+                taken.insert(ip);
+                ips.push(ip);
+            }
+            Err(e) => {
+                unallocated.insert(key.clone(), e);
+            }
+        }
+    }
+    ips
 }
 
 /// The MCS EndpointSlices of import `key` owned by `uid`: one per slice of each

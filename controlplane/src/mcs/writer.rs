@@ -12,7 +12,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::kube::{apply_import, apply_slice, delete_import, delete_slice, set_export_conditions};
+use super::kube::{
+    apply_import, apply_slice, delete_import, delete_slice, set_export_conditions, RequestError,
+};
 use super::plan::{MissingNamespaces, Plan, Write};
 use crate::metrics::ControlPlaneMetrics;
 use crate::model::ObjectKey;
@@ -26,6 +28,33 @@ struct Failing {
     cause: String,
     attempts: u32,
     next: Instant,
+}
+
+impl Failing {
+    /// Records one more failure: logged when its cause is new; when to try again.
+    fn failed(&mut self, at: &Target, write: &Write, cause: String) -> Instant {
+        if self.cause != cause {
+            tracing::warn!(cluster = at.0, kind = at.1, object = %at.2, write = kind_of(write), error = %cause, "MCS write failed; retrying with backoff");
+            self.cause = cause;
+        }
+        let backoff = FIRST_RETRY.saturating_mul(1 << self.attempts.min(8)).min(LAST_RETRY);
+        self.attempts += 1;
+        self.next = Instant::now() + backoff;
+        self.next
+    }
+}
+
+/// Carries out one write.
+async fn execute(client: &ApiClient, write: &Write) -> Result<(), RequestError> {
+    match write {
+        Write::ApplyImport { key, import, .. } => apply_import(client, key, import).await,
+        Write::DeleteImport { key, .. } => delete_import(client, key).await,
+        Write::ExportConditions { key, conditions, .. } => {
+            set_export_conditions(client, key, conditions).await
+        }
+        Write::ApplySlice { key, slice, .. } => apply_slice(client, key, slice).await,
+        Write::DeleteSlice { key, .. } => delete_slice(client, key).await,
+    }
 }
 
 type Target = (String, &'static str, ObjectKey);
@@ -84,15 +113,7 @@ pub async fn run(
                     continue;
                 }
                 let Some(client) = clients.get(&at.0) else { continue };
-                let result = match write {
-                    Write::ApplyImport { key, import, .. } => apply_import(client, key, import).await,
-                    Write::DeleteImport { key, .. } => delete_import(client, key).await,
-                    Write::ExportConditions { key, conditions, .. } => {
-                        set_export_conditions(client, key, conditions).await
-                    }
-                    Write::ApplySlice { key, slice, .. } => apply_slice(client, key, slice).await,
-                    Write::DeleteSlice { key, .. } => delete_slice(client, key).await,
-                };
+                let result = execute(client, write).await;
                 if let Write::ApplyImport { cluster, key, .. } = write {
                     let waits = result.as_ref().is_err_and(|e| e.namespace_missing());
                     let at = (cluster.clone(), key.clone());
@@ -115,20 +136,13 @@ pub async fn run(
                             .mcs_write_failures
                             .get_or_create(&vec![("kind".into(), kind_of(write).into())])
                             .inc();
-                        let cause = e.to_string();
                         let entry = failing.entry(at.clone()).or_insert(Failing {
                             cause: String::new(),
                             attempts: 0,
                             next: Instant::now(),
                         });
-                        if entry.cause != cause {
-                            tracing::warn!(cluster = at.0, kind = at.1, object = %at.2, write = kind_of(write), error = %cause, "MCS write failed; retrying with backoff");
-                            entry.cause = cause;
-                        }
-                        let backoff = FIRST_RETRY.saturating_mul(1 << entry.attempts.min(8)).min(LAST_RETRY);
-                        entry.attempts += 1;
-                        entry.next = Instant::now() + backoff;
-                        next_retry = Some(next_retry.map_or(entry.next, |n| n.min(entry.next)));
+                        let next = entry.failed(&at, write, e.to_string());
+                        next_retry = Some(next_retry.map_or(next, |n| n.min(next)));
                     }
                 }
             }
