@@ -566,3 +566,24 @@ fn a_writer_killed_with_a_write_left_is_replaced_and_the_next_writes_it() {
     wait_condition(&c.east, "east", "Ready", |(status, reason, _)| status == "True" && reason == "Exported");
     println!("handed over {took:?} after the leader was killed");
 }
+
+#[test]
+fn an_api_server_that_answers_no_write_holds_no_other_clusters_writes() {
+    let c = clusters();
+    c.west.apply_yaml(&web("", &pod(1), "node-w", true));
+    c.west.apply_yaml(EXPORT);
+    // East takes connections and answers no write (its Lease still answers: east is the
+    // first source, where the writer is elected).
+    c.east.set_silent_writes(true);
+    let cp = c.start_mcs_controller(CONTROL_PLANE.0, CONTROL_PLANE.1);
+    let started = Instant::now();
+    kpx_e2e::wait_for("west's ServiceImport, though east is silent", DEADLINE, || import_ip(&c.west));
+    println!("west's import written {:?} after the start, east silent", started.elapsed());
+    cp.wait_event("east's silence logged", DEADLINE, |e| {
+        e["message"] == "MCS write failed; retrying with backoff"
+            && e["cluster"] == "east"
+            && e["error"].as_str().is_some_and(|m| m.contains("did not answer"))
+    });
+    c.east.set_silent_writes(false);
+    kpx_e2e::wait_for("east's ServiceImport once it answers", DEADLINE, || import_ip(&c.east));
+}

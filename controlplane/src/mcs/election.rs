@@ -47,7 +47,9 @@ pub async fn run(client: ApiClient, lease: ObjectKey, identity: String, leader: 
     let mut renewed_at: Option<Instant> = None;
     let mut last_error: Option<String> = None;
     loop {
-        let leads = match step(&client, &lease, &identity, &mut seen).await {
+        // A Lease unanswered for a third of its duration counts as not renewed.
+        let round = tokio::time::timeout(LEASE_DURATION / 3, step(&client, &lease, &identity, &mut seen));
+        let leads = match round.await.unwrap_or_else(|_| Err(Unanswered)) {
             Ok(leads) => {
                 last_error = None;
                 if leads {
@@ -80,13 +82,23 @@ pub async fn run(client: ApiClient, lease: ObjectKey, identity: String, leader: 
     }
 }
 
+/// A round of the election that failed: refused, or not answered in time.
+#[derive(Debug, thiserror::Error)]
+enum RoundError {
+    #[error(transparent)]
+    Refused(#[from] RequestError),
+    #[error("the API server did not answer within {:?}", LEASE_DURATION / 3)]
+    Unanswered,
+}
+use RoundError::Unanswered;
+
 /// One round: whether this replica holds the Lease after it.
 async fn step(
     client: &ApiClient,
     lease: &ObjectKey,
     identity: &str,
     seen: &mut Option<Seen>,
-) -> Result<bool, RequestError> {
+) -> Result<bool, RoundError> {
     let record = read_lease(client, lease).await?;
     let take = match &record {
         None => true,
@@ -107,5 +119,5 @@ async fn step(
     if !take {
         return Ok(false);
     }
-    write_lease(client, lease, record.as_ref(), identity, LEASE_DURATION).await
+    Ok(write_lease(client, lease, record.as_ref(), identity, LEASE_DURATION).await?)
 }

@@ -22,6 +22,10 @@ use crate::source::kubernetes::ApiClient;
 
 const FIRST_RETRY: Duration = Duration::from_millis(250);
 const LAST_RETRY: Duration = Duration::from_secs(30);
+/// How long one write may take before it counts as failed: an API server that accepts
+/// connections and answers nothing must not hold the other clusters' writes for the
+/// client's own timeouts (minutes).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A target whose last write failed.
 struct Failing {
@@ -44,16 +48,38 @@ impl Failing {
     }
 }
 
-/// Carries out one write.
-async fn execute(client: &ApiClient, write: &Write) -> Result<(), RequestError> {
-    match write {
-        Write::ApplyImport { key, import, .. } => apply_import(client, key, import).await,
-        Write::DeleteImport { key, .. } => delete_import(client, key).await,
-        Write::ExportConditions { key, conditions, .. } => {
-            set_export_conditions(client, key, conditions).await
+/// Why a write failed.
+enum Failure {
+    Refused(RequestError),
+    /// No answer within [`WRITE_TIMEOUT`].
+    Silent,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Refused(e) => e.fmt(f),
+            Failure::Silent => write!(f, "the API server did not answer within {WRITE_TIMEOUT:?}"),
         }
-        Write::ApplySlice { key, slice, .. } => apply_slice(client, key, slice).await,
-        Write::DeleteSlice { key, .. } => delete_slice(client, key).await,
+    }
+}
+
+/// Carries out one write, within [`WRITE_TIMEOUT`].
+async fn execute(client: &ApiClient, write: &Write) -> Result<(), Failure> {
+    let request = async {
+        match write {
+            Write::ApplyImport { key, import, .. } => apply_import(client, key, import).await,
+            Write::DeleteImport { key, .. } => delete_import(client, key).await,
+            Write::ExportConditions { key, conditions, .. } => {
+                set_export_conditions(client, key, conditions).await
+            }
+            Write::ApplySlice { key, slice, .. } => apply_slice(client, key, slice).await,
+            Write::DeleteSlice { key, .. } => delete_slice(client, key).await,
+        }
+    };
+    match tokio::time::timeout(WRITE_TIMEOUT, request).await {
+        Ok(result) => result.map_err(Failure::Refused),
+        Err(_) => Err(Failure::Silent),
     }
 }
 
@@ -105,6 +131,8 @@ pub async fn run(
         metrics.mcs_leader.set(i64::from(leads));
         let plan = Arc::clone(&plans.borrow_and_update());
         let mut next_retry: Option<Instant> = None;
+        // Clusters that answered nothing in this pass: their other writes wait for the next.
+        let mut silent: std::collections::BTreeSet<String> = Default::default();
         if leads {
             for write in &plan.writes {
                 let at = target(write);
@@ -112,10 +140,16 @@ pub async fn run(
                     next_retry = Some(next_retry.map_or(f.next, |n| n.min(f.next)));
                     continue;
                 }
+                if silent.contains(&at.0) {
+                    continue;
+                }
                 let Some(client) = clients.get(&at.0) else { continue };
                 let result = execute(client, write).await;
+                if matches!(result, Err(Failure::Silent)) {
+                    silent.insert(at.0.clone());
+                }
                 if let Write::ApplyImport { cluster, key, .. } = write {
-                    let waits = result.as_ref().is_err_and(|e| e.namespace_missing());
+                    let waits = matches!(&result, Err(Failure::Refused(e)) if e.namespace_missing());
                     let at = (cluster.clone(), key.clone());
                     missing.send_if_modified(|m| if waits { m.insert(at) } else { m.remove(&at) });
                 }

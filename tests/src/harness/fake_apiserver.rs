@@ -110,6 +110,9 @@ struct ApiState {
     writes: Vec<String>,
     /// Namespaces a test removed: creating an object in one answers 404.
     missing_namespaces: BTreeSet<String>,
+    /// Writes of MCS objects and EndpointSlices get no answer while this is set (as from
+    /// an API server that accepts connections and is stuck); Leases still answer.
+    silent_writes: bool,
 }
 
 /// How the fake API server answers for ServiceCIDRs.
@@ -285,6 +288,12 @@ impl FakeApiServer {
     /// The MCS controller's writes so far (see [`ApiState::writes`]).
     pub fn writes(&self) -> Vec<String> {
         self.lock().writes.clone()
+    }
+
+    /// Leaves the writes of MCS objects and EndpointSlices unanswered (`true`) until
+    /// called with `false`.
+    pub fn set_silent_writes(&self, silent: bool) {
+        self.lock().silent_writes = silent;
     }
 
     /// Removes a namespace (creations in it answer 404) or, with `present`, brings it back.

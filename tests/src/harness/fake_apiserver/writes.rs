@@ -50,6 +50,13 @@ fn body(bytes: &Bytes) -> Result<Value, serde_json::Error> {
     serde_json::from_slice(bytes)
 }
 
+/// Waits while the test wants writes unanswered.
+async fn while_silent(state: &Shared) {
+    while state.locked().silent_writes {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 fn bad_request(e: serde_json::Error) -> Response {
     status(StatusCode::BAD_REQUEST, "BadRequest", format!("not JSON: {e}"))
 }
@@ -100,6 +107,7 @@ async fn apply(
     bytes: Bytes,
     kind: Kind,
 ) -> Response {
+    while_silent(&state).await;
     let mut object = match body(&bytes) {
         Ok(v) => v,
         Err(e) => return bad_request(e),
@@ -145,6 +153,7 @@ async fn apply_export_status(
     Path((namespace, name)): Path<(String, String)>,
     bytes: Bytes,
 ) -> Response {
+    while_silent(&state).await;
     let patch = match body(&bytes) {
         Ok(v) => v,
         Err(e) => return bad_request(e),
