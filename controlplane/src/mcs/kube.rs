@@ -156,10 +156,16 @@ pub fn slice_manifest(key: &ObjectKey, slice: &SliceObject) -> Value {
         "ports": slice.ports.iter().map(|p| json!({
             "name": p.name, "protocol": p.protocol.api_name(), "port": p.port,
         })).collect::<Vec<_>>(),
-        "endpoints": slice.endpoints.iter().map(|e| json!({
-            "addresses": e.addresses.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            "conditions": {"ready": e.ready, "serving": e.serving, "terminating": e.terminating},
-        })).collect::<Vec<_>>(),
+        "endpoints": slice.endpoints.iter().map(|e| {
+            let mut endpoint = json!({
+                "addresses": e.addresses.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "conditions": {"ready": e.ready, "serving": e.serving, "terminating": e.terminating},
+            });
+            if let Some(hostname) = &e.hostname {
+                endpoint["hostname"] = json!(hostname);
+            }
+            endpoint
+        }).collect::<Vec<_>>(),
     })
 }
 
@@ -301,8 +307,9 @@ mod tests {
     fn an_mcs_slice_as_written_reads_back_as_it_was_planned() {
         use crate::model::{McsEndpoint, SlicePort};
         let key = ObjectKey { namespace: "shop".into(), name: "web-abc12-west".into() };
-        let endpoint = |address: &str, ready| McsEndpoint {
+        let endpoint = |address: &str, ready: bool| McsEndpoint {
             addresses: vec![address.parse().expect("ip")],
+            hostname: ready.then(|| "web-0".to_owned()),
             ready,
             serving: true,
             terminating: !ready,

@@ -227,6 +227,7 @@ fn slices(
             let endpoints: Vec<McsEndpoint> = (source.endpoints.iter())
                 .map(|e| McsEndpoint {
                     addresses: e.addresses.clone(),
+                    hostname: e.hostname.clone(),
                     ready: e.ready,
                     serving: e.serving,
                     terminating: e.terminating,

@@ -114,6 +114,8 @@ pub struct McsSlice {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct McsEndpoint {
     pub addresses: Vec<IpAddr>,
+    /// The source's `hostname` (`<hostname>.<cluster>.<svc>.<ns>.svc.clusterset.local`).
+    pub hostname: Option<String>,
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,

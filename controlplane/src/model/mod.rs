@@ -196,6 +196,8 @@ pub struct SlicePort {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SliceEndpoint {
     pub addresses: Vec<IpAddr>,
+    /// `hostname` (a StatefulSet's pod): what MCS EndpointSlices carry for DNS.
+    pub hostname: Option<String>,
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,

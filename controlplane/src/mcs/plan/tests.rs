@@ -10,7 +10,7 @@ fn exported(port: u16, created: &str) -> String {
     format!(
         "kind: Service\nmetadata: {{name: web, namespace: ns}}\nspec: {{clusterIP: 10.96.0.1, ports: [{{name: http, port: {port}}}]}}\n---\n\
          kind: EndpointSlice\nmetadata: {{name: web-1, namespace: ns, labels: {{kubernetes.io/service-name: web}}}}\n\
-         addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.1.0.{}]}}]\n---\n\
+         addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.1.0.{}], hostname: web-0}}]\n---\n\
          apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceExport\nmetadata: {{name: web, namespace: ns, creationTimestamp: '{created}'}}\n---\n",
         port % 256
     )
@@ -149,6 +149,10 @@ fn every_cluster_gets_one_import_at_one_address_and_then_nothing_is_written() {
             "west:web-1-west:west:10.1.0.80"
         ],
         "once the imports exist: an MCS slice per exporting cluster's slice, in every cluster"
+    );
+    assert!(
+        writes.iter().all(|w| !matches!(w, Write::ApplySlice { slice, .. } if slice.endpoints[0].hostname.as_deref() != Some("web-0"))),
+        "each endpoint's hostname carried, for <hostname>.<cluster>.<svc>.<ns> in DNS"
     );
     let owner = |c: &str| clusters[c].state().imports[&key()].uid.clone();
     assert!(writes.iter().all(|w| match w {

@@ -17,6 +17,7 @@ fn slice(name: &str, service: &str, address: &str) -> EndpointSlice {
         ports: vec![],
         endpoints: vec![crate::model::SliceEndpoint {
             addresses: vec![address.parse().expect("ip")],
+            hostname: None,
             ready: true,
             serving: true,
             terminating: false,

@@ -23,6 +23,8 @@ pub(super) struct EndpointSliceManifest {
 struct EndpointSpec {
     addresses: Vec<String>,
     #[serde(default)]
+    hostname: Option<String>,
+    #[serde(default)]
     conditions: Conditions,
     #[serde(default)]
     node_name: Option<String>,
@@ -128,6 +130,7 @@ pub(super) fn mcs_slice(m: EndpointSliceManifest) -> Result<McsSlice, FieldError
         endpoints: (endpoints.into_iter())
             .map(|e| McsEndpoint {
                 addresses: e.addresses,
+                hostname: e.hostname,
                 ready: e.ready,
                 serving: e.serving,
                 terminating: e.terminating,
@@ -171,6 +174,7 @@ fn contents(m: &EndpointSliceManifest) -> Result<Option<Contents>, FieldError> {
         let ready = e.conditions.ready.unwrap_or(true);
         endpoints.push(SliceEndpoint {
             addresses,
+            hostname: e.hostname.clone(),
             ready,
             serving: e.conditions.serving.unwrap_or(ready),
             terminating: e.conditions.terminating.unwrap_or(false),

@@ -23,6 +23,7 @@ fn endpoints(specs: &[&str]) -> Vec<SliceEndpoint> {
             };
             SliceEndpoint {
                 addresses: vec![words[0].parse().expect("address")],
+                hostname: None,
                 ready,
                 serving,
                 terminating,
