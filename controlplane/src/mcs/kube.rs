@@ -143,20 +143,20 @@ pub fn slice_manifest(key: &ObjectKey, slice: &SliceObject) -> Value {
         "metadata": {
             "name": key.name, "namespace": key.namespace,
             "labels": {
-                MCS_SERVICE_NAME_LABEL: slice.service,
-                MCS_SOURCE_CLUSTER_LABEL: slice.source_cluster,
+                MCS_SERVICE_NAME_LABEL: slice.spec.service,
+                MCS_SOURCE_CLUSTER_LABEL: slice.spec.source_cluster,
                 MANAGED_BY_LABEL: SLICE_MANAGER,
             },
             "ownerReferences": [{
                 "apiVersion": format!("{MCS_GROUP}/{VERSION}"), "kind": "ServiceImport",
-                "name": slice.service, "uid": slice.owner_uid,
+                "name": slice.spec.service, "uid": slice.owner_uid,
             }],
         },
-        "addressType": if slice.ipv6 { "IPv6" } else { "IPv4" },
-        "ports": slice.ports.iter().map(|p| json!({
+        "addressType": if slice.spec.ipv6 { "IPv6" } else { "IPv4" },
+        "ports": slice.spec.ports.iter().map(|p| json!({
             "name": p.name, "protocol": p.protocol.api_name(), "port": p.port,
         })).collect::<Vec<_>>(),
-        "endpoints": slice.endpoints.iter().map(|e| {
+        "endpoints": slice.spec.endpoints.iter().map(|e| {
             let mut endpoint = json!({
                 "addresses": e.addresses.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 "conditions": {"ready": e.ready, "serving": e.serving, "terminating": e.terminating},
@@ -305,7 +305,7 @@ mod tests {
 
     #[test]
     fn an_mcs_slice_as_written_reads_back_as_it_was_planned() {
-        use crate::model::{McsEndpoint, SlicePort};
+        use crate::model::{McsEndpoint, McsSliceSpec, SlicePort};
         let key = ObjectKey { namespace: "shop".into(), name: "web-abc12-west".into() };
         let endpoint = |address: &str, ready: bool| McsEndpoint {
             addresses: vec![address.parse().expect("ip")],
@@ -316,11 +316,13 @@ mod tests {
         };
         for (ipv6, a, b) in [(false, "10.1.0.1", "10.1.0.2"), (true, "fd00::1", "fd00::2")] {
             let slice = SliceObject {
-                service: "web".into(),
-                source_cluster: "west".into(),
-                ipv6,
-                ports: vec![SlicePort { name: "http".into(), protocol: Protocol::Tcp, port: 8080 }],
-                endpoints: vec![endpoint(a, true), endpoint(b, false)],
+                spec: McsSliceSpec {
+                    service: "web".into(),
+                    source_cluster: "west".into(),
+                    ipv6,
+                    ports: vec![SlicePort { name: "http".into(), protocol: Protocol::Tcp, port: 8080 }],
+                    endpoints: vec![endpoint(a, true), endpoint(b, false)],
+                },
                 owner_uid: "uid-7".into(),
             };
             let yaml = serde_yaml::to_string(&slice_manifest(&key, &slice)).expect("yaml");

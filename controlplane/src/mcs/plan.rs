@@ -18,7 +18,7 @@ use ipnet::IpNet;
 use super::allocate::{allocate, AllocateError};
 use super::resolve::{resolve, Resolution};
 use crate::model::{
-    Cluster, Condition, ImportSpec, ImportType, McsEndpoint, McsSlice, ObjectKey, ServiceImport, SlicePort,
+    Cluster, Condition, ImportSpec, ImportType, McsEndpoint, McsSlice, McsSliceSpec, ObjectKey, ServiceImport,
 };
 
 /// Whether `held` is `spec` as kpx wrote it.
@@ -30,12 +30,7 @@ fn holds(held: &ServiceImport, spec: &ImportSpec) -> bool {
 /// cluster, in an importing cluster, owned by the import.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SliceObject {
-    /// The import's name.
-    pub service: String,
-    pub source_cluster: String,
-    pub ipv6: bool,
-    pub ports: Vec<SlicePort>,
-    pub endpoints: Vec<McsEndpoint>,
+    pub spec: McsSliceSpec,
     /// The import's `metadata.uid` (its owner reference).
     pub owner_uid: String,
 }
@@ -43,9 +38,7 @@ pub struct SliceObject {
 impl SliceObject {
     /// Whether the slice the API holds is this one, as kpx wrote it.
     pub fn is(&self, held: &McsSlice) -> bool {
-        held.managed
-            && (&self.service, &self.source_cluster, self.ipv6, &self.ports, &self.endpoints)
-                == (&held.service, &held.source_cluster, held.ipv6, &held.ports, &held.endpoints)
+        held.managed && held.spec == self.spec
     }
 }
 
@@ -117,7 +110,7 @@ pub fn plan(
         names.extend(model.state().imports.iter().filter(|(_, i)| i.managed).map(|(k, _)| k));
         let sliced = model.state().mcs_slices.values().filter(|s| s.managed);
         owners.extend(
-            sliced.map(|s| ObjectKey { namespace: s.key.namespace.clone(), name: s.service.clone() }),
+            sliced.map(|s| ObjectKey { namespace: s.key.namespace.clone(), name: s.spec.service.clone() }),
         );
         taken.extend(model.state().imports.values().flat_map(|i| i.spec.ips.iter().copied()));
     }
@@ -235,11 +228,13 @@ fn slices(
                 .collect();
             let name = slice_name(&source.name, source_cluster);
             let slice = SliceObject {
-                service: key.name.clone(),
-                source_cluster: source_cluster.clone(),
-                ipv6: endpoints.iter().flat_map(|e| &e.addresses).any(IpAddr::is_ipv6),
-                ports: source.ports.clone(),
-                endpoints,
+                spec: McsSliceSpec {
+                    service: key.name.clone(),
+                    source_cluster: source_cluster.clone(),
+                    ipv6: endpoints.iter().flat_map(|e| &e.addresses).any(IpAddr::is_ipv6),
+                    ports: source.ports.clone(),
+                    endpoints,
+                },
                 owner_uid: uid.to_owned(),
             };
             out.insert(ObjectKey { namespace: key.namespace.clone(), name }, slice);
@@ -259,7 +254,7 @@ fn sync_slices(
     let Some(model) = clusters.get(cluster) else { return };
     let held = &model.state().mcs_slices;
     let ours =
-        held.values().filter(|s| s.managed && s.service == key.name && s.key.namespace == key.namespace);
+        held.values().filter(|s| s.managed && s.spec.service == key.name && s.key.namespace == key.namespace);
     for gone in ours.filter(|s| !wanted.contains_key(&s.key)) {
         writes.push(Write::DeleteSlice { cluster: cluster.to_owned(), key: gone.key.clone() });
     }

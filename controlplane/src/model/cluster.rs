@@ -187,7 +187,7 @@ impl Cluster {
         }
         for (key, new) in changes.mcs_slices {
             let imports =
-                |s: &McsSlice| ObjectKey { namespace: s.key.namespace.clone(), name: s.service.clone() };
+                |s: &McsSlice| ObjectKey { namespace: s.key.namespace.clone(), name: s.spec.service.clone() };
             let before = self.state.mcs_slices.get(&key).map(imports);
             let after = new.as_ref().map(imports);
             if set(&mut self.state.mcs_slices, &key, new) {
@@ -236,7 +236,7 @@ impl Cluster {
             for slice in old.mcs_slices.get(key).into_iter().chain(new.mcs_slices.get(key)) {
                 touched.exported.insert(ObjectKey {
                     namespace: slice.key.namespace.clone(),
-                    name: slice.service.clone(),
+                    name: slice.spec.service.clone(),
                 });
             }
         }

@@ -98,12 +98,18 @@ pub struct ServiceImport {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct McsSlice {
     pub key: ObjectKey,
+    pub spec: McsSliceSpec,
+    /// `endpointslice.kubernetes.io/managed-by` is kpx's ([`SLICE_MANAGER`]).
+    pub managed: bool,
+}
+
+/// What an MCS EndpointSlice says (what kpx writes, and compares with what a cluster holds).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct McsSliceSpec {
     /// The import's name (in the slice's namespace).
     pub service: String,
     /// `multicluster.kubernetes.io/source-cluster`.
     pub source_cluster: String,
-    /// `endpointslice.kubernetes.io/managed-by` is kpx's ([`SLICE_MANAGER`]).
-    pub managed: bool,
     /// `addressType`: `IPv4` or `IPv6`.
     pub ipv6: bool,
     pub ports: Vec<SlicePort>,

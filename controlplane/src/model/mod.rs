@@ -11,8 +11,8 @@ mod mcs;
 pub use changes::{diff_by_key, ObjectChanges};
 pub use cluster::{Cluster, Touched};
 pub use mcs::{
-    Condition, ImportPort, ImportSpec, ImportType, McsEndpoint, McsSlice, ServiceExport, ServiceImport,
-    MANAGED_BY, SLICE_MANAGER,
+    Condition, ImportPort, ImportSpec, ImportType, McsEndpoint, McsSlice, McsSliceSpec, ServiceExport,
+    ServiceImport, MANAGED_BY, SLICE_MANAGER,
 };
 
 use std::collections::BTreeMap;

@@ -46,15 +46,8 @@ fn written(mut clusters: BTreeMap<String, Cluster>, plan: &Plan) -> BTreeMap<Str
                 changes.entry(cluster.clone()).or_default().imports.insert(key.clone(), None);
             }
             Write::ApplySlice { cluster, key, slice } => {
-                let held = crate::model::McsSlice {
-                    key: key.clone(),
-                    service: slice.service.clone(),
-                    source_cluster: slice.source_cluster.clone(),
-                    managed: true,
-                    ipv6: slice.ipv6,
-                    ports: slice.ports.clone(),
-                    endpoints: slice.endpoints.clone(),
-                };
+                let held =
+                    crate::model::McsSlice { key: key.clone(), spec: slice.spec.clone(), managed: true };
                 changes.entry(cluster.clone()).or_default().mcs_slices.insert(key.clone(), Some(held));
             }
             Write::DeleteSlice { cluster, key } => {
@@ -133,7 +126,7 @@ fn every_cluster_gets_one_import_at_one_address_and_then_nothing_is_written() {
         .filter_map(|w| match w {
             Write::ApplySlice { cluster, key, slice } => Some(format!(
                 "{cluster}:{}:{}:{}",
-                key.name, slice.source_cluster, slice.endpoints[0].addresses[0]
+                key.name, slice.spec.source_cluster, slice.spec.endpoints[0].addresses[0]
             )),
             _ => None,
         })
@@ -151,7 +144,7 @@ fn every_cluster_gets_one_import_at_one_address_and_then_nothing_is_written() {
         "once the imports exist: an MCS slice per exporting cluster's slice, in every cluster"
     );
     assert!(
-        writes.iter().all(|w| !matches!(w, Write::ApplySlice { slice, .. } if slice.endpoints[0].hostname.as_deref() != Some("web-0"))),
+        writes.iter().all(|w| !matches!(w, Write::ApplySlice { slice, .. } if slice.spec.endpoints[0].hostname.as_deref() != Some("web-0"))),
         "each endpoint's hostname carried, for <hostname>.<cluster>.<svc>.<ns> in DNS"
     );
     let owner = |c: &str| clusters[c].state().imports[&key()].uid.clone();

@@ -4,7 +4,7 @@ use serde::Deserialize;
 
 use super::{ip, port, protocol, FieldError, Metadata, HEADLESS_LABEL};
 use crate::model::{
-    EndpointSlice, McsEndpoint, McsSlice, ObjectKey, SliceEndpoint, SlicePort, SLICE_MANAGER,
+    EndpointSlice, McsEndpoint, McsSlice, McsSliceSpec, ObjectKey, SliceEndpoint, SlicePort, SLICE_MANAGER,
 };
 
 #[derive(Deserialize)]
@@ -122,20 +122,22 @@ pub(super) fn mcs_slice(m: EndpointSliceManifest) -> Result<McsSlice, FieldError
     };
     Ok(McsSlice {
         key: m.metadata.key(),
-        service: label(MCS_SERVICE_NAME_LABEL),
-        source_cluster: label(MCS_SOURCE_CLUSTER_LABEL),
         managed: label(MANAGED_BY_LABEL) == SLICE_MANAGER,
-        ipv6,
-        ports,
-        endpoints: (endpoints.into_iter())
-            .map(|e| McsEndpoint {
-                addresses: e.addresses,
-                hostname: e.hostname,
-                ready: e.ready,
-                serving: e.serving,
-                terminating: e.terminating,
-            })
-            .collect(),
+        spec: McsSliceSpec {
+            service: label(MCS_SERVICE_NAME_LABEL),
+            source_cluster: label(MCS_SOURCE_CLUSTER_LABEL),
+            ipv6,
+            ports,
+            endpoints: (endpoints.into_iter())
+                .map(|e| McsEndpoint {
+                    addresses: e.addresses,
+                    hostname: e.hostname,
+                    ready: e.ready,
+                    serving: e.serving,
+                    terminating: e.terminating,
+                })
+                .collect(),
+        },
     })
 }
 
@@ -206,8 +208,8 @@ mod tests {
                     multicluster.kubernetes.io/source-cluster: east, endpointslice.kubernetes.io/managed-by: kpx-controlplane.kpx.io}}\n\
                     addressType: IPv4\nports: [{port: 80}]\nendpoints: [{addresses: [10.0.0.1]}]\n";
         let Some(Ok(Object::McsSlice(slice))) = parse(text).pop() else { panic!("{:?}", parse(text)) };
-        assert_eq!((slice.service.as_str(), slice.source_cluster.as_str()), ("web", "east"));
-        assert!(slice.managed && !slice.ipv6 && slice.endpoints.len() == 1, "{slice:?}");
+        assert_eq!((slice.spec.service.as_str(), slice.spec.source_cluster.as_str()), ("web", "east"));
+        assert!(slice.managed && !slice.spec.ipv6 && slice.spec.endpoints.len() == 1, "{slice:?}");
         let theirs = text.replace("kpx-controlplane.kpx.io", "other-controller");
         let Some(Ok(Object::McsSlice(slice))) = parse(&theirs).pop() else { panic!("not an MCS slice") };
         assert!(!slice.managed, "another controller's");
