@@ -12,7 +12,7 @@ use serde_json::{json, Map, Value};
 
 use super::plan::SliceObject;
 use crate::model::{Condition, ImportSpec, ImportType, ObjectKey, MANAGED_BY, SLICE_MANAGER};
-use crate::source::kubernetes::ApiClient;
+use crate::source::kubernetes::{is_not_found, ApiClient};
 use crate::source::manifest::MCS_GROUP;
 use crate::source::manifest::{MANAGED_BY_LABEL, MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL};
 
@@ -24,7 +24,7 @@ pub struct RequestError(#[from] kube::Error);
 impl RequestError {
     /// Whether the object's namespace does not exist (a create refused with 404).
     pub fn namespace_missing(&self) -> bool {
-        matches!(&self.0, kube::Error::Api(status) if status.is_not_found() && status.message.starts_with("namespaces "))
+        matches!(&self.0, kube::Error::Api(status) if is_not_found(status) && status.message.starts_with("namespaces "))
     }
 }
 
@@ -99,7 +99,7 @@ pub async fn apply_import(
 pub async fn delete_import(client: &ApiClient, key: &ObjectKey) -> Result<(), RequestError> {
     match api(client, "ServiceImport", &key.namespace).delete(&key.name, &DeleteParams::default()).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        Err(kube::Error::Api(status)) if is_not_found(&status) => Ok(()),
         Err(e) => Err(RequestError(e)),
     }
 }
@@ -186,7 +186,7 @@ pub async fn apply_slice(
 pub async fn delete_slice(client: &ApiClient, key: &ObjectKey) -> Result<(), RequestError> {
     match slices_api(client, &key.namespace).delete(&key.name, &DeleteParams::default()).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        Err(kube::Error::Api(status)) if is_not_found(&status) => Ok(()),
         Err(e) => Err(RequestError(e)),
     }
 }

@@ -1,7 +1,7 @@
 //! The MCS controller's writer: while this replica leads, it carries out the newest
 //! [`Plan`] against each cluster's API server. A write that fails (RBAC, a conflict, a
 //! missing namespace, an API server down) is logged once per cause and tried again with
-//! backoff (250 ms doubling to 30 s) for as long as it is planned; nothing is lost, since
+//! backoff (1 s doubling to 30 s) for as long as it is planned; nothing is lost, since
 //! the plan is remade from the API objects whenever they change, and what was not written
 //! is still in it.
 
@@ -20,7 +20,8 @@ use crate::metrics::ControlPlaneMetrics;
 use crate::model::ObjectKey;
 use crate::source::kubernetes::ApiClient;
 
-const FIRST_RETRY: Duration = Duration::from_millis(250);
+/// No write is retried sooner than a second after it failed.
+const FIRST_RETRY: Duration = Duration::from_secs(1);
 const LAST_RETRY: Duration = Duration::from_secs(30);
 /// How long one write may take before it counts as failed: an API server that accepts
 /// connections and answers nothing must not hold the other clusters' writes for the

@@ -4,7 +4,10 @@
 //! are optional: an API server that does not serve one (ServiceCIDRs before v1.33, the
 //! MCS CRDs not installed), or that does not let kpx list it (RBAC of an older install),
 //! has none of it: that list counts as complete and empty, the reason is logged once, and
-//! the watcher keeps asking, so a CRD installed later is read then.
+//! the watcher keeps asking (at most once a minute after the first minute), so a CRD
+//! installed later is read then. A 404 counts in any form: a real API server answers an
+//! unserved group with plain text, not a `Status` ([`status`]). A watch that fails is
+//! logged when it starts failing and when it works again, not at every retry.
 //!
 //! Each object is turned into the model as soon as it arrives (the same
 //! reading, and the same errors naming the field, as the file source), so only
@@ -26,9 +29,12 @@ use k8s_openapi::api::discovery::v1::EndpointSlice as KubeSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR as KubeServiceCidr;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::watch;
+
+mod retry;
+mod status;
+pub(crate) use status::{is_forbidden, is_not_found};
 
 use super::manifest::{self, Object};
 use super::{EventSender, Reachability, SourceEvent};
@@ -169,9 +175,14 @@ enum Optional {
 }
 
 impl Optional {
-    /// What its absence costs, and what grants it, for the log line.
-    fn unavailable(self, cluster: &str, forbidden: bool) {
-        let (resource, without) = match self {
+    /// The resource, as the log lines name it.
+    fn resource(self) -> &'static str {
+        self.describe().0
+    }
+
+    /// The resource, and what its absence costs.
+    fn describe(self) -> (&'static str, &'static str) {
+        match self {
             Optional::Cidrs => {
                 ("servicecidrs.networking.k8s.io/v1", "unallocated Service addresses are not dropped")
             }
@@ -181,7 +192,12 @@ impl Optional {
             Optional::Imports => {
                 ("serviceimports.multicluster.x-k8s.io/v1alpha1", "this cluster's nodes get no ClusterSetIP")
             }
-        };
+        }
+    }
+
+    /// Logs, once per change of state, that the kind is not available, and why.
+    fn unavailable(self, cluster: &str, forbidden: bool) {
+        let (resource, without) = self.describe();
         if forbidden {
             tracing::warn!(
                 cluster,
@@ -211,6 +227,8 @@ struct Objects {
     mcs_slices: Kind<crate::model::McsSlice>,
     /// The kinds whose list the API server answered with 404 or 403 (each logged once).
     unavailable: std::collections::BTreeSet<Optional>,
+    /// The watches whose last attempt failed, with the error (logged when they start failing).
+    failing: BTreeMap<&'static str, String>,
 }
 
 /// What changed in [`Objects`] since the last event sent (nodes by their key, of no namespace).
@@ -262,12 +280,19 @@ impl Objects {
         }
     }
 
-    fn kind_mut(&mut self, kind: Optional) -> &mut bool {
-        match kind {
-            Optional::Cidrs => &mut self.service_cidrs.synced,
-            Optional::Exports => &mut self.exports.synced,
-            Optional::Imports => &mut self.imports.synced,
+    /// The kind answered 404 or 403: it is complete and empty (what was known of it
+    /// is gone, as when its CRD is deleted). False when it was already so.
+    fn set_unavailable(&mut self, kind: Optional, pending: &mut Pending) -> bool {
+        fn empty<T: Clone + PartialEq>(kind: &mut Kind<T>, changes: &mut BTreeMap<ObjectKey, Option<T>>) {
+            kind.apply(Event::Init, None, None, changes);
+            kind.apply(Event::InitDone, None, None, changes);
         }
+        match kind {
+            Optional::Cidrs => empty(&mut self.service_cidrs, &mut pending.service_cidrs),
+            Optional::Exports => empty(&mut self.exports, &mut pending.exports),
+            Optional::Imports => empty(&mut self.imports, &mut pending.imports),
+        }
+        self.unavailable.insert(kind)
     }
 }
 
@@ -284,6 +309,48 @@ enum Change {
         kind: Optional,
         forbidden: bool,
     },
+    /// A watch failed; it tries again after its backoff.
+    Failed {
+        watch: &'static str,
+        error: watcher::Error,
+    },
+}
+
+impl Change {
+    /// The watch an event came from, and whether the kind is one an API server may not serve.
+    fn watch(&self) -> (&'static str, Option<Optional>) {
+        match self {
+            Change::Service(_) => ("Services", None),
+            Change::Slice(_) => ("EndpointSlices", None),
+            Change::Node(_) => ("Nodes", None),
+            Change::ServiceCidr(_) => (Optional::Cidrs.resource(), Some(Optional::Cidrs)),
+            Change::Export(_) => (Optional::Exports.resource(), Some(Optional::Exports)),
+            Change::Import(_) => (Optional::Imports.resource(), Some(Optional::Imports)),
+            Change::Unavailable { kind, .. } => (kind.resource(), Some(*kind)),
+            Change::Failed { watch, .. } => (watch, None),
+        }
+    }
+
+    /// Whether this is the start of a list (yielded before the list is asked for).
+    fn starts_list(&self) -> bool {
+        match self {
+            Change::Service(e) => matches!(**e, Event::Init),
+            Change::Slice(e) => matches!(**e, Event::Init),
+            Change::Node(e) => matches!(**e, Event::Init),
+            Change::ServiceCidr(e) => matches!(**e, Event::Init),
+            Change::Export(e) | Change::Import(e) => matches!(**e, Event::Init),
+            Change::Unavailable { .. } | Change::Failed { .. } => false,
+        }
+    }
+
+    /// Whether this ends a complete list of an optional kind.
+    fn listed(&self) -> bool {
+        match self {
+            Change::ServiceCidr(e) => matches!(**e, Event::InitDone),
+            Change::Export(e) | Change::Import(e) => matches!(**e, Event::InitDone),
+            _ => false,
+        }
+    }
 }
 
 /// The event without its object, and the object.
@@ -361,16 +428,27 @@ async fn next_batch<S: futures::Stream + Unpin>(
     true
 }
 
-/// How long a watch waits before it tries again after a failure: 250 ms, doubling up to
-/// 5 s, and back to 250 ms at the first event it gets (kube-rs's exponential backoff,
-/// reset by its stream on an event). kube-rs's default waits up to 30 s (and only starts
-/// from 800 ms again after two minutes without a failure), which suits a client on every
-/// node; the control plane is the one client here, and after an API server restart it
-/// listed again only up to half a minute later.
+/// How long a watch waits before it tries again after a failure: 1 s, doubling up to
+/// 5 s, and back to 1 s once it works again ([`retry`]). kube-rs's default waits up to 30 s (and only starts from
+/// 800 ms again after two minutes without a failure), which suits a client on every node;
+/// the control plane is the one client here, and after an API server restart it listed
+/// again only up to half a minute later. No retry comes sooner than a second after the last.
 fn watch_backoff() -> watcher::ExponentialBackoff {
+    backoff(Duration::from_secs(5))
+}
+
+/// How long the watch of an optional kind waits after a list refused with 404 or 403:
+/// 1 s, doubling up to a minute (seven lists in the first minute, then one a minute), so an
+/// API server that will never serve it is hardly asked, and a CRD installed later is read
+/// within a minute.
+fn optional_backoff() -> watcher::ExponentialBackoff {
+    backoff(Duration::from_secs(60))
+}
+
+fn backoff(longest: Duration) -> watcher::ExponentialBackoff {
     backon::ExponentialBuilder::new()
-        .with_min_delay(Duration::from_millis(250))
-        .with_max_delay(Duration::from_secs(5))
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(longest)
         .with_factor(2.0)
         .without_max_times()
         .into()
@@ -388,22 +466,41 @@ fn mcs_resource(kind: &str) -> ApiResource {
     }
 }
 
+type Changes = futures::stream::BoxStream<'static, Change>;
+
+/// The watch of a kind every API server serves: its events as `change`, failures as
+/// [`Change::Failed`] (asked again with [`watch_backoff`]).
+fn required<K: 'static + Send>(
+    watch: impl futures::Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+    name: &'static str,
+    change: fn(Event<K>) -> Change,
+) -> Changes {
+    retry::with_backoff(watch, watch_backoff())
+        .map(move |e| match e {
+            Ok(e) => change(e),
+            Err(error) => Change::Failed { watch: name, error },
+        })
+        .boxed()
+}
+
 /// The watch of an optional kind: its events as `change`, and a list refused with 404 or
-/// 403 as [`Change::Unavailable`] (asked again with backoff).
+/// 403 (in any form) as [`Change::Unavailable`], asked again with [`optional_backoff`].
 fn optional<K: 'static + Send>(
     watch: impl futures::Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
     kind: Optional,
     change: fn(Event<K>) -> Change,
-) -> impl futures::Stream<Item = Result<Change, watcher::Error>> + Send {
-    watch.backoff(watch_backoff()).map(move |e| match e {
-        Ok(e) => Ok(change(e)),
-        Err(watcher::Error::InitialListFailed(kube::Error::Api(status)))
-            if status.is_not_found() || status.is_forbidden() =>
-        {
-            Ok(Change::Unavailable { kind, forbidden: status.is_forbidden() })
-        }
-        Err(e) => Err(e),
-    })
+) -> Changes {
+    retry::with_backoff(watch, optional_backoff())
+        .map(move |e| match e {
+            Ok(e) => change(e),
+            Err(watcher::Error::InitialListFailed(kube::Error::Api(status)))
+                if is_not_found(&status) || is_forbidden(&status) =>
+            {
+                Change::Unavailable { kind, forbidden: is_forbidden(&status) }
+            }
+            Err(error) => Change::Failed { watch: kind.resource(), error },
+        })
+        .boxed()
 }
 
 /// Watches the cluster until the process ends (or nobody listens), sending on `tx`.
@@ -414,15 +511,20 @@ pub async fn run(
     reachability: watch::Sender<Reachability>,
 ) {
     let config = watcher::Config::default();
-    let services = watcher::watcher(Api::<KubeService>::all(client.clone()), config.clone())
-        .backoff(watch_backoff())
-        .map(|e| e.map(|e| Change::Service(Box::new(e))));
-    let slices = watcher::watcher(Api::<KubeSlice>::all(client.clone()), config.clone())
-        .backoff(watch_backoff())
-        .map(|e| e.map(|e| Change::Slice(Box::new(e))));
-    let nodes = watcher::watcher(Api::<KubeNode>::all(client.clone()), config.clone())
-        .backoff(watch_backoff())
-        .map(|e| e.map(|e| Change::Node(Box::new(e))));
+    let services = required(
+        watcher::watcher(Api::<KubeService>::all(client.clone()), config.clone()),
+        "Services",
+        |e| Change::Service(Box::new(e)),
+    );
+    let slices = required(
+        watcher::watcher(Api::<KubeSlice>::all(client.clone()), config.clone()),
+        "EndpointSlices",
+        |e| Change::Slice(Box::new(e)),
+    );
+    let nodes =
+        required(watcher::watcher(Api::<KubeNode>::all(client.clone()), config.clone()), "Nodes", |e| {
+            Change::Node(Box::new(e))
+        });
     let service_cidrs = optional(
         watcher::watcher(Api::<KubeServiceCidr>::all(client.clone()), config.clone()),
         Optional::Cidrs,
@@ -444,14 +546,7 @@ pub async fn run(
         Optional::Imports,
         |e| Change::Import(Box::new(e)),
     );
-    let mut changes = futures::stream::select_all([
-        services.boxed(),
-        slices.boxed(),
-        nodes.boxed(),
-        service_cidrs.boxed(),
-        exports.boxed(),
-        imports.boxed(),
-    ]);
+    let mut changes = futures::stream::select_all([services, slices, nodes, service_cidrs, exports, imports]);
     tokio::spawn(probe(cluster.clone(), client, reachability));
     let mut objects = Objects::default();
     let mut waiting_logged = false;
@@ -503,20 +598,47 @@ pub async fn run(
     }
 }
 
-fn handle(
-    cluster: &str,
-    objects: &mut Objects,
-    pending: &mut Pending,
-    change: Result<Change, watcher::Error>,
-) {
+/// Logs a watch when it starts failing (with the error) and when it works again, not at
+/// every retry; and an optional kind when it becomes unavailable or served again.
+fn log_health(cluster: &str, objects: &mut Objects, change: &Change) {
+    let (watch, optional) = change.watch();
     match change {
-        Ok(Change::Service(event)) => {
+        Change::Failed { error, .. } => {
+            let error = error.to_string();
+            if objects.failing.insert(watch, error.clone()).is_none() {
+                tracing::warn!(cluster, watch, error, "watch of {watch} failed; retrying with backoff");
+            } else {
+                tracing::debug!(cluster, watch, error, "watch of {watch} failed again");
+            }
+        }
+        Change::Unavailable { .. } => {
+            objects.failing.remove(watch);
+        }
+        // A list about to be tried shows nothing yet.
+        _ if change.starts_list() => {}
+        _ => {
+            if objects.failing.remove(watch).is_some() {
+                tracing::info!(cluster, watch, "watch of {watch} works again");
+            }
+            if let Some(kind) = optional {
+                if change.listed() && objects.unavailable.remove(&kind) {
+                    tracing::info!(cluster, resource = watch, "{watch} is served now: listed");
+                }
+            }
+        }
+    }
+}
+
+fn handle(cluster: &str, objects: &mut Objects, pending: &mut Pending, change: Change) {
+    log_health(cluster, objects, &change);
+    match change {
+        Change::Service(event) => {
             apply(cluster, "Service", &mut objects.services, *event, &mut pending.services, |o| match o {
                 Object::Service(s) => Some(s),
                 _ => None,
             })
         }
-        Ok(Change::Slice(event)) => {
+        Change::Slice(event) => {
             // One watch, two kinds: each sees every event, and the object if it is of its kind
             // (a slice whose labels change from one kind to the other leaves the first).
             let (event, object) = split(*event);
@@ -533,13 +655,13 @@ fn handle(
             objects.slices.apply(event.clone(), key.clone(), slice, &mut pending.slices);
             objects.mcs_slices.apply(event, key, mcs, &mut pending.mcs_slices);
         }
-        Ok(Change::Node(event)) => {
+        Change::Node(event) => {
             apply(cluster, "Node", &mut objects.nodes, *event, &mut pending.nodes, |o| match o {
                 Object::Node(n) => Some(n),
                 _ => None,
             })
         }
-        Ok(Change::ServiceCidr(event)) => apply(
+        Change::ServiceCidr(event) => apply(
             cluster,
             "ServiceCIDR",
             &mut objects.service_cidrs,
@@ -550,29 +672,26 @@ fn handle(
                 _ => None,
             },
         ),
-        Ok(Change::Export(event)) => {
+        Change::Export(event) => {
             apply(cluster, "ServiceExport", &mut objects.exports, *event, &mut pending.exports, |o| match o {
                 Object::ServiceExport(e) => Some(e),
                 _ => None,
             })
         }
-        Ok(Change::Import(event)) => {
+        Change::Import(event) => {
             apply(cluster, "ServiceImport", &mut objects.imports, *event, &mut pending.imports, |o| match o {
                 Object::ServiceImport(i) => Some(i),
                 _ => None,
             })
         }
-        Ok(Change::Unavailable { kind, forbidden }) => {
+        Change::Unavailable { kind, forbidden } => {
             // Asked again with backoff: once served (or allowed), they are listed then.
-            if objects.unavailable.insert(kind) {
+            if objects.set_unavailable(kind, pending) {
                 kind.unavailable(cluster, forbidden);
             }
-            *objects.kind_mut(kind) = true;
         }
-        Err(e) => {
-            // The watcher retries with backoff (and relists after 410 Gone) by itself.
-            tracing::warn!(cluster, error = %e, "watch failed; retrying");
-        }
+        // Logged above; the watcher retries with backoff (and relists after 410 Gone) by itself.
+        Change::Failed { .. } => {}
     }
 }
 

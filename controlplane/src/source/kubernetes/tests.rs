@@ -108,8 +108,61 @@ async fn a_missing_kubeconfig_names_the_file_and_keeps_kubes_error_as_source() {
 fn a_watch_retries_sooner_than_kube_rs_would_and_starts_over_after_an_event() {
     use kube::runtime::utils::Backoff as _;
     let mut backoff = watch_backoff();
-    let waits: Vec<u64> = backoff.by_ref().take(7).map(|d| d.as_millis() as u64).collect();
-    assert_eq!(waits, [250, 500, 1000, 2000, 4000, 5000, 5000]);
+    let waits: Vec<u64> = backoff.by_ref().take(6).map(|d| d.as_millis() as u64).collect();
+    assert_eq!(waits, [1000, 2000, 4000, 5000, 5000, 5000]);
     backoff.reset();
-    assert_eq!(backoff.next(), Some(Duration::from_millis(250)));
+    assert_eq!(backoff.next(), Some(Duration::from_secs(1)));
+}
+
+/// An API server that never serves a kind is asked for it at most once a second, and
+/// after the first minute at most once a minute.
+#[test]
+fn a_kind_not_served_is_asked_again_at_most_once_a_minute_after_the_first() {
+    let mut backoff = optional_backoff();
+    let waits: Vec<Duration> = backoff.by_ref().take(40).collect();
+    assert!(waits.iter().all(|w| *w >= Duration::from_secs(1)), "{waits:?}");
+    let mut at = Duration::ZERO;
+    let mut in_first_minute = 0;
+    for wait in &waits {
+        if at >= Duration::from_secs(60) {
+            assert!(*wait >= Duration::from_secs(60), "{wait:?} at {at:?}");
+        } else {
+            in_first_minute += 1;
+        }
+        at += *wait;
+    }
+    assert!(in_first_minute <= 7, "{in_first_minute} lists in the first minute");
+    // Ten minutes of an API server without the CRDs: at most 17 lists of each kind.
+    let mut at = Duration::ZERO;
+    let asked = 1 + optional_backoff()
+        .take_while(|w| {
+            at += *w;
+            at <= Duration::from_secs(600)
+        })
+        .count();
+    assert!(asked <= 17, "{asked} lists in 10 minutes");
+}
+
+/// A kind that becomes unavailable (its CRD deleted) loses what was known of it, is
+/// logged once, and a later list (the CRD back) brings its objects again.
+#[test]
+fn an_unserved_kind_is_complete_and_empty_until_it_is_listed_again() {
+    let mut objects = Objects::default();
+    let mut pending = Pending::default();
+    assert!(objects.set_unavailable(Optional::Exports, &mut pending));
+    assert!(objects.exports.synced, "an unserved kind holds nothing back");
+    assert!(!objects.set_unavailable(Optional::Exports, &mut pending), "logged once");
+    assert!(pending.exports.is_empty());
+    // Listed with an object, then unserved again: the object goes.
+    let mut changes = BTreeMap::new();
+    let export = crate::model::ServiceExport::default();
+    objects.exports.apply(Event::Init, None, None, &mut changes);
+    objects.exports.apply(Event::InitApply(()), Some(key("web")), Some(export), &mut changes);
+    objects.exports.apply(Event::InitDone, None, None, &mut changes);
+    assert_eq!(changes.len(), 1);
+    objects.unavailable.remove(&Optional::Exports);
+    let mut pending = Pending::default();
+    assert!(objects.set_unavailable(Optional::Exports, &mut pending));
+    assert_eq!(pending.exports.into_iter().collect::<Vec<_>>(), [(key("web"), None)]);
+    assert!(objects.exports.live.is_empty());
 }
