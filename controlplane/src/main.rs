@@ -28,7 +28,9 @@ fn main() -> ExitCode {
             return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
         }
     };
-    kpx_proto::cli::init_logs(flags.log_format);
+    // kube-rs logs every failed request at ERROR, each retry of a watch again; the source
+    // says when a watch fails and when it works again (source::kubernetes).
+    kpx_proto::cli::init_logs(flags.log_format, &["kube_client::client::builder=off"]);
     let config = match Config::resolve(flags) {
         Ok(c) => c,
         Err(e) => {

@@ -36,7 +36,7 @@ fn main() -> ExitCode {
             return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
         }
     };
-    kpx_proto::cli::init_logs(flags.log_format);
+    kpx_proto::cli::init_logs(flags.log_format, &[]);
     let config = match AgentConfig::resolve(flags) {
         Ok(c) => c,
         Err(e) => {

@@ -85,9 +85,20 @@ impl std::str::FromStr for LogFormat {
 }
 
 /// Sends logs to stderr in `format`, at the level `RUST_LOG` asks (default `info`).
-pub fn init_logs(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+/// `quiet`: directives (`target=level`) that hold unless `RUST_LOG` names that target itself,
+/// for a library that logs what the binary already says in its own words.
+pub fn init_logs(format: LogFormat, quiet: &[&str]) {
+    let asked = std::env::var("RUST_LOG").unwrap_or_default();
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    for directive in quiet {
+        let target = directive.split('=').next().unwrap_or_default();
+        if !asked.contains(target) {
+            if let Ok(directive) = directive.parse() {
+                filter = filter.add_directive(directive);
+            }
+        }
+    }
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder =
         tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
