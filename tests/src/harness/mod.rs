@@ -11,6 +11,7 @@ pub mod http_traffic;
 pub mod in_process;
 pub mod install;
 pub mod kernel_rules;
+pub mod kube_apiserver;
 pub mod manifests;
 pub mod netns;
 pub mod pki;
