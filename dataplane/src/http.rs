@@ -1,6 +1,7 @@
-//! The node agent's HTTP endpoints: kube-proxy's `/healthz` and `/livez` (on
-//! `--healthz-listen`, default `0.0.0.0:10256`) and Prometheus `/metrics` (on
-//! `--metrics-listen`, default `127.0.0.1:10249`).
+//! The node agent's HTTP endpoints, where kube-proxy has them: `/healthz` and `/livez` (on
+//! `--healthz-listen`, default `0.0.0.0:10256`), and on `--metrics-listen` (default
+//! `127.0.0.1:10249`) Prometheus `/metrics`, `/proxyMode` (the backend's name, as
+//! kube-proxy's mode) and that server's own `/healthz` (`ok` while it answers).
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -57,19 +58,30 @@ pub fn health_router(
         )
 }
 
+/// kube-proxy's metrics server answers these two in plain text, and tools read them
+/// (`curl 127.0.0.1:10249/proxyMode` is how a node says which mode its proxy runs in).
+fn plain(text: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8"), (header::X_CONTENT_TYPE_OPTIONS, "nosniff")], text)
+        .into_response()
+}
+
 pub fn metrics_router(agent: SharedAgent) -> Router {
-    Router::new().route(
-        "/metrics",
-        get(move || async move {
-            let text = {
-                let agent = agent.lock();
-                let since = agent.status.since_contact(SystemTime::now());
-                agent.metrics().xds_since_contact.set(since.as_secs_f64());
-                agent.metrics().render()
-            };
-            ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text)
-        }),
-    )
+    let mode = agent.lock().backend_name();
+    Router::new()
+        .route("/proxyMode", get(move || async move { plain(mode) }))
+        .route("/healthz", get(|| async { plain("ok") }))
+        .route(
+            "/metrics",
+            get(move || async move {
+                let text = {
+                    let agent = agent.lock();
+                    let since = agent.status.since_contact(SystemTime::now());
+                    agent.metrics().xds_since_contact.set(since.as_secs_f64());
+                    agent.metrics().render()
+                };
+                ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text)
+            }),
+        )
 }
 
 /// Serves `router` on `listener` until the process ends.

@@ -96,17 +96,23 @@ impl ProxyHealth {
         !self.node_being_deleted
     }
 
-    /// kube-proxy's answer to `probe`: the HTTP status and the JSON body.
+    /// kube-proxy's answer to `probe`: the HTTP status and the JSON body. kube-proxy v1.36
+    /// also says `healthy` and, per IP family, when its rules were last synced and whether
+    /// that family is healthy; kpx programs both families in one transaction, so they are
+    /// the same.
     pub fn answer(&self, probe: Probe, now: SystemTime) -> (u16, String) {
         let last = self.last_synced_at.map_or_else(String::new, rfc3339);
         let times = format!("\"lastUpdated\":\"{last}\",\"currentTime\":\"{}\"", rfc3339(now));
+        let healthy = self.healthy();
+        let family = format!("{{\"lastUpdated\":\"{last}\",\"healthy\":{healthy}}}");
+        let health = format!("\"healthy\":{healthy},\"status\":{{\"IPv4\":{family},\"IPv6\":{family}}}");
         match probe {
             Probe::Healthz => {
                 let eligible = self.node_eligible();
-                let code = if self.healthy() && eligible { 200 } else { 503 };
-                (code, format!("{{{times},\"nodeEligible\":{eligible}}}"))
+                let code = if healthy && eligible { 200 } else { 503 };
+                (code, format!("{{{times},\"nodeEligible\":{eligible},{health}}}"))
             }
-            Probe::Livez => (if self.healthy() { 200 } else { 503 }, format!("{{{times}}}")),
+            Probe::Livez => (if healthy { 200 } else { 503 }, format!("{{{times},{health}}}")),
             Probe::Readyz => {
                 let reached = self.reached_control_plane;
                 let code = if self.healthy() && reached { 200 } else { 503 };
@@ -152,9 +158,18 @@ mod tests {
         s.last_synced_at = Some(t);
         let times =
             "\"lastUpdated\":\"2024-11-29T10:30:45.123Z\",\"currentTime\":\"2024-11-29T10:30:45.123Z\"";
-        assert_eq!(answer(&s, false, Probe::Healthz), (200, format!("{{{times},\"nodeEligible\":true}}")));
-        assert_eq!(answer(&s, false, Probe::Livez), (200, format!("{{{times}}}")));
-        assert_eq!(answer(&s, true, Probe::Healthz), (503, format!("{{{times},\"nodeEligible\":false}}")));
+        // kube-proxy v1.36's shape, as it answered on the same node (tests/migration.rs).
+        let family = "{\"lastUpdated\":\"2024-11-29T10:30:45.123Z\",\"healthy\":true}";
+        let health = format!("\"healthy\":true,\"status\":{{\"IPv4\":{family},\"IPv6\":{family}}}");
+        assert_eq!(
+            answer(&s, false, Probe::Healthz),
+            (200, format!("{{{times},\"nodeEligible\":true,{health}}}"))
+        );
+        assert_eq!(answer(&s, false, Probe::Livez), (200, format!("{{{times},{health}}}")));
+        assert_eq!(
+            answer(&s, true, Probe::Healthz),
+            (503, format!("{{{times},\"nodeEligible\":false,{health}}}"))
+        );
         assert_eq!(answer(&s, true, Probe::Livez).0, 200, "a leaving node is still alive");
         assert_eq!(
             answer(&s, false, Probe::Readyz),

@@ -376,6 +376,14 @@ fn metrics_are_kube_proxys(backend: ProxyBackend, own: &[&str]) {
     for path in ["/healthz", "/livez"] {
         assert_eq!(get(&t, &t.client, NODE_IP, 10256, path).0, 200, "{path}");
     }
+    // kube-proxy's metrics server also says its mode, and answers its own /healthz.
+    let mode = match backend {
+        ProxyBackend::Nftables => "nftables",
+        ProxyBackend::Iptables | ProxyBackend::IptablesLegacy => "iptables",
+        ProxyBackend::Ipvs => "ipvs",
+    };
+    assert_eq!(get(&t, &t.node, "127.0.0.1", 10249, "/proxyMode"), (200, mode.to_owned()));
+    assert_eq!(get(&t, &t.node, "127.0.0.1", 10249, "/healthz"), (200, "ok".to_owned()));
     let (code, text) = get(&t, &t.node, "127.0.0.1", 10249, "/metrics");
     assert_eq!(code, 200);
     let samples = kube_proxy_samples(&text);
