@@ -9,6 +9,7 @@ use kpx_e2e::harness::fake_apiserver::{FakeApiServer, FakeToken};
 use kpx_e2e::harness::install::{
     self, by_identity, documents, helm_template, kustomize, output_of, provided_tool, repo_path,
 };
+use kpx_e2e::harness::kube_apiserver::KubeApiServer;
 use kpx_e2e::harness::manifests::web_on_pod0;
 use kpx_e2e::harness::pki::Pki;
 use kpx_e2e::harness::pod::{self, PodWorld, RunningPod};
@@ -504,4 +505,59 @@ fn the_product_build_carries_no_fake_kernel() {
     // A build of the product alone does not.
     let product = dataplane_features(&[]);
     assert!(!product.contains("\"fake\""), "{product}");
+}
+
+/// `helm install` against a real API server (`--dry-run=server`: the chart's lookups ask
+/// the cluster, nothing is created): on a cluster with no kube-proxy the agents take
+/// kube-proxy's ports (healthz 10256 for load balancers' node checks, metrics and
+/// /proxyMode on 10249); with kube-proxy's DaemonSet there, they stay beside it.
+#[test]
+fn helm_install_takes_kube_proxys_ports_only_where_no_kube_proxy_runs() {
+    let ns = kpx_e2e::harness::netns::Netns::new("api");
+    let Some(api) = KubeApiServer::start(&ns, API_PORT, "helm_install_takes_kube_proxys_ports") else {
+        return;
+    };
+    let install = || {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns.name])
+            .arg(provided_tool("target/tools/helm"))
+            .arg(format!("--kubeconfig={}", api.admin_kubeconfig().display()))
+            .args(["install", "kpx"])
+            .arg(repo_path("deploy/helm/kpx"))
+            .args(["--namespace", install::NAMESPACE, "--dry-run=server"])
+            .output()
+            .expect("helm runs");
+        assert!(
+            out.status.success(),
+            "helm install --dry-run=server: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        // The manifest follows the release's notes and hooks.
+        let manifest = text.split_once("MANIFEST:").map_or(text.as_str(), |(_, m)| m).to_owned();
+        let objects = documents(&manifest);
+        let config = install::object(&objects, "ConfigMap", "kpx-dataplane")["data"]["config.yaml"]
+            .as_str()
+            .map(str::to_owned);
+        let config: serde_json::Value = serde_yaml::from_str(&config.expect("config.yaml")).expect("YAML");
+        let daemonset = install::object(&objects, "DaemonSet", "kpx-dataplane");
+        let port =
+            daemonset["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"].clone();
+        (config["healthzBindAddress"].clone(), config["metricsBindAddress"].clone(), port)
+    };
+    assert_eq!(
+        install(),
+        (serde_json::json!("0.0.0.0:10256"), serde_json::json!("127.0.0.1:10249"), serde_json::json!(10256)),
+        "no kube-proxy: its ports"
+    );
+    api.apply_yaml(
+        "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: kube-proxy, namespace: kube-system}\nspec:\n  \
+         selector: {matchLabels: {k8s-app: kube-proxy}}\n  template:\n    metadata: {labels: {k8s-app: kube-proxy}}\n    \
+         spec: {containers: [{name: kube-proxy, image: kube-proxy}]}\n",
+    );
+    assert_eq!(
+        install(),
+        (serde_json::json!("0.0.0.0:10356"), serde_json::json!("127.0.0.1:10349"), serde_json::json!(10356)),
+        "beside a kube-proxy: ports of its own"
+    );
 }

@@ -40,3 +40,24 @@ https://kpx-controlplane.{{ .Release.Namespace }}.svc:18000
 https://{{ if contains ":" $host }}[{{ $host }}]{{ else }}{{ $host }}{{ end }}:{{ index $hp 1 }}
 {{- end -}}
 {{- end -}}
+
+{{/* Whether the agents take kube-proxy's ports: on helm install or upgrade against a
+     cluster (its release namespace can be looked up) that runs no DaemonSet
+     kube-system/kube-proxy. Under helm template nothing is looked up: "" (beside it). */}}
+{{- define "kpx.kubeProxyGone" -}}
+{{- if and (lookup "v1" "Namespace" "" .Release.Namespace) (not (lookup "apps/v1" "DaemonSet" "kube-system" "kube-proxy")) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The agent's healthz port: dataplane.ports.healthz, else 10256 where no kube-proxy
+     runs, else 10356. */}}
+{{- define "kpx.healthzPort" -}}
+{{- .Values.dataplane.ports.healthz | default (eq (include "kpx.kubeProxyGone" .) "true" | ternary 10256 10356) -}}
+{{- end -}}
+
+{{/* The agent's metrics port (/metrics, /proxyMode): dataplane.ports.metrics, else 10249
+     where no kube-proxy runs, else 10349. */}}
+{{- define "kpx.metricsPort" -}}
+{{- .Values.dataplane.ports.metrics | default (eq (include "kpx.kubeProxyGone" .) "true" | ternary 10249 10349) -}}
+{{- end -}}
