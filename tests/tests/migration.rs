@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use kpx_e2e::harness::fake_apiserver::FakeApiServer;
 use kpx_e2e::harness::http_traffic::{Client, HttpPod, Load};
+use kpx_e2e::harness::kube_apiserver::{self, KubeApiServer};
 use kpx_e2e::harness::manifests::{documents, ep, service, slice};
 use kpx_e2e::harness::netns::Netns;
 use kpx_e2e::harness::process::{binary, KpxProcess};
@@ -179,23 +179,20 @@ fn from_kube_proxy_nftables_mode_and_back_without_a_failed_request() {
     migrate_and_back(KubeProxyMode::Nftables);
 }
 
-/// A real kube-proxy v1.36 process (nftables mode) serves the Service from an API server;
-/// kpx is installed beside it with the chart's ports while it runs, then it is stopped and
-/// its rules removed; then back. Every request of the load must be answered. It needs the
-/// kube-proxy binary the kit (`../shared/kit`) builds, named by `KPX_KUBE_PROXY`; without
-/// it the test says it skipped and passes, as CI has none.
+/// A real kube-proxy v1.36 process (nftables mode, `../shared/k8s/bin`) serves the Service
+/// from a real API server, as the ServiceAccount kube-proxy with the API server's own
+/// `system:node-proxier` role; kpx is installed beside it with the chart's ports while it
+/// runs, then kube-proxy is stopped and its rules removed, and the agent moves to
+/// kube-proxy's ports (the migration's last step), where it answers as kube-proxy did:
+/// `/healthz` on 10256, `/proxyMode` and `/healthz` on 10249; then back. Every request of
+/// the load must be answered.
 #[test]
 fn beside_a_running_kube_proxy_process_and_back_without_a_failed_request() {
-    let Some(kube_proxy) = std::env::var_os("KPX_KUBE_PROXY").map(std::path::PathBuf::from) else {
-        println!("skipped: no kube-proxy binary (KPX_KUBE_PROXY names the kit's bin/kube-proxy)");
-        return;
-    };
-    assert!(kube_proxy.exists(), "KPX_KUBE_PROXY={}: no such file", kube_proxy.display());
+    let test = "beside_a_running_kube_proxy_process";
+    let Some(kube_proxy) = kube_apiserver::kube_proxy(test) else { return };
     let t = Topology::new(2);
     let _pods: Vec<HttpPod> = (0..2).map(|i| HttpPod::start(&t.pods[i], &format!("pod{i}"), PORT)).collect();
-    let api = FakeApiServer::start(&t.node, sock("127.0.0.1", 16443));
-    let kubeconfig = t.dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
+    let Some(api) = KubeApiServer::start(&t.node, 16443, test) else { return };
     api.apply_yaml(&node_yaml(NODE_NAME, "zone-a"));
     let spec = format!("  clusterIP: {VIP}\n  ports:\n  - {{name: http, protocol: TCP, port: 80}}\n");
     let eps = [ep(Topology::pod_ip(0)), ep(Topology::pod_ip(1))];
@@ -203,17 +200,23 @@ fn beside_a_running_kube_proxy_process_and_back_without_a_failed_request() {
         service("web", &spec, ""),
         slice("web", "web-1", false, &[("http", "TCP", PORT)], &eps),
     ]));
-    // WatchListClient off: the test API server answers lists, not the streaming lists
-    // client-go asks for by default.
+    // kube-proxy as kubeadm runs it: its ServiceAccount, bound to system:node-proxier.
+    api.apply_yaml(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: kube-proxy, namespace: kube-system}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: kube-proxy}\n\
+         roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:node-proxier}\n\
+         subjects: [{kind: ServiceAccount, name: kube-proxy, namespace: kube-system}]\n",
+    );
+    let kube_proxy_kubeconfig = t.dir.path().join("kube-proxy.kubeconfig");
+    api.write_kubeconfig(&kube_proxy_kubeconfig, &api.create_token("kube-system", "kube-proxy", &[]));
     let config = t.dir.path().join("kube-proxy.yaml");
     std::fs::write(
         &config,
         format!(
             "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n\
-             clientConnection: {{kubeconfig: {}, contentType: application/json}}\nhostnameOverride: {NODE_NAME}\n\
-             clusterCIDR: {CLUSTER_CIDR}\nconntrack: {{maxPerCore: 0}}\n\
-             featureGates: {{WatchListClient: false}}\n",
-            kubeconfig.display()
+             clientConnection: {{kubeconfig: {}}}\nhostnameOverride: {NODE_NAME}\n\
+             clusterCIDR: {CLUSTER_CIDR}\nconntrack: {{maxPerCore: 0}}\n",
+            kube_proxy_kubeconfig.display()
         ),
     )
     .expect("kube-proxy's configuration");
@@ -230,17 +233,26 @@ fn beside_a_running_kube_proxy_process_and_back_without_a_failed_request() {
     let load = load_to(&t, vip);
     let answered = |at_least: usize| wait_answered(&load, at_least);
     answered(50);
+    // What kube-proxy answers on its ports: a load balancer's node check, and its mode.
+    let get = |port: u16, path: &'static str| {
+        t.node.run_in(move || http_get_path(sock("127.0.0.1", port), path)).ok()
+    };
+    let kube_proxys = wait_for("kube-proxy's healthz to say it is healthy", DEADLINE, || {
+        get(10256, "/healthz").filter(|(code, _)| *code == 200)
+    });
+    let kube_proxys_mode = get(10249, "/proxyMode").expect("kube-proxy's /proxyMode");
+    let kube_proxys_metrics_healthz = get(10249, "/healthz").expect("kube-proxy's metrics /healthz");
+    assert_eq!(kube_proxys_mode, (200, "nftables".to_owned()));
     // kube-proxy's ports are taken: the agent runs beside it on the chart's.
-    let healthz = |port: u16| t.node.run_in(move || http_get_path(sock("127.0.0.1", port), "/healthz")).ok();
-    assert!(healthz(10256).is_some(), "kube-proxy's own healthz answers on 10256");
+    api.apply_yaml(&kpx_e2e::harness::install::rbac());
+    let kubeconfig = t.dir.path().join("kpx.kubeconfig");
+    api.write_kubeconfig(&kubeconfig, &api.create_token("kube-system", "kpx-controlplane", &[]));
     let cp = t.start_control_plane_from(&[format!("kubeconfig:{}", kubeconfig.display())], &[]);
-    let mut dp = t.start_dataplane_with(
-        ProxyBackend::Nftables,
-        &["--healthz-listen=0.0.0.0:10356", "--metrics-listen=127.0.0.1:10349"],
-    );
+    let beside = ["--healthz-listen=0.0.0.0:10356", "--metrics-listen=127.0.0.1:10349"];
+    let mut dp = t.start_dataplane_with(ProxyBackend::Nftables, &beside);
     t.wait_rules_contain(VIP);
     wait_for("the agent's own healthz on 10356", DEADLINE, || {
-        healthz(10356).filter(|(code, _)| *code == 200)
+        get(10356, "/healthz").filter(|(code, _)| *code == 200)
     });
     answered(load.sent() + 50);
 
@@ -257,10 +269,39 @@ fn beside_a_running_kube_proxy_process_and_back_without_a_failed_request() {
     answered(sent + 200);
     let by_kpx = load.sent() - sent;
 
-    // And back: kube-proxy again, kpx stopped (its rules stay) and cleaned up.
+    // The last step: the agent moves to kube-proxy's ports (helm upgrade, kube-proxy gone)
+    // and answers there as kube-proxy did.
+    dp.stop();
+    let mut dp = t.start_dataplane_with(ProxyBackend::Nftables, &[]);
+    let kpxs = wait_for("the agent's healthz on 10256", DEADLINE, || {
+        get(10256, "/healthz").filter(|(code, _)| *code == 200)
+    });
+    println!("kube-proxy's /healthz: {}\nkpx's /healthz: {}", kube_proxys.1, kpxs.1);
+    // The same fields, to the families' own: a load balancer or a tool reading either
+    // finds what it looks for.
+    let shape = |body: &str| -> Vec<String> {
+        let value: serde_json::Value = serde_json::from_str(body).expect("JSON");
+        let mut keys = Vec::new();
+        for (key, inner) in value.as_object().expect("an object") {
+            keys.push(key.clone());
+            for (family, fields) in inner.as_object().into_iter().flatten() {
+                let fields =
+                    fields.as_object().map(|f| f.keys().cloned().collect::<Vec<_>>()).unwrap_or_default();
+                keys.push(format!("{key}.{family}: {}", fields.join(",")));
+            }
+        }
+        keys.sort();
+        keys
+    };
+    assert_eq!(shape(&kpxs.1), shape(&kube_proxys.1), "kpx's /healthz answers as kube-proxy's did");
+    assert_eq!(get(10249, "/proxyMode"), Some(kube_proxys_mode));
+    assert_eq!(get(10249, "/healthz"), Some(kube_proxys_metrics_healthz));
+    answered(load.sent() + 50);
+
+    // And back: kpx stopped (its rules stay and serve), kube-proxy again, kpx cleaned up.
+    dp.stop();
     let mut kp = start_kube_proxy();
     wait_for("kube-proxy's rules again", DEADLINE, || kube_proxy_present(&t.node).then_some(()));
-    dp.stop();
     answered(load.sent() + 50);
     let state = format!("--state-dir={}", t.dir.path().join("state").display());
     kpx_dataplane(&t.node, &["--cleanup", &state, "--log-format=json"]);
