@@ -23,6 +23,11 @@ use crate::{wait_for, DEADLINE};
 /// The variable that names a folder holding `kube-apiserver` and `kube-proxy`.
 pub const BIN_VARIABLE: &str = "KPX_KUBE_BIN";
 
+/// The API server's address on the link [`KubeApiServer::link`] makes to another
+/// namespace (that end is [`LINKED_PEER`]); its serving certificate names it.
+pub const LINKED_ADDR: &str = "10.255.255.1";
+const LINKED_PEER: &str = "10.255.255.2";
+
 /// The admin's bearer token (group `system:masters`).
 const ADMIN_TOKEN: &str = "kpx-test-admin";
 
@@ -69,7 +74,8 @@ impl KubeApiServer {
         let bin = binaries(test)?;
         let dir = tempfile::tempdir().expect("temp dir");
         let pki = Pki::new(dir.path(), "apiserver");
-        pki.server("serving");
+        let ips = ["127.0.0.1", LINKED_ADDR].map(|ip| ip.parse().expect("an IP address"));
+        pki.issue("serving", "kube-apiserver", &["localhost"], &ips, crate::harness::pki::Validity::Current);
         // The key that signs ServiceAccount tokens, and its public half that checks them.
         let signing = rcgen::KeyPair::generate().expect("a key");
         std::fs::write(dir.path().join("service-accounts.key"), signing.serialize_pem()).expect("key");
@@ -117,7 +123,7 @@ impl KubeApiServer {
         let file = |name: &str| d.join(name).display().to_string();
         vec![
             "--etcd-servers=http://127.0.0.1:2379".into(),
-            "--bind-address=127.0.0.1".into(),
+            "--bind-address=0.0.0.0".into(),
             "--advertise-address=127.0.0.1".into(),
             format!("--secure-port={}", self.addr.port()),
             "--service-cluster-ip-range=10.96.0.0/12".into(),
@@ -177,14 +183,43 @@ impl KubeApiServer {
         self.start_apiserver();
     }
 
+    /// Joins `other` (another test's node) to the API server's namespace by a veth, so
+    /// that clients there reach it at [`LINKED_ADDR`]; the link goes with the namespaces.
+    pub fn link(&self, other: &Netns) {
+        let ip = |ns: &str, args: &[&str]| {
+            crate::harness::netns::run("ip", &[&["-n", ns], args].concat());
+        };
+        ip(
+            &self.ns,
+            &["link", "add", "to-linked", "type", "veth", "peer", "name", "to-api", "netns", &other.name],
+        );
+        ip(&self.ns, &["addr", "add", &format!("{LINKED_ADDR}/30"), "dev", "to-linked"]);
+        ip(&self.ns, &["link", "set", "to-linked", "up"]);
+        ip(&other.name, &["addr", "add", &format!("{LINKED_PEER}/30"), "dev", "to-api"]);
+        ip(&other.name, &["link", "set", "to-api", "up"]);
+    }
+
+    /// [`KubeApiServer::write_kubeconfig`] for a client in a namespace [`KubeApiServer::link`]ed to this one.
+    pub fn write_linked_kubeconfig(&self, path: &Path, token: &str) {
+        self.write_kubeconfig_at(
+            path,
+            token,
+            &SocketAddr::new(LINKED_ADDR.parse().expect("IP"), self.addr.port()),
+        );
+    }
+
     /// A kubeconfig for `token` at this server (its CA, a bearer token).
     pub fn write_kubeconfig(&self, path: &Path, token: &str) {
+        self.write_kubeconfig_at(path, token, &self.addr);
+    }
+
+    fn write_kubeconfig_at(&self, path: &Path, token: &str, addr: &SocketAddr) {
         let ca = self.dir.path().join("apiserver-ca.crt");
         let text = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: real\n  cluster: {{server: \"https://{}\", certificate-authority: \"{}\"}}\n\
              users:\n- name: user\n  user: {{token: \"{token}\"}}\ncontexts:\n- name: real\n  context: {{cluster: real, user: user}}\n\
              current-context: real\n",
-            self.addr,
+            addr,
             ca.display()
         );
         std::fs::write(path, text).expect("write kubeconfig");
@@ -257,6 +292,23 @@ impl KubeApiServer {
             );
             None
         });
+    }
+
+    /// Merges `status` (JSON) into the status subresource of `kind` `namespace/name`, as the
+    /// controller that owns it would (a create or apply leaves a Service's status empty).
+    pub fn patch_status(&self, kind: &str, namespace: &str, name: &str, status: &str) {
+        let patch = format!("{{\"status\":{status}}}");
+        self.kubectl_ok(&[
+            "patch",
+            kind,
+            name,
+            "-n",
+            namespace,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &patch,
+        ]);
     }
 
     /// Deletes `kind` `namespace/name` (no namespace: a cluster-scoped object).
