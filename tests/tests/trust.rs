@@ -6,7 +6,7 @@
 //! the new one; the admin API needs an admin certificate; ServiceAccount tokens are
 //! checked by TokenReview (wrong audience, expired, another node refused). Run as root.
 
-use kpx_e2e::harness::fake_apiserver::{FakeApiServer, FakeToken};
+use kpx_e2e::harness::kube_apiserver::KubeApiServer;
 use kpx_e2e::harness::manifests::web_on_pod0;
 use kpx_e2e::harness::pki::{Issued, Pki, Validity};
 use kpx_e2e::harness::process::KpxProcess;
@@ -179,25 +179,55 @@ fn mutual_tls_identities_rotation_and_the_admin_api() {
     });
 }
 
+/// Nodes that present a ServiceAccount token (`--node-token-file`): the control plane asks
+/// the real kube-apiserver (TokenReview, with the install's RBAC and its ServiceAccount's
+/// token) and takes the node from the pod the token is bound to. Tokens are made by the
+/// API server itself (`kubectl create token … --bound-object-kind Pod`, TokenRequest).
 #[test]
 fn service_account_tokens_are_checked_by_token_review() {
     let t = Topology::new(1);
     let _backends = t.start_backends(8080);
-    let api = FakeApiServer::start(&t.node, sock("127.0.0.1", 16444));
-    api.apply_yaml(&node_yaml(NODE_NAME, "zone-a"));
-    api.apply_yaml(&web_on_pod0("web", "10.96.8.3"));
-    let kubeconfig = t.dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
-    let token = |audiences: &[&str], node: Option<&str>, expired: bool| FakeToken {
-        audiences: audiences.iter().map(|a| (*a).to_owned()).collect(),
-        node: node.map(str::to_owned),
-        expired,
+    let Some(api) = KubeApiServer::start(&t.node, 16444, "service_account_tokens_are_checked") else {
+        return;
     };
-    api.add_token("good", token(&["kpx"], Some(NODE_NAME), false));
-    api.add_token("other-audience", token(&["vault"], Some(NODE_NAME), false));
-    api.add_token("expired", token(&["kpx"], Some(NODE_NAME), true));
-    api.add_token("node-b", token(&["kpx"], Some("node-b"), false));
-    api.add_token("no-pod", token(&["kpx"], None, false));
+    api.apply_yaml(&node_yaml(NODE_NAME, "zone-a"));
+    api.apply_yaml(
+        &node_yaml("node-b", "zone-b").replace("10.0.0.1", "10.0.9.1").replace("10.0.1.1", "10.0.9.2"),
+    );
+    api.apply_yaml(&web_on_pod0("web", "10.96.8.3"));
+    api.apply_yaml(&kpx_e2e::harness::install::rbac());
+    let kubeconfig = t.dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig, &api.create_token("kube-system", "kpx-controlplane", &[]));
+    // The agents' pods, as the DaemonSet's would be: kpx-dataplane's ServiceAccount, a node.
+    let pod = |name: &str, node: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: kube-system}}\nspec:\n  \
+             serviceAccountName: kpx-dataplane\n  automountServiceAccountToken: false\n  nodeName: {node}\n  \
+             containers: [{{name: agent, image: kpx}}]\n"
+        )
+    };
+    api.apply_yaml(&pod("agent-a", NODE_NAME));
+    api.apply_yaml(&pod("agent-b", "node-b"));
+    api.apply_yaml(&pod("agent-gone", NODE_NAME));
+    let bound = |pod: &str, audience: &str| {
+        api.create_token(
+            "kube-system",
+            "kpx-dataplane",
+            &["--audience", audience, "--bound-object-kind=Pod", &format!("--bound-object-name={pod}")],
+        )
+    };
+    let tokens = [
+        ("other-audience", bound("agent-a", "vault"), "audience"),
+        ("pod-deleted", bound("agent-gone", "kpx"), "token has been invalidated"),
+        (
+            "no-pod",
+            api.create_token("kube-system", "kpx-dataplane", &["--audience", "kpx"]),
+            "not bound to a pod",
+        ),
+        ("node-b", bound("agent-b", "kpx"), "PermissionDenied"),
+    ];
+    // No kubelet confirms a graceful deletion here: forced, as the node's would end.
+    api.kubectl_ok(&["delete", "pod", "agent-gone", "-n", "kube-system", "--grace-period=0", "--force"]);
     let pki = Pki::new(t.dir.path(), "cluster");
     let server = pki.server("server");
     let cp = t.start_control_plane_from(
@@ -211,33 +241,25 @@ fn service_account_tokens_are_checked_by_token_review() {
     cp.wait_event("the control plane to listen", DEADLINE, |e| {
         message(e) == "serving delta xDS and the admin API"
     });
-    let with_token = |name: &str| {
+    let with_token = |name: &str, token: &str| {
         let file = t.dir.path().join(format!("token-{name}"));
-        std::fs::write(&file, format!("{name}\n")).expect("token");
+        std::fs::write(&file, format!("{token}\n")).expect("token");
         let mut flags = tls_flags(&pki.ca(), None);
         flags.push(format!("--node-token-file={}", file.display()));
         flags
     };
-    for (name, expect) in [
-        ("other-audience", "audience"),
-        ("expired", "expired"),
-        ("no-pod", "not bound to a pod"),
-        ("node-b", "PermissionDenied"),
-    ] {
-        let mut dp = t.start_agent(NODE_NAME, URL, &format!("state-{name}"), &with_token(name));
+    for (name, token, expect) in &tokens {
+        let mut dp = t.start_agent(NODE_NAME, URL, &format!("state-{name}"), &with_token(name, token));
         let error = refused(&dp);
         println!("{name}: the agent says {error:?}");
         assert!(error.contains(expect), "{name}: {error}");
         dp.stop();
     }
-    let reviews = api.token_reviews();
-    let _dp = t.start_agent(NODE_NAME, URL, "state", &with_token("good"));
+    let reviews = || api.audited("/apis/authentication.k8s.io/v1/tokenreviews").len();
+    let before = reviews();
+    let _dp = t.start_agent(NODE_NAME, URL, "state", &with_token("good", &bound("agent-a", "kpx")));
     t.wait_answered_by("10.96.8.3", 80, "pod0");
-    assert!(api.token_reviews() > reviews, "the good token was reviewed too");
-
-    // The install (kustomize and Helm alike) grants the control plane what that took.
-    for (how, objects) in kpx_e2e::harness::install::default_installs() {
-        let granted = kpx_e2e::harness::install::granted_to_control_plane(&objects);
-        assert!(granted.contains("authentication.k8s.io/tokenreviews:create"), "{how}: {granted:?}");
-    }
+    assert!(reviews() > before, "the good token was reviewed too");
+    let refused: Vec<_> = api.audited("/").into_iter().filter(|(_, _, code)| *code == 403).collect();
+    assert_eq!(refused, [], "the install's RBAC grants the control plane its TokenReviews");
 }
