@@ -207,8 +207,13 @@ pub fn default_installs() -> [(&'static str, Vec<Value>); 2] {
 /// The ServiceAccounts, roles and bindings of the default install (kustomize's rendering;
 /// deploy.rs holds Helm's to the same objects), as one manifest to apply to an API server.
 pub fn rbac() -> String {
+    rbac_of("")
+}
+
+/// [`rbac`] of the kustomization `dir` (`overlays/mcs`).
+pub fn rbac_of(dir: &str) -> String {
     let kinds = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"];
-    documents(&kustomize(""))
+    documents(&kustomize(dir))
         .iter()
         .filter(|o| kinds.iter().any(|k| o["kind"] == *k))
         .map(|o| serde_yaml::to_string(o).expect("YAML"))

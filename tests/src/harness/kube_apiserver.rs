@@ -101,14 +101,16 @@ impl KubeApiServer {
             dir,
         };
         let d = server.dir.path().to_owned();
+        // Several API servers may share a namespace: etcd's ports follow the API server's.
+        let (client, peer) = (port + 1000, port + 2000);
         let etcd_args: Vec<String> = [
             format!("--data-dir={}", d.join("etcd").display()),
             "--name=kpx-test".into(),
-            "--listen-client-urls=http://127.0.0.1:2379".into(),
-            "--advertise-client-urls=http://127.0.0.1:2379".into(),
-            "--listen-peer-urls=http://127.0.0.1:2380".into(),
-            "--initial-advertise-peer-urls=http://127.0.0.1:2380".into(),
-            "--initial-cluster=kpx-test=http://127.0.0.1:2380".into(),
+            format!("--listen-client-urls=http://127.0.0.1:{client}"),
+            format!("--advertise-client-urls=http://127.0.0.1:{client}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+            format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+            format!("--initial-cluster=kpx-test=http://127.0.0.1:{peer}"),
             "--log-level=warn".into(),
         ]
         .into();
@@ -122,7 +124,7 @@ impl KubeApiServer {
         let d = self.dir.path();
         let file = |name: &str| d.join(name).display().to_string();
         vec![
-            "--etcd-servers=http://127.0.0.1:2379".into(),
+            format!("--etcd-servers=http://127.0.0.1:{}", self.addr.port() + 1000),
             "--bind-address=0.0.0.0".into(),
             "--advertise-address=127.0.0.1".into(),
             format!("--secure-port={}", self.addr.port()),
@@ -294,6 +296,19 @@ impl KubeApiServer {
         });
     }
 
+    /// The object `resource` (`serviceimports.multicluster.x-k8s.io`, `endpointslices`, …)
+    /// `namespace/name` as the API server holds it, or `None` where there is none.
+    pub fn object(&self, resource: &str, namespace: &str, name: &str) -> Option<serde_json::Value> {
+        let out = self.kubectl(&["get", resource, name, "-n", namespace, "-o", "json", "--ignore-not-found"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "kubectl get {resource} {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (!text.trim().is_empty()).then(|| serde_json::from_str(&text).expect("kubectl's JSON"))
+    }
+
     /// Merges `status` (JSON) into the status subresource of `kind` `namespace/name`, as the
     /// controller that owns it would (a create or apply leaves a Service's status empty).
     pub fn patch_status(&self, kind: &str, namespace: &str, name: &str, status: &str) {
@@ -346,16 +361,28 @@ impl KubeApiServer {
     /// The requests the API server answered whose path contains `path`, from its audit
     /// log: (verb, requestURI, code).
     pub fn audited(&self, path: &str) -> Vec<(String, String, u64)> {
+        self.audit().into_iter().filter(|a| a.uri.contains(path)).map(|a| (a.verb, a.uri, a.code)).collect()
+    }
+
+    /// Every request the API server answered, in order, from its audit log.
+    pub fn audit(&self) -> Vec<Audited> {
         let text = std::fs::read_to_string(self.dir.path().join("audit.log")).unwrap_or_default();
         text.lines()
             .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-            .filter(|event| event["requestURI"].as_str().is_some_and(|uri| uri.contains(path)))
-            .map(|event| {
-                (
-                    event["verb"].as_str().unwrap_or_default().to_owned(),
-                    event["requestURI"].as_str().unwrap_or_default().to_owned(),
-                    event["responseStatus"]["code"].as_u64().unwrap_or_default(),
-                )
+            .map(|e| {
+                let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+                let object = &e["objectRef"];
+                Audited {
+                    verb: text(&e["verb"]),
+                    uri: text(&e["requestURI"]),
+                    code: e["responseStatus"]["code"].as_u64().unwrap_or_default(),
+                    user: text(&e["user"]["username"]),
+                    group: text(&object["apiGroup"]),
+                    resource: text(&object["resource"]),
+                    subresource: text(&object["subresource"]),
+                    namespace: text(&object["namespace"]),
+                    name: text(&object["name"]),
+                }
             })
             .collect()
     }
@@ -365,6 +392,37 @@ impl KubeApiServer {
         std::fs::read_to_string(self.dir.path().join("kube-apiserver.log")).unwrap_or_default()
     }
 }
+
+/// One request, as the audit log has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Audited {
+    pub verb: String,
+    pub uri: String,
+    pub code: u64,
+    /// Who asked (`system:serviceaccount:kube-system:kpx-controlplane`).
+    pub user: String,
+    pub group: String,
+    pub resource: String,
+    pub subresource: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl Audited {
+    /// Whether it changed something: create, update, patch or delete.
+    pub fn is_write(&self) -> bool {
+        matches!(self.verb.as_str(), "create" | "update" | "patch" | "delete")
+    }
+
+    /// `group/resource[/subresource]:verb`, as RBAC rules name what they grant.
+    pub fn grant(&self) -> String {
+        let sub = if self.subresource.is_empty() { String::new() } else { format!("/{}", self.subresource) };
+        format!("{}/{}{sub}:{}", self.group, self.resource, self.verb)
+    }
+}
+
+/// The user kpx's control plane is, with the install's ServiceAccount token.
+pub const CONTROL_PLANE_USER: &str = "system:serviceaccount:kube-system:kpx-controlplane";
 
 impl Drop for KubeApiServer {
     fn drop(&mut self) {
