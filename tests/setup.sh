@@ -17,7 +17,7 @@ declare -A PACKAGES=(
   [nft]=nftables [ip]=iproute2 [iptables-nft]=iptables [iptables-legacy]=iptables [ipset]=ipset
   [conntrack]=conntrack [sysctl]=procps [python3]=python3 [openssl]=openssl [umoci]=umoci
   [mmdebstrap]=mmdebstrap [systemd-analyze]=systemd [setpriv]=util-linux [nsenter]=util-linux
-  [make]=make [cc]=gcc [etcd]=etcd-server
+  [make]=make [cc]=gcc [etcd]=etcd-server [curl]=curl
 )
 missing=()
 for tool in "${!PACKAGES[@]}"; do

@@ -33,6 +33,8 @@ fn clusters() -> Clusters {
     let backends = t.start_backends(8080);
     let east = FakeApiServer::start(&t.node, sock("127.0.0.1", 16443));
     let west = FakeApiServer::start(&t.node, sock("127.0.0.1", 16444));
+    east.install_mcs_crds();
+    west.install_mcs_crds();
     east.apply_yaml(&node_yaml(NODE_NAME, "zone-a"));
     west.apply_yaml(
         &node_yaml("node-w", "zone-w")

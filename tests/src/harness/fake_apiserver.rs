@@ -2,8 +2,9 @@
 //! uses (lists with a resourceVersion, chunked watch streams of JSON events,
 //! bookmarks, `410 Gone` for an expired resourceVersion) for Services,
 //! EndpointSlices, Nodes, ServiceExports and ServiceImports (`multicluster.x-k8s.io/v1alpha1`,
-//! as once their CRDs are installed) and ServiceCIDRs (the last only once a test asks: until then it
-//! answers 404, as an API server without them does), answers TokenReviews of the tokens a test registered (as a
+//! once a test installs their CRDs) and ServiceCIDRs (once a test asks); until then, and
+//! for any path it does not serve, it answers as a real kube-apiserver does: a plain-text
+//! `404 page not found` (tests/tests/fake_contract.rs holds it to the real one), answers TokenReviews of the tokens a test registered (as a
 //! real kube-apiserver answers them for pod-bound ServiceAccount tokens), and lets a test
 //! hold lists, expire history, drop watch connections and restart the server on the same
 //! address.
@@ -113,6 +114,8 @@ struct ApiState {
     /// Writes of MCS objects and EndpointSlices get no answer while this is set (as from
     /// an API server that accepts connections and is stuck); Leases still answer.
     silent_writes: bool,
+    /// Whether the MCS CRDs are installed (ServiceExports and ServiceImports served).
+    pub(super) mcs_served: bool,
 }
 
 /// How the fake API server answers for ServiceCIDRs.
@@ -214,6 +217,7 @@ impl FakeApiServer {
             .route("/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices", get(list_slices_of))
             .route("/api/v1/namespaces/{namespace}/events", post(create_event))
             .merge(writes::routes())
+            .fallback(|| async { page_not_found() })
             .with_state(Arc::clone(&self.state));
         let tls = self.tls.clone();
         self.runtime.spawn(async move {
@@ -312,6 +316,11 @@ impl FakeApiServer {
         state.revision += 1;
         object["metadata"]["resourceVersion"] = json!(state.revision.to_string());
         state.record(kind, "DELETED", object);
+    }
+
+    /// Serves ServiceExports and ServiceImports from now on (their CRDs installed).
+    pub fn install_mcs_crds(&self) {
+        self.lock().mcs_served = true;
     }
 
     /// Serves ServiceCIDRs from now on (as an API server of v1.33 or newer does).
@@ -431,6 +440,13 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
+/// What a real kube-apiserver answers for a path it does not serve (a group or version not
+/// installed, a wrong path): plain text, not a `Status`.
+pub(super) fn page_not_found() -> Response {
+    (StatusCode::NOT_FOUND, [("content-type", "text/plain; charset=utf-8")], "404 page not found\n")
+        .into_response()
+}
+
 fn json_response(value: &Value) -> Response {
     ([("content-type", "application/json")], value.to_string()).into_response()
 }
@@ -452,12 +468,13 @@ async fn serve(State(state): State<Arc<Mutex<ApiState>>>, RawQuery(query): RawQu
     let lock = || state.locked();
     let watch = matches!(param(&query, "watch"), Some("true" | "1"));
     lock().requests.push((if watch { "watch" } else { "list" }, kind));
+    if matches!(kind, Kind::ServiceExport | Kind::ServiceImport) && !lock().mcs_served {
+        return page_not_found();
+    }
     let refusal = match lock().service_cidrs {
         _ if kind != Kind::ServiceCidr => None,
         ServiceCidrs::Served => None,
-        ServiceCidrs::NotServed => {
-            Some((StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource"))
-        }
+        ServiceCidrs::NotServed => return page_not_found(),
         ServiceCidrs::Forbidden => Some((
             StatusCode::FORBIDDEN,
             "Forbidden",

@@ -29,7 +29,7 @@ pub const LINKED_ADDR: &str = "10.255.255.1";
 const LINKED_PEER: &str = "10.255.255.2";
 
 /// The admin's bearer token (group `system:masters`).
-const ADMIN_TOKEN: &str = "kpx-test-admin";
+pub const ADMIN_TOKEN: &str = "kpx-test-admin";
 
 /// The folder with the real Kubernetes binaries, or `None` (and a line saying the test
 /// skipped) where there is none.

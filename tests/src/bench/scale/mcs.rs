@@ -84,6 +84,7 @@ pub fn mcs_latency(a: &Args) -> serde_json::Value {
     apis[0].apply_yaml(&node_yaml(NODE_NAME, "zone-a"));
     let mut sources = Vec::new();
     for (i, api) in apis.iter().enumerate() {
+        api.install_mcs_crds();
         api.apply_yaml(&exported(i, share(i, total), 0));
         let kubeconfig = t.dir.path().join(format!("{}.kubeconfig", CLUSTERS[i]));
         api.write_kubeconfig(&kubeconfig);

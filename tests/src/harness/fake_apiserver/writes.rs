@@ -17,7 +17,7 @@ use axum::Router;
 use kpx_proto::sync::Locked as _;
 use serde_json::{json, Value};
 
-use super::{json_response, key_of, not_found, ApiState, Kind};
+use super::{json_response, key_of, not_found, page_not_found, ApiState, Kind};
 
 type Shared = Arc<Mutex<ApiState>>;
 
@@ -100,7 +100,17 @@ fn plural(kind: Kind) -> &'static str {
     }
 }
 
+/// The resource as a real API server names it in messages (`serviceimports.multicluster.x-k8s.io`).
+fn qualified(kind: Kind) -> &'static str {
+    match kind {
+        Kind::ServiceImport => "serviceimports.multicluster.x-k8s.io",
+        Kind::EndpointSlice => "endpointslices.discovery.k8s.io",
+        _ => "objects",
+    }
+}
+
 /// `PATCH …/NAME` (apply): the patch's fields; the status, uid and creationTimestamp kept.
+/// 201 Created for a new object, 200 otherwise, as a real API server answers.
 async fn apply(
     State(state): State<Shared>,
     Path((namespace, name)): Path<(String, String)>,
@@ -108,6 +118,9 @@ async fn apply(
     kind: Kind,
 ) -> Response {
     while_silent(&state).await;
+    if kind == Kind::ServiceImport && !state.locked().mcs_served {
+        return page_not_found();
+    }
     let mut object = match body(&bytes) {
         Ok(v) => v,
         Err(e) => return bad_request(e),
@@ -120,6 +133,7 @@ async fn apply(
     }
     object["metadata"]["name"] = json!(name);
     object["metadata"]["namespace"] = json!(namespace);
+    let created = old.is_none();
     if let Some(old) = old {
         for field in ["uid", "creationTimestamp"] {
             object["metadata"][field] = old["metadata"][field].clone();
@@ -128,7 +142,9 @@ async fn apply(
             object["status"] = status.clone();
         }
     }
-    json_response(&s.put(kind, object))
+    let stored = s.put(kind, object);
+    let code = if created { StatusCode::CREATED } else { StatusCode::OK };
+    (code, json_response(&stored)).into_response()
 }
 
 async fn delete(
@@ -137,14 +153,21 @@ async fn delete(
     kind: Kind,
 ) -> Response {
     let mut s = state.locked();
+    if kind == Kind::ServiceImport && !s.mcs_served {
+        return page_not_found();
+    }
     s.writes.push(format!("DELETE {} {namespace}/{name}", plural(kind)));
     let Some(mut object) = s.objects.remove(&(kind, format!("{namespace}/{name}"))) else {
-        return not_found(&format!("{} \"{name}\"", plural(kind)));
+        return not_found(&format!("{} \"{name}\"", qualified(kind)));
     };
     s.revision += 1;
     object["metadata"]["resourceVersion"] = json!(s.revision.to_string());
-    s.record(kind, "DELETED", object.clone());
-    json_response(&object)
+    let uid = object["metadata"]["uid"].clone();
+    s.record(kind, "DELETED", object);
+    // An object without finalizers is gone at once: a real API server says so with a Status.
+    let (group, resource) = qualified(kind).split_once('.').unwrap_or((qualified(kind), ""));
+    json_response(&json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+        "details": {"name": name, "group": resource, "kind": group, "uid": uid}}))
 }
 
 /// `PATCH …/serviceexports/NAME/status` (apply): the status replaced, nothing else.
@@ -154,6 +177,9 @@ async fn apply_export_status(
     bytes: Bytes,
 ) -> Response {
     while_silent(&state).await;
+    if !state.locked().mcs_served {
+        return page_not_found();
+    }
     let patch = match body(&bytes) {
         Ok(v) => v,
         Err(e) => return bad_request(e),
