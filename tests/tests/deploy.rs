@@ -5,13 +5,11 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use kpx_e2e::harness::fake_apiserver::{FakeApiServer, FakeToken};
 use kpx_e2e::harness::install::{
     self, by_identity, documents, helm_template, kustomize, output_of, provided_tool, repo_path,
 };
 use kpx_e2e::harness::kube_apiserver::KubeApiServer;
 use kpx_e2e::harness::manifests::web_on_pod0;
-use kpx_e2e::harness::pki::Pki;
 use kpx_e2e::harness::pod::{self, PodWorld, RunningPod};
 use kpx_e2e::harness::topology::{node_yaml, sock, ProxyBackend, Topology, NODE_IP, NODE_NAME};
 use kpx_e2e::harness::traffic::http_get_path;
@@ -209,14 +207,39 @@ fn the_systemd_units_verify_without_a_word() {
 fn rendered_pods_serve(objects: Vec<serde_json::Value>, backend: ProxyBackend) {
     let t = Topology::new(1);
     let _backends = t.start_backends(8080);
-    let api_pki = Pki::new(t.dir.path(), "apiserver");
-    let api = FakeApiServer::start_tls(&t.node, sock("127.0.0.1", API_PORT), &api_pki.server("apiserver"));
+    // The real kube-apiserver: the rendered RBAC applied to it, each pod's token made by it.
+    let Some(api) = KubeApiServer::start(&t.node, API_PORT, "the_rendered_pods_serve") else { return };
     api.apply_yaml(&node_yaml(NODE_NAME, "zone-a"));
     api.apply_yaml(&web_on_pod0("web", "10.96.9.1"));
-    api.add_token(
-        "agent-token",
-        FakeToken { audiences: vec!["kpx".into()], node: Some(NODE_NAME.into()), expired: false },
-    );
+    let kinds = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"];
+    let rbac: Vec<String> = objects
+        .iter()
+        .filter(|o| kinds.iter().any(|k| o["kind"] == *k))
+        .map(|o| serde_yaml::to_string(o).expect("YAML"))
+        .collect();
+    api.apply_yaml(&rbac.join("---\n"));
+    // The pods the tokens are bound to, as the DaemonSet's and the Deployment's would be.
+    for (pod, account) in
+        [("kpx-dataplane-test", "kpx-dataplane"), ("kpx-controlplane-test", "kpx-controlplane")]
+    {
+        api.apply_yaml(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {pod}, namespace: kube-system}}\nspec:\n  \
+             serviceAccountName: {account}\n  automountServiceAccountToken: false\n  nodeName: {NODE_NAME}\n  \
+             containers: [{{name: c, image: kpx}}]\n"
+        ));
+    }
+    // A projected token for the API server and, for the agent, for the control plane (kpx).
+    let token = |pod: &str, account: &str| {
+        let bound = format!("--bound-object-name={pod}");
+        let audiences = [
+            "--audience=kpx",
+            "--audience=https://kubernetes.default.svc.cluster.local",
+            "--bound-object-kind=Pod",
+        ];
+        api.create_token("kube-system", account, &[&audiences[..], &[bound.as_str()]].concat())
+    };
+    let agent_token = token("kpx-dataplane-test", "kpx-dataplane");
+    let control_plane_token = token("kpx-controlplane-test", "kpx-controlplane");
 
     let certs = t.dir.path().join("certs");
     output_of(Command::new(repo_path("deploy/tls/make-certs.sh")).arg(&certs).args(["--name", "127.0.0.1"]));
@@ -230,16 +253,17 @@ fn rendered_pods_serve(objects: Vec<serde_json::Value>, backend: ProxyBackend) {
         ]),
     )]);
     let pods = t.dir.path().join("pods");
-    let api_ca = api_pki.ca();
+    let api_ca = api.ca();
     let world = PodWorld {
         objects: &objects,
         secrets: &secrets,
         node_name: NODE_NAME,
-        token: "agent-token",
+        token: &agent_token,
         api_server: Some((&api_ca, "127.0.0.1", API_PORT)),
         hosts: &[("127.0.0.1", "kpx-controlplane.kube-system.svc")],
         dir: &pods,
     };
+    let control_plane_world = PodWorld { token: &control_plane_token, ..world };
 
     // A kube-proxy runs on the node (a migration's first step): its healthz and metrics
     // ports are taken, as kube-proxy takes them.
@@ -252,7 +276,7 @@ fn rendered_pods_serve(objects: Vec<serde_json::Value>, backend: ProxyBackend) {
     let close_wait = "net.netfilter.nf_conntrack_tcp_timeout_close_wait";
     assert_ne!(sysctl(close_wait), "3600", "a new namespace has the kernel's default");
 
-    let cp = pod::start(&t.node, &world, "Deployment", "kpx-controlplane");
+    let cp = pod::start(&t.node, &control_plane_world, "Deployment", "kpx-controlplane");
     let cp_container = pod::container(&objects, "Deployment", "kpx-controlplane");
     wait_probe(&t, &cp, cp_container, "readinessProbe", "127.0.0.1");
     wait_probe(&t, &cp, cp_container, "livenessProbe", "127.0.0.1");
@@ -272,7 +296,12 @@ fn rendered_pods_serve(objects: Vec<serde_json::Value>, backend: ProxyBackend) {
     // hostNetwork: the kubelet probes the node's address.
     wait_probe(&t, &agent, agent_container, "readinessProbe", NODE_IP);
     wait_probe(&t, &agent, agent_container, "livenessProbe", NODE_IP);
-    assert!(api.token_reviews() > 0, "the agent proved itself with its projected token");
+    let reviews = api.audited("/apis/authentication.k8s.io/v1/tokenreviews");
+    assert!(!reviews.is_empty(), "the agent proved itself with its projected token");
+    // Every request of the control plane and the agents, with their tokens, was allowed by
+    // the rendered RBAC.
+    let refused: Vec<_> = api.audit().into_iter().filter(|a| a.code == 403).collect();
+    assert!(refused.is_empty(), "refused by the rendered RBAC: {refused:?}");
     // Root, but with NET_ADMIN and NET_RAW only (bits 12 and 13), on a read-only root.
     assert_eq!(agent.status("CapEff"), "0000000000003000");
     assert_eq!(agent.status("CapBnd"), "0000000000003000");

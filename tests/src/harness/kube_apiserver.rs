@@ -227,6 +227,11 @@ impl KubeApiServer {
         std::fs::write(path, text).expect("write kubeconfig");
     }
 
+    /// The CA that signed the API server's serving certificate.
+    pub fn ca(&self) -> PathBuf {
+        self.dir.path().join("apiserver-ca.crt")
+    }
+
     /// The admin's kubeconfig (`system:masters`).
     pub fn admin_kubeconfig(&self) -> PathBuf {
         self.dir.path().join("admin.kubeconfig")
