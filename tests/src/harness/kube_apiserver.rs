@@ -28,6 +28,9 @@ pub const BIN_VARIABLE: &str = "KPX_KUBE_BIN";
 pub const LINKED_ADDR: &str = "10.255.255.1";
 const LINKED_PEER: &str = "10.255.255.2";
 
+/// The node's address on its link to pod 0 (`Topology`): pods reach the API server there.
+pub const POD_GATEWAY: &str = "10.244.1.1";
+
 /// The admin's bearer token (group `system:masters`).
 pub const ADMIN_TOKEN: &str = "kpx-test-admin";
 
@@ -74,8 +77,11 @@ impl KubeApiServer {
         let bin = binaries(test)?;
         let dir = tempfile::tempdir().expect("temp dir");
         let pki = Pki::new(dir.path(), "apiserver");
-        let ips = ["127.0.0.1", LINKED_ADDR].map(|ip| ip.parse().expect("an IP address"));
-        pki.issue("serving", "kube-apiserver", &["localhost"], &ips, crate::harness::pki::Validity::Current);
+        // As a cluster's API server certificate: its Service's names, and the addresses a
+        // test dials it at (loopback, a linked node, the node seen from pod 0).
+        let ips = ["127.0.0.1", LINKED_ADDR, POD_GATEWAY].map(|ip| ip.parse().expect("an IP address"));
+        let names = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"];
+        pki.issue("serving", "kube-apiserver", &names, &ips, crate::harness::pki::Validity::Current);
         // The key that signs ServiceAccount tokens, and its public half that checks them.
         let signing = rcgen::KeyPair::generate().expect("a key");
         std::fs::write(dir.path().join("service-accounts.key"), signing.serialize_pem()).expect("key");
@@ -208,6 +214,16 @@ impl KubeApiServer {
             token,
             &SocketAddr::new(LINKED_ADDR.parse().expect("IP"), self.addr.port()),
         );
+    }
+
+    /// [`KubeApiServer::write_kubeconfig`] for a client in a pod of the node ([`POD_GATEWAY`]).
+    pub fn write_pod_kubeconfig(&self, path: &Path, token: &str) {
+        self.write_kubeconfig_at(path, token, &self.from_pods());
+    }
+
+    /// The API server's address as pods of the node reach it.
+    pub fn from_pods(&self) -> SocketAddr {
+        SocketAddr::new(POD_GATEWAY.parse().expect("IP"), self.addr.port())
     }
 
     /// A kubeconfig for `token` at this server (its CA, a bearer token).
