@@ -130,12 +130,24 @@ pub struct Home {
     discovered: Vec<SocketAddr>,
     /// The last attempt found no way.
     failed_before: bool,
+    /// When the API server was last asked (it is asked at most once per [`ASK_EVERY`]).
+    last_asked: Option<tokio::time::Instant>,
+}
+
+/// How often, at most, a node asks the API server where its control plane is: the dial
+/// loop retries from 100 ms, and every node of a cluster does so at once when the control
+/// plane goes away.
+const ASK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whether the API server may be asked again, `last` having been the last time.
+fn may_ask(last: Option<tokio::time::Instant>, now: tokio::time::Instant) -> bool {
+    last.is_none_or(|at| now.duration_since(at) >= ASK_EVERY)
 }
 
 impl Home {
     pub fn new(control_plane: ControlPlane) -> Home {
         let service = service_of_url(&control_plane.url);
-        Home { control_plane, service, discovered: Vec::new(), failed_before: false }
+        Home { control_plane, service, discovered: Vec::new(), failed_before: false, last_asked: None }
     }
 
     pub fn control_plane(&self) -> &ControlPlane {
@@ -162,7 +174,11 @@ impl Home {
                 }
             }
         }
-        let service = self.service.clone().filter(|_| api.usable());
+        let now = tokio::time::Instant::now();
+        let service = self.service.clone().filter(|_| api.usable() && may_ask(self.last_asked, now));
+        if service.is_some() {
+            self.last_asked = Some(now);
+        }
         let known = first_connected(&self.control_plane, &candidates);
         let result = match &service {
             None => known.await,
@@ -314,6 +330,16 @@ mod tests {
 
     fn endpoint(address: &str, port: u16, terminating: bool) -> Endpoint {
         Endpoint::new(address.parse().expect("ip"), port, "n1", "", terminating)
+    }
+
+    #[test]
+    fn the_api_server_is_asked_at_most_once_a_second() {
+        let start = tokio::time::Instant::now();
+        let at = |ms: u64| start + std::time::Duration::from_millis(ms);
+        assert!(may_ask(None, start), "never asked: ask");
+        assert!(!may_ask(Some(at(0)), at(100)), "the dial loop's first retry, 100 ms on");
+        assert!(!may_ask(Some(at(0)), at(999)));
+        assert!(may_ask(Some(at(0)), at(1000)));
     }
 
     #[test]
