@@ -12,12 +12,9 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
 use kpx_e2e::harness::install;
-use kpx_e2e::harness::kube_apiserver::{self, KubeApiServer};
+use kpx_e2e::harness::kube_apiserver::{self, KubeApiServer, KubeProxy};
 use kpx_e2e::harness::manifests::{documents, ep, service, slice, Ep};
-use kpx_e2e::harness::process::KpxProcess;
-use kpx_e2e::harness::topology::{
-    node_yaml, sock, Topology, CLIENT_IP_2, CLUSTER_CIDR, NODE_IP, NODE_IP_2, NODE_NAME,
-};
+use kpx_e2e::harness::topology::{node_yaml, sock, Topology, CLIENT_IP_2, NODE_IP, NODE_IP_2, NODE_NAME};
 use kpx_e2e::harness::traffic::{tcp_request, udp_request, Answer, Backend};
 use kpx_e2e::{wait_for, DEADLINE};
 
@@ -238,34 +235,7 @@ fn kpx_answers_every_case_as_kube_proxy_does() {
         }
     }
     api.apply_yaml(&install::rbac());
-    api.apply_yaml(
-        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: kube-proxy, namespace: kube-system}\n---\n\
-         apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: kube-proxy}\n\
-         roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:node-proxier}\n\
-         subjects: [{kind: ServiceAccount, name: kube-proxy, namespace: kube-system}]\n",
-    );
-
-    let kp_kubeconfig = kp_node.dir.path().join("kube-proxy.kubeconfig");
-    api.write_kubeconfig(&kp_kubeconfig, &api.create_token("kube-system", "kube-proxy", &[]));
-    let config = kp_node.dir.path().join("kube-proxy.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n\
-             clientConnection: {{kubeconfig: {}}}\nhostnameOverride: {NODE_NAME}\n\
-             clusterCIDR: {CLUSTER_CIDR}\nconntrack: {{maxPerCore: 0}}\n",
-            kp_kubeconfig.display()
-        ),
-    )
-    .expect("kube-proxy's configuration");
-    let args = [format!("--config={}", config.display()), "--v=2".to_owned()];
-    let _kp = KpxProcess::start_path(
-        &kp_node.node,
-        &kube_proxy,
-        "kube-proxy",
-        &args,
-        kp_node.dir.path().join("kube-proxy.log"),
-    );
+    let _kp = KubeProxy::new(&api, &kube_proxy, &kp_node).start(&kp_node.node);
 
     let kpx_kubeconfig = kpx_node.dir.path().join("kpx.kubeconfig");
     api.write_linked_kubeconfig(&kpx_kubeconfig, &api.create_token("kube-system", "kpx-controlplane", &[]));

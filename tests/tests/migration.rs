@@ -8,11 +8,11 @@
 use std::time::Duration;
 
 use kpx_e2e::harness::http_traffic::{Client, HttpPod, Load};
-use kpx_e2e::harness::kube_apiserver::{self, KubeApiServer};
+use kpx_e2e::harness::kube_apiserver::{self, KubeApiServer, KubeProxy};
 use kpx_e2e::harness::manifests::{documents, ep, service, slice};
 use kpx_e2e::harness::netns::Netns;
-use kpx_e2e::harness::process::{binary, KpxProcess};
-use kpx_e2e::harness::topology::{node_yaml, sock, ProxyBackend, Topology, CLUSTER_CIDR, NODE_NAME};
+use kpx_e2e::harness::process::binary;
+use kpx_e2e::harness::topology::{node_yaml, sock, ProxyBackend, Topology, NODE_NAME};
 use kpx_e2e::harness::traffic::http_get_path;
 use kpx_e2e::{wait_for, DEADLINE};
 
@@ -200,31 +200,8 @@ fn beside_a_running_kube_proxy_process_and_back_without_a_failed_request() {
         service("web", &spec, ""),
         slice("web", "web-1", false, &[("http", "TCP", PORT)], &eps),
     ]));
-    // kube-proxy as kubeadm runs it: its ServiceAccount, bound to system:node-proxier.
-    api.apply_yaml(
-        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: kube-proxy, namespace: kube-system}\n---\n\
-         apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: kube-proxy}\n\
-         roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:node-proxier}\n\
-         subjects: [{kind: ServiceAccount, name: kube-proxy, namespace: kube-system}]\n",
-    );
-    let kube_proxy_kubeconfig = t.dir.path().join("kube-proxy.kubeconfig");
-    api.write_kubeconfig(&kube_proxy_kubeconfig, &api.create_token("kube-system", "kube-proxy", &[]));
-    let config = t.dir.path().join("kube-proxy.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n\
-             clientConnection: {{kubeconfig: {}}}\nhostnameOverride: {NODE_NAME}\n\
-             clusterCIDR: {CLUSTER_CIDR}\nconntrack: {{maxPerCore: 0}}\n",
-            kube_proxy_kubeconfig.display()
-        ),
-    )
-    .expect("kube-proxy's configuration");
-    let start_kube_proxy = || {
-        let args = [format!("--config={}", config.display()), "--v=2".to_owned()];
-        let log = t.dir.path().join("kube-proxy.log");
-        KpxProcess::start_path(&t.node, &kube_proxy, "kube-proxy", &args, log)
-    };
+    let kube_proxy_of_node = KubeProxy::new(&api, &kube_proxy, &t);
+    let start_kube_proxy = || kube_proxy_of_node.start(&t.node);
     let mut kp = start_kube_proxy();
     let vip = sock(VIP, 80);
     wait_for("kube-proxy's rules", DEADLINE, || {

@@ -36,12 +36,7 @@ fn clusters() -> Clusters {
     east.install_mcs_crds();
     west.install_mcs_crds();
     east.apply_yaml(&node_yaml(NODE_NAME, "zone-a"));
-    west.apply_yaml(
-        &node_yaml("node-w", "zone-w")
-            .replace("10.0.0.1", "10.0.9.1")
-            .replace("10.0.1.1", "10.0.9.2")
-            .replace("fd00::1", "fd00:9::1"),
-    );
+    west.apply_yaml(&west_node());
     let kubeconfigs = [t.dir.path().join("east.kubeconfig"), t.dir.path().join("west.kubeconfig")];
     east.write_kubeconfig(&kubeconfigs[0]);
     west.write_kubeconfig(&kubeconfigs[1]);
@@ -283,6 +278,14 @@ fn wait_endpoints_of(t: &Topology, service: &str, want: &[String]) {
     panic!("node-a's view of {service}: {last:?}, not {want:?}");
 }
 
+/// West's node, node-w in zone-w.
+fn west_node() -> String {
+    node_yaml("node-w", "zone-w")
+        .replace("10.0.0.1", "10.0.9.1")
+        .replace("10.0.1.1", "10.0.9.2")
+        .replace("fd00::1", "fd00:9::1")
+}
+
 /// `kpxctl imports`' entry of test/web.
 fn imports_of(t: &Topology) -> serde_json::Value {
     let out = t.kpxctl(&["imports", "-o", "json"]);
@@ -320,12 +323,7 @@ fn real_clusters(test: &str) -> Option<RealClusters> {
         api.write_kubeconfig(kubeconfig, &api.create_token("kube-system", "kpx-controlplane", &[]));
     }
     east.apply_yaml(&node_yaml(NODE_NAME, "zone-a"));
-    west.apply_yaml(
-        &node_yaml("node-w", "zone-w")
-            .replace("10.0.0.1", "10.0.9.1")
-            .replace("10.0.1.1", "10.0.9.2")
-            .replace("fd00::1", "fd00:9::1"),
-    );
+    west.apply_yaml(&west_node());
     Some(RealClusters { t, east, west, kubeconfigs, _backends: backends })
 }
 

@@ -414,6 +414,56 @@ impl KubeApiServer {
     }
 }
 
+/// The real kube-proxy (nftables mode) of a node, as kubeadm runs it: the ServiceAccount
+/// `kube-proxy` bound to the API server's own `system:node-proxier`, its token in a
+/// kubeconfig, a `KubeProxyConfiguration` for the test's node.
+pub struct KubeProxy {
+    binary: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+}
+
+impl KubeProxy {
+    /// Sets kube-proxy up in `api` for the node `topology` (its files in the topology's
+    /// folder); [`KubeProxy::start`] runs it.
+    pub fn new(
+        api: &KubeApiServer,
+        binary: &Path,
+        topology: &crate::harness::topology::Topology,
+    ) -> KubeProxy {
+        api.apply_yaml(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: kube-proxy, namespace: kube-system}\n---\n\
+             apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: kube-proxy}\n\
+             roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:node-proxier}\n\
+             subjects: [{kind: ServiceAccount, name: kube-proxy, namespace: kube-system}]\n",
+        );
+        let dir = topology.dir.path();
+        let kubeconfig = dir.join("kube-proxy.kubeconfig");
+        api.write_kubeconfig(&kubeconfig, &api.create_token("kube-system", "kube-proxy", &[]));
+        let config = dir.join("kube-proxy.yaml");
+        // `conntrack.maxPerCore: 0`: nf_conntrack_max is read-only in a network namespace.
+        std::fs::write(
+            &config,
+            format!(
+                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n\
+                 clientConnection: {{kubeconfig: {}}}\nhostnameOverride: {}\n\
+                 clusterCIDR: {}\nconntrack: {{maxPerCore: 0}}\n",
+                kubeconfig.display(),
+                crate::harness::topology::NODE_NAME,
+                crate::harness::topology::CLUSTER_CIDR,
+            ),
+        )
+        .expect("kube-proxy's configuration");
+        KubeProxy { binary: binary.to_owned(), config, log: dir.join("kube-proxy.log") }
+    }
+
+    /// Starts kube-proxy in the node's namespace.
+    pub fn start(&self, node: &Netns) -> KpxProcess {
+        let args = [format!("--config={}", self.config.display()), "--v=2".to_owned()];
+        KpxProcess::start_path(node, &self.binary, "kube-proxy", &args, self.log.clone())
+    }
+}
+
 /// One request, as the audit log has it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Audited {
