@@ -55,8 +55,10 @@ pub async fn run(
             Prepared::File(_) => None,
         })
         .collect();
-    let reviewer =
-        (!apis.is_empty()).then(|| Arc::new(TokenReviews::new(apis.clone())) as Arc<dyn TokenReviewer>);
+    let reviewer = (!apis.is_empty()).then(|| {
+        let reviews = Arc::new(TokenReviews::new(apis.clone())) as Arc<dyn TokenReviewer>;
+        Arc::new(crate::trust::review_cache::CachedReviews::new(reviews)) as Arc<dyn TokenReviewer>
+    });
     for (spec, prepared) in args.sources.iter().zip(prepared) {
         reachability.insert(spec.cluster.clone(), source::spawn(&spec.cluster, prepared, events_tx.clone()));
     }

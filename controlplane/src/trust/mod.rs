@@ -6,6 +6,7 @@
 
 pub mod connection;
 pub mod listener;
+pub mod review_cache;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
