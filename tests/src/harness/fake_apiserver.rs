@@ -4,8 +4,7 @@
 //! EndpointSlices, Nodes, ServiceExports and ServiceImports (`multicluster.x-k8s.io/v1alpha1`,
 //! once a test installs their CRDs) and ServiceCIDRs (once a test asks); until then, and
 //! for any path it does not serve, it answers as a real kube-apiserver does: a plain-text
-//! `404 page not found` (tests/tests/fake_contract.rs holds it to the real one), answers TokenReviews of the tokens a test registered (as a
-//! real kube-apiserver answers them for pod-bound ServiceAccount tokens), and lets a test
+//! `404 page not found` (tests/tests/fake_contract.rs holds it to the real one), and lets a test
 //! hold lists, expire history, drop watch connections and restart the server on the same
 //! address.
 
@@ -16,10 +15,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::Router;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -95,16 +94,8 @@ struct ApiState {
     held: BTreeSet<Kind>,
     /// What was asked, in order: ("list" | "watch", kind).
     requests: Vec<(&'static str, Kind)>,
-    tokens: BTreeMap<String, FakeToken>,
-    /// TokenReviews asked for.
-    reviews: usize,
     /// What a ServiceCIDR request gets.
     service_cidrs: ServiceCidrs,
-    /// The namespaced requests a node agent makes: "GET service ns/name",
-    /// "LIST endpointslices ns service-name", "POST event".
-    agent_requests: Vec<String>,
-    /// The Events created.
-    events: Vec<Value>,
     /// The writes of an MCS controller, in order: "APPLY serviceimports ns/name",
     /// "STATUS serviceexports ns/name", "DELETE serviceimports ns/name", "CREATE lease
     /// ns/name", "REPLACE lease ns/name".
@@ -129,16 +120,6 @@ enum ServiceCidrs {
     Served,
 }
 
-/// A ServiceAccount token the fake API server knows.
-#[derive(Debug, Clone, Default)]
-pub struct FakeToken {
-    /// The audiences it is bound to.
-    pub audiences: Vec<String>,
-    /// The node of the pod it is bound to (`None`: not bound to a pod).
-    pub node: Option<String>,
-    pub expired: bool,
-}
-
 impl ApiState {
     fn record(&mut self, kind: Kind, event: &'static str, object: Value) {
         let line = json!({"type": event, "object": object});
@@ -153,41 +134,20 @@ pub struct FakeApiServer {
     listener_ns: NetnsPlace,
     addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
-    /// HTTPS with this configuration (as a pod's in-cluster client requires), else HTTP.
-    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl FakeApiServer {
     /// Serves on `addr` inside `ns` (the control plane's namespace).
     pub fn start(ns: &Netns, addr: SocketAddr) -> FakeApiServer {
-        Self::serving(ns, addr, None)
-    }
-
-    fn serving(ns: &Netns, addr: SocketAddr, tls: Option<Arc<rustls::ServerConfig>>) -> FakeApiServer {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .expect("runtime");
         let mut server =
-            FakeApiServer { runtime, state: Arc::default(), listener_ns: ns.place(), addr, stop: None, tls };
+            FakeApiServer { runtime, state: Arc::default(), listener_ns: ns.place(), addr, stop: None };
         server.listen();
         server
-    }
-
-    /// Serves HTTPS on `addr` inside `ns` with the certificate `cert` (and its key), as a
-    /// pod's in-cluster client (`KUBERNETES_SERVICE_HOST`) requires.
-    pub fn start_tls(ns: &Netns, addr: SocketAddr, cert: &crate::harness::pki::Issued) -> FakeApiServer {
-        let chain = kpx_proto::tls::certificates(&cert.cert).expect("the API server's certificate");
-        let key = kpx_proto::tls::private_key(&cert.key).expect("the API server's key");
-        let config =
-            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-                .with_safe_default_protocol_versions()
-                .expect("TLS versions")
-                .with_no_client_auth()
-                .with_single_cert(chain, key)
-                .expect("the API server's certificate and key");
-        Self::serving(ns, addr, Some(Arc::new(config)))
     }
 
     fn listen(&mut self) {
@@ -212,29 +172,15 @@ impl FakeApiServer {
                 "/apis/multicluster.x-k8s.io/v1alpha1/serviceimports",
                 get(|s, q| serve(s, q, Kind::ServiceImport)),
             )
-            .route("/apis/authentication.k8s.io/v1/tokenreviews", post(token_review))
-            .route("/api/v1/namespaces/{namespace}/services/{name}", get(get_service))
-            .route("/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices", get(list_slices_of))
-            .route("/api/v1/namespaces/{namespace}/events", post(create_event))
             .merge(writes::routes())
             .fallback(|| async { page_not_found() })
             .with_state(Arc::clone(&self.state));
-        let tls = self.tls.clone();
         self.runtime.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
             let stopped = async {
                 let _ = stopped.await;
             };
-            match tls {
-                Some(config) => {
-                    let listener =
-                        TlsListener { tcp: listener, acceptor: tokio_rustls::TlsAcceptor::from(config) };
-                    let _ = axum::serve(listener, app).with_graceful_shutdown(stopped).await;
-                }
-                None => {
-                    let _ = axum::serve(listener, app).with_graceful_shutdown(stopped).await;
-                }
-            }
+            let _ = axum::serve(listener, app).with_graceful_shutdown(stopped).await;
         });
         self.stop = Some(stop);
     }
@@ -361,26 +307,6 @@ impl FakeApiServer {
         self.lock().requests.iter().filter(|(w, k)| *w == what && *k == kind).count()
     }
 
-    /// The namespaced requests a node agent made, in order (see `ApiState::agent_requests`).
-    pub fn agent_requests(&self) -> Vec<String> {
-        self.lock().agent_requests.clone()
-    }
-
-    /// The Events created so far.
-    pub fn events(&self) -> Vec<Value> {
-        self.lock().events.clone()
-    }
-
-    /// Registers a token for TokenReviews.
-    pub fn add_token(&self, token: &str, answer: FakeToken) {
-        self.lock().tokens.insert(token.to_owned(), answer);
-    }
-
-    /// How many TokenReviews were asked for.
-    pub fn token_reviews(&self) -> usize {
-        self.lock().reviews
-    }
-
     /// Stops serving (the address refuses connections) until [`FakeApiServer::restart`].
     pub fn stop(&mut self) {
         // Shutdown first, then the watches end: a watch ended before the shutdown began was
@@ -411,32 +337,6 @@ impl Drop for FakeApiServer {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-    }
-}
-
-/// Connections whose TLS handshake succeeded (one that fails is dropped).
-struct TlsListener {
-    tcp: tokio::net::TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            let Ok((stream, peer)) = self.tcp.accept().await else { continue };
-            if let Ok(Ok(tls)) =
-                tokio::time::timeout(Duration::from_secs(10), self.acceptor.accept(stream)).await
-            {
-                return (tls, peer);
-            }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.tcp.local_addr()
     }
 }
 
@@ -537,109 +437,4 @@ fn not_found(what: &str) -> Response {
     let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
         "message": format!("{what} not found"), "reason": "NotFound", "code": 404});
     (StatusCode::NOT_FOUND, status.to_string()).into_response()
-}
-
-/// `GET /api/v1/namespaces/NS/services/NAME`.
-async fn get_service(
-    State(state): State<Arc<Mutex<ApiState>>>,
-    Path((namespace, name)): Path<(String, String)>,
-) -> Response {
-    let mut s = state.locked();
-    s.agent_requests.push(format!("GET service {namespace}/{name}"));
-    match s.objects.get(&(Kind::Service, format!("{namespace}/{name}"))) {
-        Some(object) => json_response(object),
-        None => not_found(&format!("services \"{name}\"")),
-    }
-}
-
-/// `GET /apis/discovery.k8s.io/v1/namespaces/NS/endpointslices?labelSelector=kubernetes.io/service-name=NAME`.
-async fn list_slices_of(
-    State(state): State<Arc<Mutex<ApiState>>>,
-    Path(namespace): Path<String>,
-    RawQuery(query): RawQuery,
-) -> Response {
-    let query = query
-        .unwrap_or_default()
-        .replace("%2F", "/")
-        .replace("%2f", "/")
-        .replace("%3D", "=")
-        .replace("%3d", "=");
-    let service = param(&query, "labelSelector")
-        .and_then(|l| l.strip_prefix("kubernetes.io/service-name="))
-        .unwrap_or_default()
-        .to_owned();
-    let mut s = state.locked();
-    s.agent_requests.push(format!("LIST endpointslices {namespace} {service}"));
-    let items: Vec<Value> = s
-        .objects
-        .iter()
-        .filter(|((k, _), o)| {
-            *k == Kind::EndpointSlice
-                && o["metadata"]["namespace"] == namespace.as_str()
-                && o["metadata"]["labels"]["kubernetes.io/service-name"] == service.as_str()
-        })
-        .map(|(_, o)| o.clone())
-        .collect();
-    json_response(&json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList",
-        "metadata": {"resourceVersion": s.revision.to_string()}, "items": items,
-    }))
-}
-
-/// `POST /api/v1/namespaces/NS/events`: kept for the test to read.
-async fn create_event(
-    State(state): State<Arc<Mutex<ApiState>>>,
-    Path(namespace): Path<String>,
-    body: Bytes,
-) -> Response {
-    let Ok(mut event) = serde_json::from_slice::<Value>(&body) else {
-        return (StatusCode::BAD_REQUEST, "not JSON").into_response();
-    };
-    let mut s = state.locked();
-    s.agent_requests.push("POST event".to_owned());
-    event["metadata"]["namespace"] = json!(namespace);
-    s.events.push(event.clone());
-    (StatusCode::CREATED, [("content-type", "application/json")], event.to_string()).into_response()
-}
-
-/// `POST tokenreviews`: what a real API server answers for the registered tokens.
-async fn token_review(State(state): State<Arc<Mutex<ApiState>>>, body: Bytes) -> Response {
-    let review: Value = serde_json::from_slice(&body).unwrap_or_default();
-    let token = review["spec"]["token"].as_str().unwrap_or_default().to_owned();
-    let wanted: Vec<String> = review["spec"]["audiences"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|a| a.as_str().map(str::to_owned))
-        .collect();
-    let known = {
-        let mut s = state.locked();
-        s.reviews += 1;
-        s.tokens.get(&token).cloned()
-    };
-    let refused = |error: String| json!({"authenticated": false, "error": error});
-    let status = match known {
-        None => refused("invalid bearer token".into()),
-        Some(t) if t.expired => refused("[invalid bearer token, service account token has expired]".into()),
-        Some(t) => {
-            let audiences: Vec<&String> = wanted.iter().filter(|a| t.audiences.contains(a)).collect();
-            if !wanted.is_empty() && audiences.is_empty() {
-                refused(format!("[invalid bearer token, token audiences {:?} is invalid for the target audiences {wanted:?}]", t.audiences))
-            } else {
-                let mut user = json!({"username": "system:serviceaccount:kube-system:kpx-node", "uid": "1", "groups": ["system:serviceaccounts"]});
-                if let Some(node) = &t.node {
-                    user["extra"] = json!({
-                        "authentication.kubernetes.io/node-name": [node],
-                        "authentication.kubernetes.io/pod-name": ["kpx-node-1"],
-                    });
-                }
-                json!({"authenticated": true, "user": user, "audiences": audiences})
-            }
-        }
-    };
-    let answer = json!({
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "metadata": {},
-        "spec": review["spec"], "status": status,
-    });
-    (StatusCode::CREATED, [("content-type", "application/json")], answer.to_string()).into_response()
 }
