@@ -12,7 +12,6 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::Duration;
 
 use crate::harness::install::{provided_tool, repo_path};
 use crate::harness::netns::Netns;
@@ -512,6 +511,3 @@ fn namespaces_of(yaml: &str) -> std::collections::BTreeSet<String> {
         .filter_map(|value: serde_json::Value| value["metadata"]["namespace"].as_str().map(str::to_owned))
         .collect()
 }
-
-/// How long a test waits for something the API server does by itself.
-pub const SLOW: Duration = Duration::from_secs(120);
