@@ -119,7 +119,7 @@ fn lease(resource_version: Option<&str>) -> serde_json::Value {
 
 fn import(namespace: &str) -> serde_json::Value {
     serde_json::json!({
-        "apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceImport",
+        "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceImport",
         "metadata": {"name": "web", "namespace": namespace},
         "spec": {"type": "ClusterSetIP", "ips": ["10.200.0.1"], "ports": [{"name": "http", "protocol": "TCP", "port": 80}]},
     })
@@ -151,7 +151,7 @@ fn the_fake_api_server_answers_as_the_real_one_does() {
     let (fake_url, real_url) = ("http://127.0.0.1:16450".to_owned(), format!("https://{}", real.addr));
 
     let lease_path = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases";
-    let mcs = "/apis/multicluster.x-k8s.io/v1alpha1";
+    let mcs = "/apis/multicluster.x-k8s.io/v1beta1";
     // Before the MCS CRDs: what every cluster that never installed them answers.
     let mut differ = compare(
         &ns,
@@ -212,7 +212,7 @@ fn the_fake_api_server_answers_as_the_real_one_does() {
             apply(
                 "apply the status of an export that is not there",
                 &format!("{mcs}/namespaces/test/serviceexports/web/status"),
-                serde_json::json!({"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceExport",
+                serde_json::json!({"apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
                     "metadata": {"name": "web", "namespace": "test"}, "status": {"conditions": []}}),
             ),
             Request {

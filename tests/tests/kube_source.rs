@@ -154,7 +154,7 @@ fn without_the_mcs_crds_the_control_plane_is_ready_and_reads_them_once_installed
     std::thread::sleep(Duration::from_secs(20));
     let elapsed = started.elapsed();
     for resource in ["serviceexports", "serviceimports"] {
-        let asked = c.api.audited(&format!("/apis/multicluster.x-k8s.io/v1alpha1/{resource}"));
+        let asked = c.api.audited(&format!("/apis/multicluster.x-k8s.io/v1beta1/{resource}"));
         assert!(asked.iter().all(|(_, _, code)| *code == 404), "{asked:?}");
         let most = most_lists_within(elapsed);
         println!(
@@ -196,7 +196,7 @@ fn without_the_mcs_crds_the_control_plane_is_ready_and_reads_them_once_installed
     cp.wait_event("the MCS kinds to be served", DEADLINE, |e| {
         e["message"]
             .as_str()
-            .is_some_and(|m| m.starts_with("serviceimports.multicluster.x-k8s.io/v1alpha1 is served now"))
+            .is_some_and(|m| m.starts_with("serviceimports.multicluster.x-k8s.io is served now"))
     });
     assert_eq!(c.refused(), [], "the rendered RBAC grants every request the control plane made");
 }

@@ -24,6 +24,8 @@ pub enum AllocateError {
         "--clusterset-cidr {0}: too small to hold an address besides its network and broadcast addresses"
     )]
     TooSmall(IpNet),
+    #[error("no --clusterset-cidr of {0}: the exported Services have that family, the import gets no address of it")]
+    NoRange(&'static str),
 }
 
 /// The addresses of `cidr` an import may have: all but the network address (and, for

@@ -11,8 +11,11 @@ use kube::Api;
 use serde_json::{json, Map, Value};
 
 use super::plan::SliceObject;
-use crate::model::{Condition, ImportSpec, ImportType, ObjectKey, MANAGED_BY, SLICE_MANAGER};
-use crate::source::kubernetes::{is_not_found, ApiClient};
+use crate::model::{
+    Condition, Family, ImportSpec, ImportType, McsVersion, ObjectKey, TrafficPolicy, MANAGED_BY,
+    SLICE_MANAGER,
+};
+use crate::source::kubernetes::{is_not_found, mcs_resource, ApiClient};
 use crate::source::manifest::MCS_GROUP;
 use crate::source::manifest::{MANAGED_BY_LABEL, MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL};
 
@@ -30,28 +33,30 @@ impl RequestError {
 
 /// The field manager of kpx's server-side applies.
 pub const FIELD_MANAGER: &str = "kpx-controlplane";
-const VERSION: &str = "v1alpha1";
-
-fn resource(kind: &str) -> ApiResource {
-    ApiResource {
-        group: MCS_GROUP.into(),
-        version: VERSION.into(),
-        api_version: format!("{MCS_GROUP}/{VERSION}"),
-        kind: kind.into(),
-        plural: format!("{}s", kind.to_lowercase()),
-    }
-}
 
 fn api(client: &ApiClient, kind: &str, namespace: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.kube().clone(), namespace, &resource(kind))
+    Api::namespaced_with(client.kube().clone(), namespace, &mcs_resource(kind, client.mcs_version()))
+}
+
+fn api_version(version: McsVersion) -> String {
+    format!("{MCS_GROUP}/{}", version.name())
 }
 
 fn apply_params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
 }
 
-/// The ServiceImport `key` as kpx writes it.
-pub fn import_manifest(key: &ObjectKey, import: &ImportSpec) -> Value {
+fn family_name(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "IPv4",
+        Family::V6 => "IPv6",
+    }
+}
+
+/// The ServiceImport `key` as kpx writes it in `version` (its spec; v1alpha1 without the
+/// fields v1beta1 added).
+pub fn import_manifest(key: &ObjectKey, import: &ImportSpec, version: McsVersion) -> Value {
+    let import = import.as_served(version);
     let mut labels: Map<String, Value> =
         import.labels.iter().map(|(k, v)| (k.clone(), Value::from(v.as_str()))).collect();
     labels.insert(MANAGED_BY.0.into(), MANAGED_BY.1.into());
@@ -60,12 +65,28 @@ pub fn import_manifest(key: &ObjectKey, import: &ImportSpec) -> Value {
             ImportType::ClusterSetIp => "ClusterSetIP",
             ImportType::Headless => "Headless",
         },
-        "ports": import.ports.iter().map(|p| json!({
-            "name": p.name, "protocol": p.protocol.api_name(), "port": p.port,
-        })).collect::<Vec<_>>(),
+        "ports": import.ports.iter().map(|p| {
+            let mut port = json!({"name": p.name, "protocol": p.protocol.api_name(), "port": p.port});
+            if let Some(app) = &p.app_protocol {
+                port["appProtocol"] = json!(app);
+            }
+            port
+        }).collect::<Vec<_>>(),
     });
     if !import.ips.is_empty() {
         spec["ips"] = json!(import.ips.iter().map(ToString::to_string).collect::<Vec<_>>());
+    }
+    if !import.ip_families.is_empty() {
+        spec["ipFamilies"] = json!(import.ip_families.iter().map(|f| family_name(*f)).collect::<Vec<_>>());
+    }
+    if let Some(policy) = import.internal_traffic_policy {
+        spec["internalTrafficPolicy"] = json!(match policy {
+            TrafficPolicy::Cluster => "Cluster",
+            TrafficPolicy::Local => "Local",
+        });
+    }
+    if let Some(distribution) = &import.traffic_distribution {
+        spec["trafficDistribution"] = json!(distribution);
     }
     match import.session_affinity_timeout {
         Some(timeout) => {
@@ -75,7 +96,7 @@ pub fn import_manifest(key: &ObjectKey, import: &ImportSpec) -> Value {
         None => spec["sessionAffinity"] = json!("None"),
     }
     json!({
-        "apiVersion": format!("{MCS_GROUP}/{VERSION}"),
+        "apiVersion": api_version(version),
         "kind": "ServiceImport",
         "metadata": {
             "name": key.name, "namespace": key.namespace, "labels": labels,
@@ -85,14 +106,32 @@ pub fn import_manifest(key: &ObjectKey, import: &ImportSpec) -> Value {
     })
 }
 
+/// The status of ServiceImport `key` as kpx writes it (v1beta1's `status.clusters`).
+pub fn import_status_manifest(key: &ObjectKey, import: &ImportSpec) -> Value {
+    json!({
+        "apiVersion": api_version(McsVersion::V1Beta1),
+        "kind": "ServiceImport",
+        "metadata": {"name": key.name, "namespace": key.namespace},
+        "status": {"clusters": import.clusters.iter().map(|c| json!({"cluster": c})).collect::<Vec<_>>()},
+    })
+}
+
+/// Writes the ServiceImport `key`: its spec, and where the API server speaks v1beta1,
+/// its status.
 pub async fn apply_import(
     client: &ApiClient,
     key: &ObjectKey,
     import: &ImportSpec,
 ) -> Result<(), RequestError> {
-    let manifest = import_manifest(key, import);
+    let version = client.mcs_version();
     let api = api(client, "ServiceImport", &key.namespace);
-    api.patch(&key.name, &apply_params(), &Patch::Apply(&manifest)).await.map(drop).map_err(RequestError)
+    let manifest = import_manifest(key, import, version);
+    api.patch(&key.name, &apply_params(), &Patch::Apply(&manifest)).await.map_err(RequestError)?;
+    if version == McsVersion::V1Beta1 {
+        let status = import_status_manifest(key, import);
+        api.patch_status(&key.name, &apply_params(), &Patch::Apply(&status)).await.map_err(RequestError)?;
+    }
+    Ok(())
 }
 
 /// Deletes the ServiceImport `key`; one already gone is no error.
@@ -118,7 +157,7 @@ pub async fn set_export_conditions(
         })
         .collect();
     let manifest = json!({
-        "apiVersion": format!("{MCS_GROUP}/{VERSION}"),
+        "apiVersion": api_version(client.mcs_version()),
         "kind": "ServiceExport",
         "metadata": {"name": key.name, "namespace": key.namespace},
         "status": {"conditions": conditions},
@@ -135,8 +174,8 @@ fn slices_api(client: &ApiClient, namespace: &str) -> Api<DynamicObject> {
     Api::namespaced_with(client.kube().clone(), namespace, &resource)
 }
 
-/// The MCS EndpointSlice `key` as kpx writes it.
-pub fn slice_manifest(key: &ObjectKey, slice: &SliceObject) -> Value {
+/// The MCS EndpointSlice `key` as kpx writes it, owned by its import of `version`.
+pub fn slice_manifest(key: &ObjectKey, slice: &SliceObject, version: McsVersion) -> Value {
     json!({
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
@@ -148,7 +187,7 @@ pub fn slice_manifest(key: &ObjectKey, slice: &SliceObject) -> Value {
                 MANAGED_BY_LABEL: SLICE_MANAGER,
             },
             "ownerReferences": [{
-                "apiVersion": format!("{MCS_GROUP}/{VERSION}"), "kind": "ServiceImport",
+                "apiVersion": api_version(version), "kind": "ServiceImport",
                 "name": slice.spec.service, "uid": slice.owner_uid,
             }],
         },
@@ -174,7 +213,7 @@ pub async fn apply_slice(
     key: &ObjectKey,
     slice: &SliceObject,
 ) -> Result<(), RequestError> {
-    let manifest = slice_manifest(key, slice);
+    let manifest = slice_manifest(key, slice, client.mcs_version());
     slices_api(client, &key.namespace)
         .patch(&key.name, &apply_params(), &Patch::Apply(&manifest))
         .await
@@ -277,29 +316,50 @@ mod tests {
     #[test]
     fn an_import_as_written_reads_back_as_it_was_planned() {
         let key = ObjectKey { namespace: "shop".into(), name: "web".into() };
-        let port = |name: &str, protocol, port| ImportPort { name: name.into(), protocol, port };
+        let port = |name: &str, protocol, port, app: Option<&str>| ImportPort {
+            name: name.into(),
+            protocol,
+            port,
+            app_protocol: app.map(Into::into),
+        };
         let mut import = ImportSpec {
             import_type: ImportType::ClusterSetIp,
             ips: vec!["10.200.0.5".parse().expect("ip"), "fd00:c5::5".parse().expect("ip")],
             ports: vec![
-                port("http", Protocol::Tcp, 80),
-                port("dns", Protocol::Udp, 53),
-                port("s", Protocol::Sctp, 9),
+                port("http", Protocol::Tcp, 80, Some("kubernetes.io/h2c")),
+                port("dns", Protocol::Udp, 53, None),
+                port("s", Protocol::Sctp, 9, None),
             ],
             session_affinity_timeout: Some(300),
             labels: [("tier".to_owned(), "web".to_owned())].into(),
             annotations: [("owner".to_owned(), "team".to_owned())].into(),
+            ip_families: vec![Family::V4, Family::V6],
+            internal_traffic_policy: Some(TrafficPolicy::Local),
+            traffic_distribution: Some("PreferClose".into()),
+            clusters: vec!["east".into(), "west".into()],
         };
-        for headless in [false, true] {
+        for (headless, version) in
+            [(false, McsVersion::V1Beta1), (true, McsVersion::V1Beta1), (false, McsVersion::V1Alpha1)]
+        {
             if headless {
                 (import.import_type, import.ips, import.session_affinity_timeout) =
                     (ImportType::Headless, vec![], None);
             }
-            let yaml = serde_yaml::to_string(&import_manifest(&key, &import)).expect("yaml");
+            let mut object = import_manifest(&key, &import, version);
+            object["status"] = import_status_manifest(&key, &import)["status"].clone();
+            let yaml = serde_yaml::to_string(&object).expect("yaml");
             let Some(Ok(Object::ServiceImport(read))) = parse(&yaml).pop() else {
                 panic!("not read back: {yaml}")
             };
-            assert!(read.managed && read.spec == import, "{import:?}\nread back as\n{read:?}");
+            let expected = import.as_served(version);
+            let read_spec = ImportSpec { clusters: expected.clusters.clone(), ..read.spec.clone() };
+            assert!(read.managed && read.version == version, "{read:?}");
+            assert!(read_spec == expected, "{expected:?}\nread back as\n{read:?}");
+            if version == McsVersion::V1Beta1 {
+                assert_eq!(read.spec.clusters, ["east", "west"]);
+            } else {
+                assert!(!yaml.contains("ipFamilies") && !yaml.contains("appProtocol"), "{yaml}");
+            }
         }
     }
 
@@ -325,7 +385,8 @@ mod tests {
                 },
                 owner_uid: "uid-7".into(),
             };
-            let yaml = serde_yaml::to_string(&slice_manifest(&key, &slice)).expect("yaml");
+            let yaml =
+                serde_yaml::to_string(&slice_manifest(&key, &slice, McsVersion::V1Beta1)).expect("yaml");
             let Some(Ok(Object::McsSlice(read))) = parse(&yaml).pop() else {
                 panic!("not read back: {yaml}")
             };

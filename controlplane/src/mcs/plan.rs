@@ -18,12 +18,13 @@ use ipnet::IpNet;
 use super::allocate::{allocate, AllocateError};
 use super::resolve::{resolve, Resolution};
 use crate::model::{
-    Cluster, Condition, ImportSpec, ImportType, McsEndpoint, McsSlice, McsSliceSpec, ObjectKey, ServiceImport,
+    Cluster, Condition, Family, ImportSpec, ImportType, McsEndpoint, McsSlice, McsSliceSpec, ObjectKey,
+    ServiceImport,
 };
 
-/// Whether `held` is `spec` as kpx wrote it.
+/// Whether `held` is `spec` as kpx wrote it (as much of it as its version has).
 fn holds(held: &ServiceImport, spec: &ImportSpec) -> bool {
-    held.managed && held.spec == *spec
+    held.managed && held.spec == spec.as_served(held.version)
 }
 
 /// An MCS EndpointSlice as kpx writes it: the endpoints of one slice of one exporting
@@ -138,15 +139,24 @@ pub fn plan(
         let held = |c: &str| clusters.get(c).and_then(|m| m.state().imports.get(key));
         match &resolution.import {
             Some(import) => {
-                let ips = if import.import_type == ImportType::ClusterSetIp {
+                let (ips, ip_families) = if import.import_type == ImportType::ClusterSetIp {
                     let holding: Vec<IpAddr> = clusters
                         .keys()
                         .filter_map(|c| held(c))
                         .flat_map(|i| i.spec.ips.iter().copied())
                         .collect();
-                    clusterset_ips(cidrs, key, &holding, &mut taken, &mut out.unallocated)
+                    let ips = clusterset_ips(
+                        cidrs,
+                        key,
+                        &import.ip_families,
+                        &holding,
+                        &mut taken,
+                        &mut out.unallocated,
+                    );
+                    let families = ips.iter().map(Family::of).collect();
+                    (ips, families)
                 } else {
-                    Vec::new()
+                    (Vec::new(), import.ip_families.clone())
                 };
                 let object = ImportSpec {
                     import_type: import.import_type,
@@ -155,6 +165,10 @@ pub fn plan(
                     session_affinity_timeout: import.session_affinity_timeout,
                     labels: import.labels.clone(),
                     annotations: import.annotations.clone(),
+                    ip_families,
+                    internal_traffic_policy: Some(import.internal_traffic_policy),
+                    traffic_distribution: import.traffic_distribution.clone(),
+                    clusters: import.clusters.clone(),
                 };
                 for cluster in writable {
                     if !held(cluster).is_some_and(|h| holds(h, &object)) {
@@ -181,17 +195,27 @@ pub fn plan(
     out
 }
 
-/// The ClusterSetIPs of import `key`, one per range of `cidrs`: those it `holds`, else
-/// new ones, added to `taken`; a range without room is said in `unallocated`.
+/// The ClusterSetIPs of import `key`, one per family of `families` (the exported
+/// Services'; every range of `cidrs` when they say none) from the range of `cidrs` of
+/// that family: those it `holds`, else new ones, added to `taken`; a family without a
+/// range, or a range without room, is said in `unallocated`.
 fn clusterset_ips(
     cidrs: &[IpNet],
     key: &ObjectKey,
+    families: &[Family],
     holds: &[IpAddr],
     taken: &mut BTreeSet<IpAddr>,
     unallocated: &mut BTreeMap<ObjectKey, AllocateError>,
 ) -> Vec<IpAddr> {
+    let families: Vec<Family> =
+        if families.is_empty() { cidrs.iter().map(Family::of_net).collect() } else { families.to_vec() };
     let mut ips = Vec::new();
-    for &cidr in cidrs {
+    for family in families {
+        let Some(&cidr) = cidrs.iter().find(|c| Family::of_net(c) == family) else {
+            let name = if family == Family::V4 { "IPv4" } else { "IPv6" };
+            unallocated.insert(key.clone(), AllocateError::NoRange(name));
+            continue;
+        };
         match allocate(cidr, key, holds, taken) {
             Ok(ip) => {
                 taken.insert(ip);
@@ -216,7 +240,7 @@ fn slices(
     let mut out = BTreeMap::new();
     for source_cluster in exporters {
         let Some(model) = clusters.get(source_cluster) else { continue };
-        for source in model.slices_of(key) {
+        for source in model.exported_slices_of(key) {
             let endpoints: Vec<McsEndpoint> = (source.endpoints.iter())
                 .map(|e| McsEndpoint {
                     addresses: e.addresses.clone(),

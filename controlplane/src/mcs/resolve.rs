@@ -9,7 +9,12 @@
 //!   affinity and its timeout, each port, the exported labels and annotations;
 //! - the import's ports are the union of the exported ports; a port that another port
 //!   of the import already claims (its name, or its number and protocol) with other
-//!   values is a conflict, and the older claim stays;
+//!   values loses to the older claim; exports whose port sets differ at all are in
+//!   conflict (`PortConflict`), as the KEP's current text and sig-multicluster's
+//!   conformance suite ask;
+//! - the import's IP families are those of all the valid exports, the oldest's first
+//!   (families that differ are an `IPFamilyConflict`); its `internalTrafficPolicy` and
+//!   `trafficDistribution` are the oldest export's;
 //! - when any property conflicts, every export of the name says so (the field and the
 //!   clusters), not only the younger ones.
 //!
@@ -19,7 +24,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use crate::model::{ImportPort, ImportType, Service, ServiceExport, ServiceType};
+use crate::model::{Family, ImportPort, ImportType, Service, ServiceExport, ServiceType, TrafficPolicy};
 
 /// The ServiceImport every cluster of the clusterset gets for one exported name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +38,13 @@ pub struct Import {
     pub annotations: BTreeMap<String, String>,
     /// The clusters whose endpoints it has: those of the valid exports, by name.
     pub clusters: Vec<String>,
+    /// The IP families of the exported Services, the oldest export's first.
+    pub ip_families: Vec<Family>,
+    pub internal_traffic_policy: TrafficPolicy,
+    pub traffic_distribution: Option<String>,
+    /// Per port of the import: the clusters whose exported Service has exactly that port
+    /// (name, protocol, number), whose endpoints alone serve it.
+    pub port_clusters: Vec<Vec<String>>,
 }
 
 /// A property exports can disagree on; its name is the condition's reason.
@@ -46,6 +58,9 @@ pub enum Field {
     Labels,
     /// `spec.exportedAnnotations` differ.
     Annotations,
+    InternalTrafficPolicy,
+    TrafficDistribution,
+    IpFamily,
 }
 
 impl Field {
@@ -58,6 +73,9 @@ impl Field {
             Field::SessionAffinityConfig => "SessionAffinityConfigConflict",
             Field::Labels => "LabelsConflict",
             Field::Annotations => "AnnotationsConflict",
+            Field::InternalTrafficPolicy => "InternalTrafficPolicyConflict",
+            Field::TrafficDistribution => "TrafficDistributionConflict",
+            Field::IpFamily => "IPFamilyConflict",
         }
     }
 }
@@ -144,6 +162,9 @@ struct Offer<'a> {
     import_type: ImportType,
     affinity: Option<u32>,
     ports: Vec<ImportPort>,
+    ip_families: Vec<Family>,
+    internal_traffic_policy: TrafficPolicy,
+    traffic_distribution: Option<String>,
 }
 
 fn import_type(service: &Service) -> ImportType {
@@ -175,8 +196,16 @@ pub fn resolve<'a>(
                 import_type: import_type(s),
                 affinity: s.session_affinity_timeout,
                 ports: (s.ports.iter())
-                    .map(|p| ImportPort { name: p.name.clone(), protocol: p.protocol, port: p.port })
+                    .map(|p| ImportPort {
+                        name: p.name.clone(),
+                        protocol: p.protocol,
+                        port: p.port,
+                        app_protocol: p.app_protocol.clone(),
+                    })
                     .collect(),
+                ip_families: s.ip_families.clone(),
+                internal_traffic_policy: s.internal_traffic_policy,
+                traffic_distribution: s.traffic_distribution.clone(),
             }),
         }
     }
@@ -194,6 +223,8 @@ pub fn resolve<'a>(
         });
         conflict.losers.insert(loser.to_owned());
     };
+    // Clusters that lost a port to an older claim (their port sets differ, said so).
+    let mut lost_a_port: BTreeSet<&str> = BTreeSet::new();
     for offer in &offers[1..] {
         if offer.import_type != winner.import_type {
             let detail = format!("headless is {}", winner.import_type == ImportType::Headless);
@@ -219,6 +250,19 @@ pub fn resolve<'a>(
         if offer.export.annotations != winner.export.annotations {
             lose(Field::Annotations, "exportedAnnotations".into(), winner.cluster, offer.cluster);
         }
+        if offer.internal_traffic_policy != winner.internal_traffic_policy {
+            let detail = format!("internalTrafficPolicy {:?}", winner.internal_traffic_policy);
+            lose(Field::InternalTrafficPolicy, detail, winner.cluster, offer.cluster);
+        }
+        if offer.traffic_distribution != winner.traffic_distribution {
+            let detail =
+                format!("trafficDistribution {}", winner.traffic_distribution.as_deref().unwrap_or("unset"));
+            lose(Field::TrafficDistribution, detail, winner.cluster, offer.cluster);
+        }
+        if sorted(&offer.ip_families) != sorted(&winner.ip_families) {
+            let detail = format!("ipFamilies {}", families(&winner.ip_families));
+            lose(Field::IpFamily, detail, winner.cluster, offer.cluster);
+        }
     }
 
     // The union of ports: each offer's ports in turn, oldest first; a port that clashes
@@ -234,24 +278,82 @@ pub fn resolve<'a>(
                 Some((taken, owner)) => {
                     let detail = format!("port {:?} is {}/{}", taken.name, taken.port, taken.protocol);
                     lose(Field::Port, detail, owner, offer.cluster);
+                    lost_a_port.insert(offer.cluster);
                 }
                 None if ports.iter().any(|(taken, _)| taken == port) => {}
                 None => ports.push((port.clone(), offer.cluster)),
             }
         }
     }
+    // Ports that differ without a clash (one cluster has a port the other has not): the
+    // import has them all, and the exports say they differ.
+    for offer in &offers[1..] {
+        if sorted(&offer.ports) != sorted(&winner.ports) && !lost_a_port.contains(offer.cluster) {
+            let detail = format!("ports are {}", ports_text(&winner.ports));
+            lose(Field::Port, detail, winner.cluster, offer.cluster);
+        }
+    }
     resolution.conflicts = conflicts.into_values().collect();
     let mut clusters: Vec<String> = offers.iter().map(|o| o.cluster.to_owned()).collect();
     clusters.sort();
+    let mut ip_families = winner.ip_families.clone();
+    for family in offers.iter().flat_map(|o| &o.ip_families) {
+        if !ip_families.contains(family) {
+            ip_families.push(*family);
+        }
+    }
+    let ports: Vec<ImportPort> = ports.into_iter().map(|(p, _)| p).collect();
+    let port_clusters = (ports.iter())
+        .map(|port| {
+            let mut serving: Vec<String> = (offers.iter())
+                .filter(|o| o.ports.iter().any(|p| same_port(p, port)))
+                .map(|o| o.cluster.to_owned())
+                .collect();
+            serving.sort();
+            serving
+        })
+        .collect();
     resolution.import = Some(Import {
         import_type: winner.import_type,
-        ports: ports.into_iter().map(|(p, _)| p).collect(),
+        ports,
         session_affinity_timeout: winner.affinity,
         labels: winner.export.labels.clone(),
         annotations: winner.export.annotations.clone(),
         clusters,
+        ip_families,
+        internal_traffic_policy: winner.internal_traffic_policy,
+        traffic_distribution: winner.traffic_distribution.clone(),
+        port_clusters,
     });
     resolution
+}
+
+/// Whether two ports are the same port of a Service: name, protocol and number
+/// (`appProtocol` is a hint, not what traffic is matched on).
+fn same_port(a: &ImportPort, b: &ImportPort) -> bool {
+    (&a.name, a.protocol, a.port) == (&b.name, b.protocol, b.port)
+}
+
+fn sorted<T: Ord + Clone>(items: &[T]) -> Vec<T> {
+    let mut items = items.to_vec();
+    items.sort();
+    items
+}
+
+fn families(families: &[Family]) -> String {
+    let names: Vec<&str> = (families.iter())
+        .map(|f| match f {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        })
+        .collect();
+    format!("[{}]", names.join(", "))
+}
+
+fn ports_text(ports: &[ImportPort]) -> String {
+    let ports: Vec<String> =
+        ports.iter().map(|p| format!("{:?} {}/{}", p.name, p.port, p.protocol)).collect();
+    format!("[{}]", ports.join(", "))
 }
 
 #[cfg(test)]

@@ -104,8 +104,15 @@ impl Cluster {
         self.state.nodes.get(name)
     }
 
-    /// The EndpointSlices of Service `key`, in slice-key order.
+    /// The EndpointSlices a proxy uses for Service `key`, in slice-key order: those not
+    /// labelled headless.
     pub fn slices_of(&self, key: &ObjectKey) -> Vec<&EndpointSlice> {
+        self.exported_slices_of(key).into_iter().filter(|s| !s.headless).collect()
+    }
+
+    /// Every EndpointSlice of Service `key`, headless ones included: what an MCS export
+    /// carries to the clusterset (a headless import's endpoints are its whole point).
+    pub fn exported_slices_of(&self, key: &ObjectKey) -> Vec<&EndpointSlice> {
         self.slices_of
             .get(key)
             .into_iter()

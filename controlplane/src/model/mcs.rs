@@ -8,7 +8,35 @@ use std::net::IpAddr;
 
 use kpx_proto::types::Protocol;
 
-use super::{ClusterAffinity, ObjectKey, SlicePort};
+use super::{ClusterAffinity, Family, ObjectKey, SlicePort, TrafficPolicy};
+
+/// The version of `multicluster.x-k8s.io` an API server is spoken to in: v1beta1
+/// (mcs-api v0.5.0 and later) where it is served, else v1alpha1, whose ServiceImport has
+/// none of [`ImportSpec`]'s v1beta1 fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum McsVersion {
+    V1Alpha1,
+    #[default]
+    V1Beta1,
+}
+
+impl McsVersion {
+    pub fn name(self) -> &'static str {
+        match self {
+            McsVersion::V1Alpha1 => "v1alpha1",
+            McsVersion::V1Beta1 => "v1beta1",
+        }
+    }
+
+    /// The version named `version` (`v1beta1`, `v1alpha1`), if kpx speaks it.
+    pub fn named(version: &str) -> Option<McsVersion> {
+        match version {
+            "v1alpha1" => Some(McsVersion::V1Alpha1),
+            "v1beta1" => Some(McsVersion::V1Beta1),
+            _ => None,
+        }
+    }
+}
 
 /// A `ServiceExport`: the Service of the same namespace and name may be imported.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -64,6 +92,8 @@ pub struct ImportPort {
     pub name: String,
     pub protocol: Protocol,
     pub port: u16,
+    /// `appProtocol` (v1beta1).
+    pub app_protocol: Option<String>,
 }
 
 /// What a ServiceImport says of the Service it imports: its spec and the metadata the
@@ -80,6 +110,32 @@ pub struct ImportSpec {
     /// Its labels, but for [`MANAGED_BY`].
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
+    /// `spec.ipFamilies` (v1beta1): those of `ips`, in their order, for ClusterSetIP; the
+    /// exported Services' for Headless.
+    pub ip_families: Vec<Family>,
+    /// `spec.internalTrafficPolicy` (v1beta1): the exported Services'.
+    pub internal_traffic_policy: Option<TrafficPolicy>,
+    /// `spec.trafficDistribution` (v1beta1): the exported Services'.
+    pub traffic_distribution: Option<String>,
+    /// `status.clusters` (v1beta1): the clusters whose endpoints it has, by name.
+    pub clusters: Vec<String>,
+}
+
+impl ImportSpec {
+    /// What of it an API server speaking `version` keeps: v1alpha1 has no field of v1beta1.
+    pub fn as_served(&self, version: McsVersion) -> ImportSpec {
+        match version {
+            McsVersion::V1Beta1 => self.clone(),
+            McsVersion::V1Alpha1 => ImportSpec {
+                ports: (self.ports.iter()).map(|p| ImportPort { app_protocol: None, ..p.clone() }).collect(),
+                ip_families: Vec::new(),
+                internal_traffic_policy: None,
+                traffic_distribution: None,
+                clusters: Vec::new(),
+                ..self.clone()
+            },
+        }
+    }
 }
 
 /// A `ServiceImport` as read from a cluster.
@@ -91,6 +147,8 @@ pub struct ServiceImport {
     pub managed: bool,
     /// `metadata.uid`: what the MCS EndpointSlices of the import name as their owner.
     pub uid: String,
+    /// The version it was read in.
+    pub version: McsVersion,
 }
 
 /// An MCS EndpointSlice: in an importing cluster, the endpoints of one exporting

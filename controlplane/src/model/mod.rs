@@ -11,12 +11,14 @@ mod mcs;
 pub use changes::{diff_by_key, ObjectChanges};
 pub use cluster::{Cluster, Touched};
 pub use mcs::{
-    Condition, ImportPort, ImportSpec, ImportType, McsEndpoint, McsSlice, McsSliceSpec, ServiceExport,
-    ServiceImport, MANAGED_BY, SLICE_MANAGER,
+    Condition, ImportPort, ImportSpec, ImportType, McsEndpoint, McsSlice, McsSliceSpec, McsVersion,
+    ServiceExport, ServiceImport, MANAGED_BY, SLICE_MANAGER,
 };
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+
+pub use kpx_proto::family::Family;
 
 use ipnet::IpNet;
 use kpx_proto::types::Protocol;
@@ -125,6 +127,11 @@ pub struct Service {
     pub cluster_affinity: ClusterAffinity,
     /// Annotation `service.kpx.io/ipvs-scheduler`: the IPVS scheduler for this Service.
     pub ipvs_scheduler: Option<String>,
+    /// `spec.ipFamilies` (headless Services have them too); when absent, those of
+    /// `cluster_ips`.
+    pub ip_families: Vec<Family>,
+    /// `spec.trafficDistribution` as written (`PreferClose`, …): what an import carries.
+    pub traffic_distribution: Option<String>,
 }
 
 /// Which cluster's endpoints a global Service prefers.
@@ -173,6 +180,8 @@ pub struct ServicePort {
     pub port: u16,
     /// NodePort and LoadBalancer Services only.
     pub node_port: Option<u16>,
+    /// `appProtocol`: what an import's port carries.
+    pub app_protocol: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,6 +190,9 @@ pub struct EndpointSlice {
     pub name: String,
     /// The owning Service (label `kubernetes.io/service-name`).
     pub service_name: String,
+    /// Labelled `service.kubernetes.io/headless`: no proxy uses its endpoints (kube-proxy
+    /// does not watch such slices), but an MCS export carries them to the clusterset.
+    pub headless: bool,
     pub ports: Vec<SlicePort>,
     pub endpoints: Vec<SliceEndpoint>,
 }

@@ -161,10 +161,13 @@ impl Publisher {
             &missing,
             &now,
         );
-        for (key, error) in &plan.unallocated {
-            tracing::warn!(import = %key, error = %error, "no ClusterSetIP for an import");
-        }
         mcs.plans.send_if_modified(|known| {
+            // Said once, when it first stands in a plan.
+            for (key, error) in &plan.unallocated {
+                if known.unallocated.get(key) != Some(error) {
+                    tracing::warn!(import = %key, error = %error, "no ClusterSetIP for an import");
+                }
+            }
             let differs = **known != plan;
             if differs {
                 *known = Arc::new(plan);

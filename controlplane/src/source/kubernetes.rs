@@ -1,6 +1,6 @@
 //! The Kubernetes source: kube-rs watchers of Services, EndpointSlices
 //! (`discovery.k8s.io/v1`), Nodes, ServiceCIDRs (`networking.k8s.io/v1`), ServiceExports
-//! and ServiceImports (`multicluster.x-k8s.io/v1alpha1`) of one cluster. The last three
+//! and ServiceImports (`multicluster.x-k8s.io`, v1beta1 or v1alpha1: [`mcs_version`]) of one cluster. The last three
 //! are optional: an API server that does not serve one (ServiceCIDRs before v1.33, the
 //! MCS CRDs not installed), or that does not let kpx list it (RBAC of an older install),
 //! has none of it: that list counts as complete and empty, the reason is logged once, and
@@ -27,20 +27,24 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node as KubeNode, Service as KubeService};
 use k8s_openapi::api::discovery::v1::EndpointSlice as KubeSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR as KubeServiceCidr;
-use kube::api::{ApiResource, DynamicObject};
+use kube::api::DynamicObject;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::watch;
 
+mod mcs_version;
 mod retry;
 mod status;
 mod token_review;
+pub(crate) use mcs_version::resource as mcs_resource;
 pub(crate) use status::{is_forbidden, is_not_found};
 pub use token_review::TokenReviews;
 
 use super::manifest::{self, Object};
 use super::{EventSender, Reachability, SourceEvent};
-use crate::model::{diff_by_key, ClusterState, ObjectChanges, ObjectKey};
+use crate::model::{diff_by_key, ClusterState, McsVersion, ObjectChanges, ObjectKey};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Where the API server is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,14 +82,37 @@ pub enum KubeSourceError {
     Client(#[source] kube::Error),
 }
 
-/// A client of one cluster's API server (what the rest of the control plane holds of it).
+/// A client of one cluster's API server (what the rest of the control plane holds of it),
+/// with the version of `multicluster.x-k8s.io` it serves as the source's watch last
+/// found it (what the MCS writer writes in).
 #[derive(Clone)]
-pub struct ApiClient(Client);
+pub struct ApiClient {
+    client: Client,
+    /// True while the API server serves v1alpha1 of the MCS group and not v1beta1.
+    mcs_v1alpha1: Arc<AtomicBool>,
+}
 
 impl ApiClient {
+    fn new(client: Client) -> Self {
+        ApiClient { client, mcs_v1alpha1: Arc::default() }
+    }
+
     /// kube-rs's client, for the MCS writer (`mcs::kube`).
     pub(crate) fn kube(&self) -> &Client {
-        &self.0
+        &self.client
+    }
+
+    /// The version of `multicluster.x-k8s.io` to write in.
+    pub fn mcs_version(&self) -> McsVersion {
+        if self.mcs_v1alpha1.load(Ordering::Relaxed) {
+            McsVersion::V1Alpha1
+        } else {
+            McsVersion::V1Beta1
+        }
+    }
+
+    fn set_mcs_version(&self, version: McsVersion) {
+        self.mcs_v1alpha1.store(version == McsVersion::V1Alpha1, Ordering::Relaxed);
     }
 }
 
@@ -100,7 +127,7 @@ pub async fn client(target: &KubeTarget) -> Result<ApiClient, KubeSourceError> {
         }
         KubeTarget::InCluster => kube::Config::incluster().map_err(KubeSourceError::InCluster)?,
     };
-    Client::try_from(config).map(ApiClient).map_err(KubeSourceError::Client)
+    Client::try_from(config).map(ApiClient::new).map_err(KubeSourceError::Client)
 }
 
 /// One kind's objects, in the model, by key.
@@ -188,11 +215,9 @@ impl Optional {
             Optional::Cidrs => {
                 ("servicecidrs.networking.k8s.io/v1", "unallocated Service addresses are not dropped")
             }
-            Optional::Exports => {
-                ("serviceexports.multicluster.x-k8s.io/v1alpha1", "this cluster exports nothing")
-            }
+            Optional::Exports => ("serviceexports.multicluster.x-k8s.io", "this cluster exports nothing"),
             Optional::Imports => {
-                ("serviceimports.multicluster.x-k8s.io/v1alpha1", "this cluster's nodes get no ClusterSetIP")
+                ("serviceimports.multicluster.x-k8s.io", "this cluster's nodes get no ClusterSetIP")
             }
         }
     }
@@ -456,18 +481,6 @@ fn backoff(longest: Duration) -> watcher::ExponentialBackoff {
         .into()
 }
 
-/// The API resource of an MCS kind (`ServiceExport`, `ServiceImport`) in the version kpx reads.
-fn mcs_resource(kind: &str) -> ApiResource {
-    let version = "v1alpha1";
-    ApiResource {
-        group: manifest::MCS_GROUP.into(),
-        version: version.into(),
-        api_version: format!("{}/{version}", manifest::MCS_GROUP),
-        kind: kind.into(),
-        plural: format!("{}s", kind.to_lowercase()),
-    }
-}
-
 type Changes = futures::stream::BoxStream<'static, Change>;
 
 /// The watch of a kind every API server serves: its events as `change`, failures as
@@ -508,10 +521,11 @@ fn optional<K: 'static + Send>(
 /// Watches the cluster until the process ends (or nobody listens), sending on `tx`.
 pub async fn run(
     cluster: String,
-    ApiClient(client): ApiClient,
+    api: ApiClient,
     tx: EventSender,
     reachability: watch::Sender<Reachability>,
 ) {
+    let client = api.kube().clone();
     let config = watcher::Config::default();
     let services = required(
         watcher::watcher(Api::<KubeService>::all(client.clone()), config.clone()),
@@ -532,22 +546,14 @@ pub async fn run(
         Optional::Cidrs,
         |e| Change::ServiceCidr(Box::new(e)),
     );
-    let exports = optional(
-        watcher::watcher(
-            Api::<DynamicObject>::all_with(client.clone(), &mcs_resource("ServiceExport")),
-            config.clone(),
-        ),
-        Optional::Exports,
-        |e| Change::Export(Box::new(e)),
-    );
-    let imports = optional(
-        watcher::watcher(
-            Api::<DynamicObject>::all_with(client.clone(), &mcs_resource("ServiceImport")),
-            config,
-        ),
-        Optional::Imports,
-        |e| Change::Import(Box::new(e)),
-    );
+    let exports =
+        optional(mcs_version::watch(api.clone(), "ServiceExport", config.clone()), Optional::Exports, |e| {
+            Change::Export(Box::new(e))
+        });
+    let imports =
+        optional(mcs_version::watch(api.clone(), "ServiceImport", config), Optional::Imports, |e| {
+            Change::Import(Box::new(e))
+        });
     let mut changes = futures::stream::select_all([services, slices, nodes, service_cidrs, exports, imports]);
     tokio::spawn(probe(cluster.clone(), client, reachability));
     let mut objects = Objects::default();

@@ -3,13 +3,17 @@
 //! affinity, over the endpoints of every cluster whose export of the name is valid (its
 //! Service exists and is not ExternalName), the importing cluster's own as local and the
 //! others' with their cluster's name. A cluster withdrawn (unreachable for longer than
-//! the grace period) offers its endpoints to no other cluster's import.
+//! the grace period) offers its endpoints to no other cluster's import. A port of the
+//! import is served only by the clusters whose export has exactly that port (name,
+//! protocol and number; sig-multicluster's `StrictPortConflict`): where two clusters
+//! give one port name different numbers, traffic to the import's port reaches only the
+//! cluster that won it.
 //!
 //! The import object is the record of the address and ports (written by the clusterset's
 //! MCS controller); the endpoints follow the exports as they are now.
 
 use crate::mcs::resolve::resolve;
-use crate::model::{ImportType, ObjectKey, Service, ServicePort};
+use crate::model::{EndpointSlice, ImportType, ObjectKey, Service, ServicePort};
 
 use super::{Inputs, ServiceViews, ViewBuilder};
 
@@ -25,7 +29,7 @@ impl Inputs<'_> {
         let offered = (self.clusters.iter())
             .filter(|(peer, _)| peer.as_str() == cluster || !self.withdrawn.contains(peer.as_str()))
             .filter_map(|(peer, m)| Some((peer.as_str(), m.state().exports.get(key)?, m.service(key))));
-        let exporters = resolve(offered).import?.clusters;
+        let resolved = resolve(offered).import?;
         let own_export = model.state().exports.get(key);
         let service = Service {
             key: crate::mcs::import_key(key),
@@ -36,22 +40,33 @@ impl Inputs<'_> {
                     protocol: p.protocol,
                     port: p.port,
                     node_port: None,
+                    app_protocol: None,
                 })
                 .collect(),
             session_affinity_timeout: import.session_affinity_timeout,
+            internal_traffic_policy: import.internal_traffic_policy.unwrap_or_default(),
             cluster_affinity: own_export.map(|e| e.cluster_affinity).unwrap_or_default(),
             ..Service::default()
         };
-        let mut own = Vec::new();
-        let mut remote = Vec::new();
-        for peer in &exporters {
+        // Each cluster's slices with only the ports its export serves as the import has
+        // them (same name, protocol and number): traffic to a port goes only to the
+        // clusters that expose it.
+        let mut sliced: Vec<(&str, EndpointSlice)> = Vec::new();
+        for peer in &resolved.clusters {
             let Some(m) = self.clusters.get(peer) else { continue };
-            if peer == cluster {
-                own = m.slices_of(key);
-            } else {
-                remote.extend(m.slices_of(key).into_iter().map(|s| (peer.as_str(), s)));
+            let serves = |name: &str| {
+                (resolved.ports.iter().zip(&resolved.port_clusters))
+                    .any(|(p, serving)| p.name == name && serving.contains(peer))
+            };
+            for slice in m.slices_of(key) {
+                let ports = slice.ports.iter().filter(|p| serves(&p.name)).cloned().collect();
+                sliced.push((peer.as_str(), EndpointSlice { ports, ..slice.clone() }));
             }
         }
+        let own: Vec<&EndpointSlice> =
+            (sliced.iter()).filter(|(p, _)| *p == cluster).map(|(_, s)| s).collect();
+        let remote: Vec<(&str, &EndpointSlice)> =
+            (sliced.iter()).filter(|(p, _)| *p != cluster).map(|(p, s)| (*p, s)).collect();
         let builder = ViewBuilder::global(cluster, &service, &own, &remote);
         Some(ServiceViews::new(&builder, self.placement))
     }

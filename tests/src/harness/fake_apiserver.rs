@@ -1,7 +1,7 @@
 //! A Kubernetes API server for tests: it speaks the list/watch protocol kube-rs
 //! uses (lists with a resourceVersion, chunked watch streams of JSON events,
 //! bookmarks, `410 Gone` for an expired resourceVersion) for Services,
-//! EndpointSlices, Nodes, ServiceExports and ServiceImports (`multicluster.x-k8s.io/v1alpha1`,
+//! EndpointSlices, Nodes, ServiceExports and ServiceImports (`multicluster.x-k8s.io/v1beta1`,
 //! once a test installs their CRDs) and ServiceCIDRs (once a test asks); until then, and
 //! for any path it does not serve, it answers as a real kube-apiserver does: a plain-text
 //! `404 page not found` (tests/tests/fake_contract.rs holds it to the real one), and lets a test
@@ -57,7 +57,7 @@ impl Kind {
         match self {
             Kind::EndpointSlice => "discovery.k8s.io/v1",
             Kind::ServiceCidr => "networking.k8s.io/v1",
-            Kind::ServiceExport | Kind::ServiceImport => "multicluster.x-k8s.io/v1alpha1",
+            Kind::ServiceExport | Kind::ServiceImport => "multicluster.x-k8s.io/v1beta1",
             Kind::Lease => "coordination.k8s.io/v1",
             _ => "v1",
         }
@@ -160,16 +160,17 @@ impl FakeApiServer {
         let (stop, stopped) = oneshot::channel::<()>();
         let app = Router::new()
             .route("/version", get(version))
+            .route("/apis", get(api_groups))
             .route("/api/v1/services", get(|s, q| serve(s, q, Kind::Service)))
             .route("/apis/discovery.k8s.io/v1/endpointslices", get(|s, q| serve(s, q, Kind::EndpointSlice)))
             .route("/api/v1/nodes", get(|s, q| serve(s, q, Kind::Node)))
             .route("/apis/networking.k8s.io/v1/servicecidrs", get(|s, q| serve(s, q, Kind::ServiceCidr)))
             .route(
-                "/apis/multicluster.x-k8s.io/v1alpha1/serviceexports",
+                "/apis/multicluster.x-k8s.io/v1beta1/serviceexports",
                 get(|s, q| serve(s, q, Kind::ServiceExport)),
             )
             .route(
-                "/apis/multicluster.x-k8s.io/v1alpha1/serviceimports",
+                "/apis/multicluster.x-k8s.io/v1beta1/serviceimports",
                 get(|s, q| serve(s, q, Kind::ServiceImport)),
             )
             .merge(writes::routes())
@@ -357,6 +358,25 @@ async fn version() -> Response {
         "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24",
         "compiler": "gc", "platform": "linux/amd64"
     }))
+}
+
+/// `GET /apis`: the groups it serves (what kpx's discovery of the MCS version reads), the
+/// MCS group (v1beta1, preferred, and v1alpha1) once its CRDs are installed.
+async fn api_groups(State(state): State<Arc<Mutex<ApiState>>>) -> Response {
+    let group = |name: &str, versions: &[&str]| {
+        let versions: Vec<Value> =
+            (versions.iter()).map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v})).collect();
+        json!({"name": name, "versions": versions, "preferredVersion": versions[0]})
+    };
+    let mut groups = vec![
+        group("discovery.k8s.io", &["v1"]),
+        group("networking.k8s.io", &["v1"]),
+        group("coordination.k8s.io", &["v1"]),
+    ];
+    if state.locked().mcs_served {
+        groups.push(group("multicluster.x-k8s.io", &["v1beta1", "v1alpha1"]));
+    }
+    json_response(&json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
 }
 
 fn param<'a>(query: &'a str, name: &str) -> Option<&'a str> {

@@ -39,6 +39,7 @@ fn written(mut clusters: BTreeMap<String, Cluster>, plan: &Plan) -> BTreeMap<Str
                     spec: import.clone(),
                     managed: true,
                     uid: format!("uid-{cluster}-{key}"),
+                    version: crate::model::McsVersion::V1Beta1,
                 };
                 changes.entry(cluster.clone()).or_default().imports.insert(key.clone(), Some(held));
             }

@@ -18,6 +18,7 @@ fn service(ports: &[(&str, Protocol, u16)]) -> Service {
                 protocol: *protocol,
                 port: *port,
                 node_port: None,
+                app_protocol: None,
             })
             .collect(),
         ..Default::default()
@@ -29,7 +30,7 @@ fn headless(ports: &[(&str, Protocol, u16)]) -> Service {
 }
 
 fn port(name: &str, protocol: Protocol, port: u16) -> ImportPort {
-    ImportPort { name: name.into(), protocol, port }
+    ImportPort { name: name.into(), protocol, port, app_protocol: None }
 }
 
 const TCP: Protocol = Protocol::Tcp;
@@ -57,6 +58,15 @@ fn the_ports_are_the_union_of_the_exported_ports() {
     let import = r.import.clone().expect("an import");
     assert_eq!(import.ports, [port("http", TCP, 80), port("metrics", TCP, 9090)]);
     assert_eq!(import.clusters, ["a", "b"]);
+    // The port sets differ: a conflict on every export, though nothing clashes.
+    let (reason, message) = r.conflict_condition().expect("a conflict");
+    assert_eq!(reason, "PortConflict");
+    assert_eq!(message, "PortConflict: ports are [\"http\" 80/tcp] (cluster a exported it first; b differ)");
+    // Each port is served by the clusters that have it.
+    assert_eq!(import.port_clusters, [vec!["a", "b"], vec!["b"]]);
+    // The same ports in another order are the same ports.
+    let web_c = service(&[("metrics", TCP, 9090), ("http", TCP, 80)]);
+    let r = resolve([(b.0.as_str(), &b.1, Some(&web_b)), ("c", &export("c", 300).1, Some(&web_c))]);
     assert!(r.conflicts.is_empty(), "{:?}", r.conflicts);
 }
 
@@ -84,7 +94,51 @@ fn a_port_number_with_another_protocol_name_pair_is_a_conflict() {
     let c = export("c", 300);
     let r = resolve([(a.0.as_str(), &a.1, Some(&web_a)), (c.0.as_str(), &c.1, Some(&web_c))]);
     assert_eq!(r.import.clone().expect("an import").ports, [port("http", TCP, 80), port("dns", UDP, 80)]);
-    assert!(r.conflicts.is_empty());
+    assert_eq!(r.conflicts.len(), 1, "the sets differ, nothing clashes: {:?}", r.conflicts);
+    assert_eq!(r.conflicts[0].detail, "ports are [\"http\" 80/tcp]");
+}
+
+#[test]
+fn a_port_one_cluster_gives_another_number_is_served_by_the_winner_alone() {
+    // sig-multicluster's StrictPortConflict: "tcp" is 42 in a, 4242 in b.
+    let (a, b) = (export("a", 100), export("b", 200));
+    let (web_a, web_b) = (service(&[("tcp", TCP, 42), ("udp", UDP, 42)]), service(&[("tcp", TCP, 4242)]));
+    let r = resolve([(a.0.as_str(), &a.1, Some(&web_a)), (b.0.as_str(), &b.1, Some(&web_b))]);
+    let import = r.import.expect("an import");
+    assert_eq!(import.ports, [port("tcp", TCP, 42), port("udp", UDP, 42)]);
+    assert_eq!(import.port_clusters, [vec!["a"], vec!["a"]]);
+    // Another name: both ports, each served by its own cluster.
+    let web_b = service(&[("tcp2", TCP, 4242)]);
+    let r = resolve([(a.0.as_str(), &a.1, Some(&web_a)), (b.0.as_str(), &b.1, Some(&web_b))]);
+    let import = r.import.expect("an import");
+    assert_eq!(import.ports, [port("tcp", TCP, 42), port("udp", UDP, 42), port("tcp2", TCP, 4242)]);
+    assert_eq!(import.port_clusters, [vec!["a"], vec!["a"], vec!["b"]]);
+}
+
+#[test]
+fn families_policies_and_distribution_come_from_the_oldest_and_differences_conflict() {
+    let (a, b) = (export("a", 100), export("b", 200));
+    let web_a = Service {
+        ip_families: vec![Family::V4],
+        internal_traffic_policy: TrafficPolicy::Local,
+        traffic_distribution: Some("PreferClose".into()),
+        ..service(&[("http", TCP, 80)])
+    };
+    let r = resolve([(a.0.as_str(), &a.1, Some(&web_a)), (b.0.as_str(), &b.1, Some(&web_a))]);
+    assert!(r.conflicts.is_empty(), "{:?}", r.conflicts);
+    let web_b = Service {
+        ip_families: vec![Family::V6, Family::V4],
+        internal_traffic_policy: TrafficPolicy::Cluster,
+        traffic_distribution: None,
+        ..web_a.clone()
+    };
+    let r = resolve([(b.0.as_str(), &b.1, Some(&web_b)), (a.0.as_str(), &a.1, Some(&web_a))]);
+    let import = r.import.clone().expect("an import");
+    assert_eq!(import.ip_families, [Family::V4, Family::V6], "the oldest's first, then the others'");
+    assert_eq!(import.internal_traffic_policy, TrafficPolicy::Local);
+    assert_eq!(import.traffic_distribution.as_deref(), Some("PreferClose"));
+    let (reason, _) = r.conflict_condition().expect("conflicts");
+    assert_eq!(reason, "InternalTrafficPolicyConflict,TrafficDistributionConflict,IPFamilyConflict");
 }
 
 #[test]

@@ -14,6 +14,7 @@ fn slice(name: &str, service: &str, address: &str) -> EndpointSlice {
         namespace: "ns".into(),
         name: name.into(),
         service_name: service.into(),
+        headless: false,
         ports: vec![],
         endpoints: vec![crate::model::SliceEndpoint {
             addresses: vec![address.parse().expect("ip")],

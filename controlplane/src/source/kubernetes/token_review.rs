@@ -25,7 +25,8 @@ impl crate::trust::TokenReviewer for TokenReviews {
     async fn node_of(&self, token: &str, audience: &str) -> Result<String, String> {
         use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
         let mut reasons = Vec::new();
-        for (cluster, ApiClient(client)) in &self.clients {
+        for (cluster, api) in &self.clients {
+            let client = api.kube();
             let review = TokenReview {
                 spec: TokenReviewSpec {
                     token: Some(token.to_owned()),

@@ -1,13 +1,18 @@
-//! `kind: ServiceExport` and `kind: ServiceImport` (`multicluster.x-k8s.io`, v1alpha1 and
-//! v1beta1 alike in the fields read here).
+//! `kind: ServiceExport` and `kind: ServiceImport` (`multicluster.x-k8s.io`, v1beta1, and
+//! v1alpha1 where an API server serves no other: its ServiceImport lacks v1beta1's
+//! `ipFamilies`, `internalTrafficPolicy`, `trafficDistribution`, `appProtocol` and
+//! `status.clusters`).
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::service::{cluster_affinity, session_affinity, SessionAffinityConfig};
+use super::service::{cluster_affinity, session_affinity, traffic_policy, SessionAffinityConfig};
 use super::{ip, port, protocol, FieldError, Metadata};
-use crate::model::{Condition, ImportPort, ImportSpec, ImportType, ServiceExport, ServiceImport, MANAGED_BY};
+use crate::model::{
+    Condition, Family, ImportPort, ImportSpec, ImportType, McsVersion, ServiceExport, ServiceImport,
+    MANAGED_BY,
+};
 
 /// The API group of both kinds.
 pub const GROUP: &str = "multicluster.x-k8s.io";
@@ -85,9 +90,26 @@ pub(super) fn service_export(m: ServiceExportManifest) -> Result<ServiceExport, 
 }
 
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub(super) struct ServiceImportManifest {
+    /// `multicluster.x-k8s.io/v1beta1` when absent (a manifest written by hand).
+    #[serde(default)]
+    api_version: Option<String>,
     metadata: Metadata,
     spec: ImportSpecManifest,
+    #[serde(default)]
+    status: ImportStatus,
+}
+
+#[derive(Deserialize, Default)]
+struct ImportStatus {
+    #[serde(default)]
+    clusters: Vec<ClusterStatus>,
+}
+
+#[derive(Deserialize)]
+struct ClusterStatus {
+    cluster: String,
 }
 
 #[derive(Deserialize)]
@@ -103,18 +125,37 @@ struct ImportSpecManifest {
     session_affinity: Option<String>,
     #[serde(default)]
     session_affinity_config: Option<SessionAffinityConfig>,
+    #[serde(default)]
+    ip_families: Vec<String>,
+    #[serde(default)]
+    internal_traffic_policy: Option<String>,
+    #[serde(default)]
+    traffic_distribution: Option<String>,
 }
 
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct ImportPortSpec {
     #[serde(default)]
     name: Option<String>,
     #[serde(default)]
     protocol: Option<String>,
     port: i64,
+    #[serde(default)]
+    app_protocol: Option<String>,
 }
 
 pub(super) fn service_import(m: ServiceImportManifest) -> Result<ServiceImport, FieldError> {
+    let version = match m.api_version.as_deref() {
+        None => McsVersion::default(),
+        Some(text) => text
+            .strip_prefix(GROUP)
+            .and_then(|v| v.strip_prefix('/'))
+            .and_then(McsVersion::named)
+            .ok_or_else(|| {
+                ("apiVersion".to_owned(), format!("{text:?} is not {GROUP}/v1beta1 or v1alpha1"))
+            })?,
+    };
     let spec = m.spec;
     let mut labels = m.metadata.labels.clone();
     let managed = labels.remove(MANAGED_BY.0).is_some_and(|v| v == MANAGED_BY.1);
@@ -135,9 +176,21 @@ pub(super) fn service_import(m: ServiceImportManifest) -> Result<ServiceImport, 
                 name: p.name.clone().unwrap_or_default(),
                 protocol: protocol(format!("spec.ports[{i}].protocol"), p.protocol.as_deref())?,
                 port: port(format!("spec.ports[{i}].port"), p.port)?,
+                app_protocol: p.app_protocol.clone().filter(|a| !a.is_empty()),
             })
         })
         .collect::<Result<Vec<_>, FieldError>>()?;
+    let ip_families = (spec.ip_families.iter().enumerate())
+        .map(|(i, text)| match text.as_str() {
+            "IPv4" => Ok(Family::V4),
+            "IPv6" => Ok(Family::V6),
+            other => Err((format!("spec.ipFamilies[{i}]"), format!("{other:?} is not IPv4 or IPv6"))),
+        })
+        .collect::<Result<Vec<_>, FieldError>>()?;
+    let internal_traffic_policy = match spec.internal_traffic_policy.as_deref() {
+        None => None,
+        text => Some(traffic_policy("spec.internalTrafficPolicy", text)?),
+    };
     Ok(ServiceImport {
         key: m.metadata.key(),
         spec: ImportSpec {
@@ -150,9 +203,14 @@ pub(super) fn service_import(m: ServiceImportManifest) -> Result<ServiceImport, 
             )?,
             labels,
             annotations: m.metadata.annotations.clone(),
+            ip_families,
+            internal_traffic_policy,
+            traffic_distribution: spec.traffic_distribution.filter(|t| !t.is_empty()),
+            clusters: m.status.clusters.into_iter().map(|c| c.cluster).collect(),
         },
         managed,
         uid: m.metadata.uid.clone().unwrap_or_default(),
+        version,
     })
 }
 

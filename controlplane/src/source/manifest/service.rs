@@ -48,7 +48,7 @@ pub(super) fn cluster_affinity(metadata: &Metadata) -> Result<ClusterAffinity, F
         )),
     }
 }
-use crate::model::{Service, ServicePort, ServiceType, TrafficPolicy};
+use crate::model::{Family, Service, ServicePort, ServiceType, TrafficPolicy};
 
 /// `sessionAffinityConfig.clientIP.timeoutSeconds` when not given (3 hours).
 pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
@@ -84,6 +84,9 @@ struct ServiceSpec {
     health_check_node_port: Option<i64>,
     session_affinity: Option<String>,
     session_affinity_config: Option<SessionAffinityConfig>,
+    #[serde(default)]
+    ip_families: Vec<String>,
+    traffic_distribution: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -96,6 +99,8 @@ struct ServicePortSpec {
     port: i64,
     #[serde(default)]
     node_port: Option<i64>,
+    #[serde(default)]
+    app_protocol: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -145,7 +150,7 @@ fn of_service_family(service: &str, field: &str, address: IpAddr, cluster_ips: &
     None
 }
 
-fn traffic_policy(field: &str, text: Option<&str>) -> Result<TrafficPolicy, FieldError> {
+pub(super) fn traffic_policy(field: &str, text: Option<&str>) -> Result<TrafficPolicy, FieldError> {
     match text.unwrap_or_default() {
         "" | "Cluster" => Ok(TrafficPolicy::Cluster),
         "Local" => Ok(TrafficPolicy::Local),
@@ -185,6 +190,27 @@ pub(super) fn session_affinity(
             format!("unknown session affinity {other:?} (None or ClientIP)"),
         )),
     }
+}
+
+/// `spec.ipFamilies` (`IPv4`, `IPv6`, at most one of each); when absent, the families
+/// of the ClusterIPs in their order.
+fn ip_families(written: &[String], cluster_ips: &[IpAddr]) -> Result<Vec<Family>, FieldError> {
+    if written.is_empty() {
+        return Ok(cluster_ips.iter().map(Family::of).collect());
+    }
+    let mut families = Vec::with_capacity(written.len());
+    for (i, text) in written.iter().enumerate() {
+        let family = match text.as_str() {
+            "IPv4" => Family::V4,
+            "IPv6" => Family::V6,
+            other => return Err((format!("spec.ipFamilies[{i}]"), format!("{other:?} is not IPv4 or IPv6"))),
+        };
+        if families.contains(&family) {
+            return Err((format!("spec.ipFamilies[{i}]"), format!("{text} is given twice")));
+        }
+        families.push(family);
+    }
+    Ok(families)
 }
 
 pub(super) fn service(m: ServiceManifest) -> Result<Service, FieldError> {
@@ -227,6 +253,7 @@ pub(super) fn service(m: ServiceManifest) -> Result<Service, FieldError> {
             protocol: protocol(format!("spec.ports[{i}].protocol"), p.protocol.as_deref())?,
             port: port(format!("spec.ports[{i}].port"), p.port)?,
             node_port,
+            app_protocol: p.app_protocol.clone().filter(|a| !a.is_empty()),
         });
     }
     let service_name = m.metadata.key().to_string();
@@ -261,9 +288,12 @@ pub(super) fn service(m: ServiceManifest) -> Result<Service, FieldError> {
         .enumerate()
         .map(|(i, text)| cidr(format!("spec.loadBalancerSourceRanges[{i}]"), text))
         .collect::<Result<Vec<_>, _>>()?;
+    let ip_families = ip_families(&spec.ip_families, &cluster_ips)?;
     Ok(Service {
         key: m.metadata.key(),
         service_type,
+        ip_families,
+        traffic_distribution: spec.traffic_distribution.clone().filter(|t| !t.is_empty()),
         cluster_ips,
         ports,
         proxy_name: m.metadata.labels.get("service.kubernetes.io/service-proxy-name").cloned(),

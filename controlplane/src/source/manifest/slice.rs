@@ -4,7 +4,7 @@ use serde::Deserialize;
 
 use super::{ip, port, protocol, FieldError, Metadata, HEADLESS_LABEL};
 use crate::model::{
-    EndpointSlice, McsEndpoint, McsSlice, McsSliceSpec, ObjectKey, SliceEndpoint, SlicePort, SLICE_MANAGER,
+    EndpointSlice, McsEndpoint, McsSlice, McsSliceSpec, SliceEndpoint, SlicePort, SLICE_MANAGER,
 };
 
 #[derive(Deserialize)]
@@ -91,26 +91,15 @@ pub(super) fn endpoint_slice(m: EndpointSliceManifest) -> Result<EndpointSlice, 
         .get(SERVICE_NAME_LABEL)
         .cloned()
         .ok_or_else(|| ("metadata.labels".to_owned(), format!("no {SERVICE_NAME_LABEL} label")))?;
-    let unused = |key: ObjectKey, service_name| {
-        Ok(EndpointSlice {
-            namespace: key.namespace,
-            name: key.name,
-            service_name,
-            ports: vec![],
-            endpoints: vec![],
-        })
-    };
     // A slice labelled headless is one kube-proxy does not watch (it lists slices with
-    // `!service.kubernetes.io/headless`): its endpoints are used by no rule.
-    if m.metadata.labels.contains_key(HEADLESS_LABEL) {
-        return unused(key, service_name);
-    }
-    match contents(&m)? {
-        Some((_, ports, endpoints)) => {
-            Ok(EndpointSlice { namespace: key.namespace, name: key.name, service_name, ports, endpoints })
-        }
-        None => unused(key, service_name),
-    }
+    // `!service.kubernetes.io/headless`): its endpoints are used by no rule, but an MCS
+    // export carries them (see `Cluster::slices_of`).
+    let headless = m.metadata.labels.contains_key(HEADLESS_LABEL);
+    let (ports, endpoints) = match contents(&m)? {
+        Some((_, ports, endpoints)) => (ports, endpoints),
+        None => (Vec::new(), Vec::new()),
+    };
+    Ok(EndpointSlice { namespace: key.namespace, name: key.name, service_name, headless, ports, endpoints })
 }
 
 /// An MCS EndpointSlice (see [`is_mcs_slice`]).
@@ -194,12 +183,18 @@ mod tests {
     use super::super::{parse, Object};
 
     #[test]
-    fn a_slice_labelled_headless_gives_no_endpoints() {
+    fn a_slice_labelled_headless_keeps_its_endpoints_for_mcs_but_no_proxy_uses_them() {
         let text = "kind: EndpointSlice\nmetadata: {name: s-1, labels: {kubernetes.io/service-name: s, service.kubernetes.io/headless: ''}}\n\
-                    addressType: IPv4\nports: [{port: 80}]\nendpoints: [{addresses: [10.0.0.1]}]\n";
+                    addressType: IPv4\nports: [{port: 80}]\nendpoints: [{addresses: [10.0.0.1], hostname: s-0}]\n";
         let results = parse(text);
         let Some(Ok(Object::EndpointSlice(slice))) = results.first() else { panic!("a slice: {results:?}") };
-        assert!(slice.endpoints.is_empty() && slice.ports.is_empty(), "{slice:?}");
+        assert!(slice.headless && slice.endpoints.len() == 1 && slice.ports.len() == 1, "{slice:?}");
+        let mut state = crate::model::ClusterState::default();
+        state.slices.insert(crate::model::ClusterState::slice_key(slice), slice.clone());
+        let cluster = crate::model::Cluster::new(state);
+        let key = crate::model::ObjectKey { namespace: slice.namespace.clone(), name: "s".into() };
+        assert!(cluster.slices_of(&key).is_empty(), "a proxy leaves it alone");
+        assert_eq!(cluster.exported_slices_of(&key).len(), 1, "an export carries it");
     }
 
     #[test]

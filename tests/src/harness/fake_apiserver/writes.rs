@@ -22,7 +22,7 @@ use super::{json_response, key_of, not_found, page_not_found, ApiState, Kind};
 type Shared = Arc<Mutex<ApiState>>;
 
 pub(super) fn routes() -> Router<Shared> {
-    let mcs = "/apis/multicluster.x-k8s.io/v1alpha1/namespaces/{namespace}";
+    let mcs = "/apis/multicluster.x-k8s.io/v1beta1/namespaces/{namespace}";
     let leases = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases";
     Router::new()
         .route(
@@ -35,7 +35,14 @@ pub(super) fn routes() -> Router<Shared> {
             patch(|s, p, b| apply(s, p, b, Kind::EndpointSlice))
                 .delete(|s, p| delete(s, p, Kind::EndpointSlice)),
         )
-        .route(&format!("{mcs}/serviceexports/{{name}}/status"), patch(apply_export_status))
+        .route(
+            &format!("{mcs}/serviceexports/{{name}}/status"),
+            patch(|s, p, b| apply_status(s, p, b, Kind::ServiceExport)),
+        )
+        .route(
+            &format!("{mcs}/serviceimports/{{name}}/status"),
+            patch(|s, p, b| apply_status(s, p, b, Kind::ServiceImport)),
+        )
         .route(leases, post(create_lease))
         .route(&format!("{leases}/{{name}}"), get(get_lease).put(replace_lease))
 }
@@ -170,11 +177,13 @@ async fn delete(
         "details": {"name": name, "group": resource, "kind": group, "uid": uid}}))
 }
 
-/// `PATCH …/serviceexports/NAME/status` (apply): the status replaced, nothing else.
-async fn apply_export_status(
+/// `PATCH …/NAME/status` (apply) of a ServiceExport or ServiceImport: the status
+/// replaced, nothing else.
+async fn apply_status(
     State(state): State<Shared>,
     Path((namespace, name)): Path<(String, String)>,
     bytes: Bytes,
+    kind: Kind,
 ) -> Response {
     while_silent(&state).await;
     if !state.locked().mcs_served {
@@ -184,14 +193,17 @@ async fn apply_export_status(
         Ok(v) => v,
         Err(e) => return bad_request(e),
     };
+    let (plural, qualified) = match kind {
+        Kind::ServiceImport => ("serviceimports", "serviceimports.multicluster.x-k8s.io"),
+        _ => ("serviceexports", "serviceexports.multicluster.x-k8s.io"),
+    };
     let mut s = state.locked();
-    s.writes.push(format!("STATUS serviceexports {namespace}/{name}"));
-    let Some(mut object) = s.objects.get(&(Kind::ServiceExport, format!("{namespace}/{name}"))).cloned()
-    else {
-        return not_found(&format!("serviceexports.multicluster.x-k8s.io \"{name}\""));
+    s.writes.push(format!("STATUS {plural} {namespace}/{name}"));
+    let Some(mut object) = s.objects.get(&(kind, format!("{namespace}/{name}"))).cloned() else {
+        return not_found(&format!("{qualified} \"{name}\""));
     };
     object["status"] = patch["status"].clone();
-    json_response(&s.put(Kind::ServiceExport, object))
+    json_response(&s.put(kind, object))
 }
 
 async fn get_lease(State(state): State<Shared>, Path((namespace, name)): Path<(String, String)>) -> Response {
