@@ -307,12 +307,29 @@ struct RealClusters {
 
 /// `None` (the test said it skipped) where there is no real kube-apiserver.
 fn real_clusters(test: &str) -> Option<RealClusters> {
+    real_clusters_with(test, |crds| crds)
+}
+
+/// The install's CRDs made to serve (and store) v1alpha1 only, as CRDs from before mcs-api
+/// v0.5.0 do.
+fn v1alpha1_only(crds: String) -> String {
+    let beta = "- name: v1beta1\n    served: true\n    storage: true";
+    let alpha = "- name: v1alpha1\n    served: true\n    storage: false";
+    assert!(crds.contains(beta) && crds.contains(alpha), "the CRDs' versions as this test knows them");
+    crds.replace(beta, "- name: v1beta1\n    served: false\n    storage: false")
+        .replace(alpha, "- name: v1alpha1\n    served: true\n    storage: true")
+}
+
+/// [`real_clusters`] with the install's CRDs as `crds` makes them.
+fn real_clusters_with(test: &str, crds: impl Fn(String) -> String) -> Option<RealClusters> {
     let t = Topology::new(2);
     let backends = t.start_backends(8080);
     let east = KubeApiServer::start(&t.node, 16443, test)?;
     let west = KubeApiServer::start(&t.node, 16444, test)?;
-    let crds = std::fs::read_to_string(install::repo_path("deploy/kubernetes/overlays/mcs/crds.yaml"))
-        .expect("CRDs");
+    let crds = crds(
+        std::fs::read_to_string(install::repo_path("deploy/kubernetes/overlays/mcs/crds.yaml"))
+            .expect("CRDs"),
+    );
     let kubeconfigs = [t.dir.path().join("east.kubeconfig"), t.dir.path().join("west.kubeconfig")];
     for (api, kubeconfig) in [(&east, &kubeconfigs[0]), (&west, &kubeconfigs[1])] {
         api.install_crds(
@@ -445,6 +462,15 @@ fn kpx_as_the_mcs_controller_imports_an_export_everywhere_and_says_why_not() {
     assert_eq!(import["spec"]["type"], "ClusterSetIP");
     assert_eq!(import["spec"]["ports"][0]["port"], 80);
     assert_eq!(import["metadata"]["labels"]["app.kubernetes.io/managed-by"], "kpx-controlplane");
+    // v1beta1's fields: the Services' family and policy, and the exporting clusters.
+    assert_eq!(import["apiVersion"], "multicluster.x-k8s.io/v1beta1", "{import}");
+    assert_eq!(import["spec"]["ipFamilies"], serde_json::json!(["IPv4"]), "{import}");
+    assert_eq!(import["spec"]["internalTrafficPolicy"], "Cluster", "{import}");
+    kpx_e2e::wait_for("status.clusters of east's import", DEADLINE, || {
+        let import = c.east.get(Kind::ServiceImport, "test", "web")?;
+        (import["status"]["clusters"] == serde_json::json!([{"cluster": "east"}, {"cluster": "west"}]))
+            .then_some(())
+    });
     for (name, api) in [("east", &c.east), ("west", &c.west)] {
         wait_condition(api, name, "Valid", |(status, _, _)| status == "True");
         wait_condition(api, name, "Conflict", |(status, _, _)| status == "False");
@@ -493,9 +519,15 @@ fn kpx_as_the_mcs_controller_imports_an_export_everywhere_and_says_why_not() {
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!((real_writes(&c.east), real_writes(&c.west)), settled, "writes after settling");
 
-    // A headless Service exported: a Headless import in both clusters, with no address.
+    // A headless Service exported (in v1alpha1, which the CRDs serve too): a Headless
+    // import in both clusters, with no address but its family, and MCS EndpointSlices
+    // carrying the endpoints and hostnames of the slice labelled headless.
     let db = "apiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: test}\n\
               spec: {clusterIP: None, ports: [{name: pg, protocol: TCP, port: 5432}]}\n---\n\
+              apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+              metadata: {name: db-1, namespace: test, labels: {kubernetes.io/service-name: db, service.kubernetes.io/headless: ''}}\n\
+              addressType: IPv4\nports: [{name: pg, protocol: TCP, port: 5432}]\n\
+              endpoints: [{addresses: [10.244.9.7], hostname: db-0, conditions: {ready: true}}]\n---\n\
               apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceExport\nmetadata: {name: db, namespace: test}\n";
     c.west.apply_yaml(db);
     for api in [&c.east, &c.west] {
@@ -503,6 +535,14 @@ fn kpx_as_the_mcs_controller_imports_an_export_everywhere_and_says_why_not() {
             kpx_e2e::wait_for("the Headless import", DEADLINE, || api.get(Kind::ServiceImport, "test", "db"));
         assert_eq!(import["spec"]["type"], "Headless", "{import}");
         assert!(import["spec"].get("ips").is_none(), "no ClusterSetIP for a Headless import: {import}");
+        let service = c.west.object("services", "test", "db").expect("the db Service");
+        assert_eq!(import["spec"]["ipFamilies"], service["spec"]["ipFamilies"], "the Service's: {import}");
+        let slice = kpx_e2e::wait_for("the Headless import's MCS slice", DEADLINE, || {
+            api.get(Kind::EndpointSlice, "test", "db-1-west")
+        });
+        assert_eq!(slice["endpoints"][0]["addresses"][0], "10.244.9.7", "{slice}");
+        assert_eq!(slice["endpoints"][0]["hostname"], "db-0", "{slice}");
+        assert_eq!(slice["ports"][0]["port"], 5432, "{slice}");
     }
     c.west.delete("serviceexport", "test", "db");
     kpx_e2e::wait_for("the Headless imports deleted", DEADLINE, || {
@@ -531,6 +571,13 @@ fn kpx_as_the_mcs_controller_imports_an_export_everywhere_and_says_why_not() {
             && e["object"] == "test/web"
             && e["reason"] == "PortConflict"
     });
+    // The import's http is east's 80; west serves its http at 81 only: traffic to the
+    // ClusterSetIP's 80 reaches east's endpoint alone (StrictPortConflict).
+    c.wait_endpoints_of("test/web.clusterset", &[format!("{}@east", pod(0))]);
+    let to = sock(&ip, 80);
+    for _ in 0..20 {
+        assert_eq!(c.t.client.run_in(move || tcp_request(to)), Answer::From("pod0".into()));
+    }
     c.west.apply_yaml(&web("", &pod(1), "node-w", true));
     wait_condition(&c.west, "west", "Conflict", |(status, _, _)| status == "False");
 
@@ -566,6 +613,37 @@ fn kpx_as_the_mcs_controller_imports_an_export_everywhere_and_says_why_not() {
         (!clusterset_ip_in_kernel(&c.t)).then_some(())
     });
     mcs_rbac_covers_the_writes(&[&c.east, &c.west]);
+}
+
+#[test]
+fn where_only_v1alpha1_is_served_kpx_reads_and_writes_it() {
+    let Some(c) = real_clusters_with("only_v1alpha1", v1alpha1_only) else { return };
+    c.east.apply_yaml(&web("", &pod(0), NODE_NAME, true));
+    c.west.apply_yaml(&web("", &pod(1), "node-w", true));
+    c.east.apply_yaml(EXPORT);
+    c.west.apply_yaml(EXPORT);
+    let _cp = c.start_mcs_controller(CONTROL_PLANE.0, CONTROL_PLANE.1);
+    let _dp = c.t.start_dataplane();
+    let ip = kpx_e2e::wait_for("east's ServiceImport", DEADLINE, || import_ip(&c.east));
+    for (name, api) in [("east", &c.east), ("west", &c.west)] {
+        let import = api.get(Kind::ServiceImport, "test", "web").expect("the import");
+        assert_eq!(import["apiVersion"], "multicluster.x-k8s.io/v1alpha1", "{import}");
+        assert!(import["spec"].get("ipFamilies").is_none(), "no field of v1beta1: {import}");
+        wait_condition(api, name, "Valid", |(status, _, _)| status == "True");
+        wait_condition(api, name, "Ready", |(status, reason, _)| status == "True" && reason == "Exported");
+    }
+    c.t.wait_answered_by(&ip, 80, "pod0");
+    c.t.wait_answered_by(&ip, 80, "pod1");
+    // Settled in v1alpha1 too: what it holds is what kpx planned, so nothing is rewritten.
+    let settled = (real_writes(&c.east), real_writes(&c.west));
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!((real_writes(&c.east), real_writes(&c.west)), settled, "writes after settling");
+    let paths: Vec<String> =
+        c.east.audit().into_iter().filter(|a| a.user == CONTROL_PLANE_USER).map(|a| a.uri).collect();
+    assert!(
+        paths.iter().all(|p| !p.contains("multicluster.x-k8s.io/v1beta1/namespaces")),
+        "no write in a version the API server does not serve: {paths:?}"
+    );
 }
 
 /// The MCS install (kustomize's overlay and the chart alike), applied to the real API
