@@ -11,6 +11,7 @@
 #   LABEL    the results' label (default mcs-kpx-BACKEND)
 #   FILTER   a ginkgo label filter (e.g. Required); default: every spec
 #   LATENCY_ONLY=1  only the 20 timed changes, on the clusterset an earlier run made
+#   KPX_BIN  the kit's kpx binaries, for --cleanup on the nodes (default: $KIT/kpx/bin)
 # Each cluster is brought up with no kube-proxy (cluster-up.sh none) and kpx installed there
 # afresh (an install left by an earlier run is uninstalled first).
 set -euo pipefail
@@ -18,6 +19,7 @@ KIT=${KIT:?KIT names the kit folder (../shared/kit copied outside the repository
 B=${1:-nftables}
 KPX_SRC=${KPX_SRC:-$(cd "$(dirname "$0")/../.." && pwd)}
 LABEL=${LABEL:-mcs-kpx-$B}
+KPX_BIN=${KPX_BIN:-$KIT/kpx/bin}
 HOME_CLUSTER=kx OTHER=ky
 NODE_PORT=31800
 CLUSTERSET_CIDR=10.112.0.0/16
@@ -40,10 +42,18 @@ log "clusters $HOME_CLUSTER and $OTHER with no kube-proxy, their networks joined
 KIT_CLUSTER=$HOME_CLUSTER "$KIT/cluster-up.sh" none >"$WORK/up-$HOME_CLUSTER.log" 2>&1 || { cat "$WORK/up-$HOME_CLUSTER.log"; exit 1; }
 KIT_CLUSTER=$OTHER "$KIT/cluster-up.sh" none >"$WORK/up-$OTHER.log" 2>&1 || { cat "$WORK/up-$OTHER.log"; exit 1; }
 "$KIT/net-join.sh" $HOME_CLUSTER $OTHER
+# An earlier install is removed as docs/install.md says: helm uninstall, then kpx's rules
+# off every node (of either backend: the earlier run may have used the other).
 for c in $HOME_CLUSTER $OTHER; do
   if helm_ $c status kpx -n kube-system >/dev/null 2>&1; then
     helm_ $c uninstall kpx -n kube-system --wait >/dev/null
     kubectl_ $c -n kube-system delete secret kpx-controlplane-tls kpx-cluster-$OTHER --ignore-not-found >/dev/null
+    for n in $(nodes_of $c); do
+      for backend in nftables iptables; do
+        on $c in_node "$n" "$KPX_BIN/kpx-dataplane" --cleanup --backend $backend >/dev/null 2>&1 ||
+          { echo "kpx-dataplane --cleanup --backend $backend failed on $n"; exit 1; }
+      done
+    done
   fi
 done
 
