@@ -590,3 +590,89 @@ fn helm_install_takes_kube_proxys_ports_only_where_no_kube_proxy_runs() {
         "beside a kube-proxy: ports of its own"
     );
 }
+
+/// The MCS CRDs as a cluster holds them: `serviceexports`' annotations (`None`: not there).
+fn crd_annotations(api: &KubeApiServer) -> Option<serde_json::Value> {
+    let crd = api.object(
+        "customresourcedefinitions.apiextensions.k8s.io",
+        "default",
+        "serviceexports.multicluster.x-k8s.io",
+    )?;
+    Some(crd["metadata"]["annotations"].clone())
+}
+
+#[test]
+fn helm_leaves_mcs_crds_it_did_not_install_alone_and_keeps_its_own() {
+    let ns = kpx_e2e::harness::netns::Netns::new("api");
+    let Some(api) = KubeApiServer::start(&ns, API_PORT + 1, "helm_leaves_mcs_crds") else { return };
+    let helm = |args: &[&str]| {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns.name])
+            .arg(provided_tool("target/tools/helm"))
+            .arg(format!("--kubeconfig={}", api.admin_kubeconfig().display()))
+            .args(args)
+            .output()
+            .expect("helm runs");
+        assert!(out.status.success(), "helm {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    };
+    let chart = repo_path("deploy/helm/kpx").display().to_string();
+    let install =
+        ["install", "kpx", &chart, "-n", install::NAMESPACE, "--set", "mcs.clustersetCIDRs={10.112.0.0/16}"];
+    let uninstall = ["uninstall", "kpx", "-n", install::NAMESPACE];
+    let names = ["serviceexports.multicluster.x-k8s.io", "serviceimports.multicluster.x-k8s.io"];
+
+    // Applied by hand first (docs/multi-cluster.md, step 1): the install neither fails on
+    // them ("cannot be imported into the current release", before) nor takes them over.
+    let crds = std::fs::read_to_string(repo_path("deploy/kubernetes/overlays/mcs/crds.yaml")).expect("CRDs");
+    api.install_crds(&crds, &names);
+    helm(&install);
+    let annotations = crd_annotations(&api).expect("the CRD");
+    assert!(annotations.get("meta.helm.sh/release-name").is_none(), "left alone: {annotations}");
+    helm(&uninstall);
+    assert!(crd_annotations(&api).is_some(), "still there after helm uninstall");
+
+    // None there: the chart installs them, upgrades its own, and keeps them on uninstall.
+    api.kubectl_ok(&["delete", "crd", names[0], names[1]]);
+    helm(&install);
+    let annotations = crd_annotations(&api).expect("the chart's CRD");
+    assert_eq!(annotations["meta.helm.sh/release-name"], "kpx", "{annotations}");
+    let mut upgrade = install;
+    upgrade[0] = "upgrade";
+    helm(&upgrade);
+    helm(&uninstall);
+    assert!(crd_annotations(&api).is_some(), "kept on helm uninstall (helm.sh/resource-policy: keep)");
+}
+
+#[test]
+fn an_agents_only_install_renders_no_control_plane_and_the_access_one_needs() {
+    let url = "controlPlane.url=https://10.0.0.11:31800";
+    let objects =
+        documents(&kpx_e2e::harness::install::helm_template_with(None, &["controlPlane.enabled=false", url]));
+    let kinds: Vec<String> =
+        objects.iter().map(|o| format!("{}/{}", o["kind"], o["metadata"]["name"])).collect();
+    for absent in ["Deployment", "PodDisruptionBudget"] {
+        assert!(objects.iter().all(|o| o["kind"] != absent), "no {absent}: {kinds:?}");
+    }
+    assert!(
+        objects
+            .iter()
+            .all(|o| o["kind"] != "Service" && o["metadata"]["name"] != "kpx-controlplane-mcs-lease"),
+        "no control plane Service, no Lease Role: {kinds:?}"
+    );
+    let token = install::object(&objects, "Secret", "kpx-controlplane-token");
+    assert_eq!(token["type"], "kubernetes.io/service-account-token");
+    assert_eq!(token["metadata"]["annotations"]["kubernetes.io/service-account.name"], "kpx-controlplane");
+    install::object(&objects, "ServiceAccount", "kpx-controlplane");
+    for role in ["kpx-controlplane", "kpx-controlplane-token-review", "kpx-controlplane-mcs"] {
+        let binding = install::object(&objects, "ClusterRoleBinding", role);
+        assert_eq!(binding["subjects"][0]["name"], "kpx-controlplane", "{binding}");
+    }
+    let config = install::object(&objects, "ConfigMap", "kpx-dataplane")["data"]["config.yaml"].clone();
+    assert!(config.as_str().is_some_and(|c| c.contains("controlPlane: https://10.0.0.11:31800")), "{config}");
+    // The home cluster's Service as a NodePort, for those agents.
+    let home =
+        documents(&kpx_e2e::harness::install::helm_template_with(None, &["controlPlane.nodePort=31800"]));
+    let service = install::object(&home, "Service", "kpx-controlplane");
+    assert_eq!(service["spec"]["type"], "NodePort");
+    assert_eq!(service["spec"]["ports"][0]["nodePort"], 31800);
+}
