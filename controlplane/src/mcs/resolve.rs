@@ -190,110 +190,137 @@ pub fn resolve<'a>(
             Some(s) if s.service_type == ServiceType::ExternalName => {
                 resolution.invalid.insert(cluster.to_owned(), Invalid::ExternalName);
             }
-            Some(s) => offers.push(Offer {
-                cluster,
-                export,
-                import_type: import_type(s),
-                affinity: s.session_affinity_timeout,
-                ports: (s.ports.iter())
-                    .map(|p| ImportPort {
-                        name: p.name.clone(),
-                        protocol: p.protocol,
-                        port: p.port,
-                        app_protocol: p.app_protocol.clone(),
-                    })
-                    .collect(),
-                ip_families: s.ip_families.clone(),
-                internal_traffic_policy: s.internal_traffic_policy,
-                traffic_distribution: s.traffic_distribution.clone(),
-            }),
+            Some(s) => offers.push(Offer::of(cluster, export, s)),
         }
     }
     // Oldest first; ties by cluster name.
     offers.sort_by(|a, b| (a.export.created, a.cluster).cmp(&(b.export.created, b.cluster)));
     let Some(winner) = offers.first() else { return resolution };
+    let mut conflicts = Conflicts::default();
+    for offer in &offers[1..] {
+        conflicts.of_properties(winner, offer);
+    }
+    let ports = conflicts.union_of_ports(&offers);
+    resolution.conflicts = conflicts.found.into_values().collect();
+    resolution.import = Some(import_of(&offers, ports));
+    resolution
+}
 
-    let mut conflicts: BTreeMap<(Field, String), Conflict> = BTreeMap::new();
-    let mut lose = |field: Field, detail: String, winner: &str, loser: &str| {
-        let conflict = conflicts.entry((field, detail.clone())).or_insert_with(|| Conflict {
+impl<'a> Offer<'a> {
+    fn of(cluster: &'a str, export: &'a ServiceExport, s: &Service) -> Offer<'a> {
+        Offer {
+            cluster,
+            export,
+            import_type: import_type(s),
+            affinity: s.session_affinity_timeout,
+            ports: (s.ports.iter())
+                .map(|p| ImportPort {
+                    name: p.name.clone(),
+                    protocol: p.protocol,
+                    port: p.port,
+                    app_protocol: p.app_protocol.clone(),
+                })
+                .collect(),
+            ip_families: s.ip_families.clone(),
+            internal_traffic_policy: s.internal_traffic_policy,
+            traffic_distribution: s.traffic_distribution.clone(),
+        }
+    }
+}
+
+/// The conflicts found so far among the valid exports of a name.
+#[derive(Default)]
+struct Conflicts<'a> {
+    found: BTreeMap<(Field, String), Conflict>,
+    /// Clusters that lost a port to an older claim (their port sets differ, said so).
+    lost_a_port: BTreeSet<&'a str>,
+}
+
+impl<'a> Conflicts<'a> {
+    fn lose(&mut self, field: Field, detail: String, winner: &str, loser: &str) {
+        let conflict = self.found.entry((field, detail.clone())).or_insert_with(|| Conflict {
             field,
             winner: winner.to_owned(),
             losers: BTreeSet::new(),
             detail,
         });
         conflict.losers.insert(loser.to_owned());
-    };
-    // Clusters that lost a port to an older claim (their port sets differ, said so).
-    let mut lost_a_port: BTreeSet<&str> = BTreeSet::new();
-    for offer in &offers[1..] {
+    }
+
+    /// Where `offer` differs from the oldest, `winner`, in anything but its ports.
+    fn of_properties(&mut self, winner: &Offer<'_>, offer: &Offer<'_>) {
+        let mut lose = |field, detail| self.lose(field, detail, winner.cluster, offer.cluster);
         if offer.import_type != winner.import_type {
-            let detail = format!("headless is {}", winner.import_type == ImportType::Headless);
-            lose(Field::Type, detail, winner.cluster, offer.cluster);
+            lose(Field::Type, format!("headless is {}", winner.import_type == ImportType::Headless));
         }
         match (winner.affinity, offer.affinity) {
             (Some(_), None) | (None, Some(_)) => {
-                let detail = format!(
-                    "sessionAffinity {}",
-                    if winner.affinity.is_some() { "ClientIP" } else { "None" }
-                );
-                lose(Field::SessionAffinity, detail, winner.cluster, offer.cluster);
+                let affinity = if winner.affinity.is_some() { "ClientIP" } else { "None" };
+                lose(Field::SessionAffinity, format!("sessionAffinity {affinity}"));
             }
             (Some(a), Some(b)) if a != b => {
-                let detail = format!("sessionAffinityConfig timeout {a} s");
-                lose(Field::SessionAffinityConfig, detail, winner.cluster, offer.cluster);
+                lose(Field::SessionAffinityConfig, format!("sessionAffinityConfig timeout {a} s"));
             }
             _ => {}
         }
         if offer.export.labels != winner.export.labels {
-            lose(Field::Labels, "exportedLabels".into(), winner.cluster, offer.cluster);
+            lose(Field::Labels, "exportedLabels".into());
         }
         if offer.export.annotations != winner.export.annotations {
-            lose(Field::Annotations, "exportedAnnotations".into(), winner.cluster, offer.cluster);
+            lose(Field::Annotations, "exportedAnnotations".into());
         }
         if offer.internal_traffic_policy != winner.internal_traffic_policy {
             let detail = format!("internalTrafficPolicy {:?}", winner.internal_traffic_policy);
-            lose(Field::InternalTrafficPolicy, detail, winner.cluster, offer.cluster);
+            lose(Field::InternalTrafficPolicy, detail);
         }
         if offer.traffic_distribution != winner.traffic_distribution {
-            let detail =
-                format!("trafficDistribution {}", winner.traffic_distribution.as_deref().unwrap_or("unset"));
-            lose(Field::TrafficDistribution, detail, winner.cluster, offer.cluster);
+            let distribution = winner.traffic_distribution.as_deref().unwrap_or("unset");
+            lose(Field::TrafficDistribution, format!("trafficDistribution {distribution}"));
         }
         if sorted(&offer.ip_families) != sorted(&winner.ip_families) {
-            let detail = format!("ipFamilies {}", families(&winner.ip_families));
-            lose(Field::IpFamily, detail, winner.cluster, offer.cluster);
+            lose(Field::IpFamily, format!("ipFamilies {}", families(&winner.ip_families)));
         }
     }
 
-    // The union of ports: each offer's ports in turn, oldest first; a port that clashes
-    // with one already taken (same name, or same number and protocol, other values) loses.
-    let mut ports: Vec<(ImportPort, &str)> = Vec::new();
-    for offer in &offers {
-        for port in &offer.ports {
-            let clash = ports.iter().find(|(taken, _)| {
-                taken != port
-                    && (taken.name == port.name || (taken.port, taken.protocol) == (port.port, port.protocol))
-            });
-            match clash {
-                Some((taken, owner)) => {
-                    let detail = format!("port {:?} is {}/{}", taken.name, taken.port, taken.protocol);
-                    lose(Field::Port, detail, owner, offer.cluster);
-                    lost_a_port.insert(offer.cluster);
+    /// The union of the offers' ports: each offer's in turn, oldest first; a port that
+    /// clashes with one already taken (same name, or same number and protocol, other
+    /// values) loses; an offer whose port set differs from the oldest's otherwise is in
+    /// conflict too.
+    fn union_of_ports(&mut self, offers: &[Offer<'a>]) -> Vec<ImportPort> {
+        let mut ports: Vec<(ImportPort, &str)> = Vec::new();
+        for offer in offers {
+            for port in &offer.ports {
+                let clash = ports.iter().find(|(taken, _)| {
+                    taken != port
+                        && (taken.name == port.name
+                            || (taken.port, taken.protocol) == (port.port, port.protocol))
+                });
+                match clash {
+                    Some((taken, owner)) => {
+                        let detail = format!("port {:?} is {}/{}", taken.name, taken.port, taken.protocol);
+                        self.lose(Field::Port, detail, owner, offer.cluster);
+                        self.lost_a_port.insert(offer.cluster);
+                    }
+                    None if ports.iter().any(|(taken, _)| taken == port) => {}
+                    None => ports.push((port.clone(), offer.cluster)),
                 }
-                None if ports.iter().any(|(taken, _)| taken == port) => {}
-                None => ports.push((port.clone(), offer.cluster)),
             }
         }
-    }
-    // Ports that differ without a clash (one cluster has a port the other has not): the
-    // import has them all, and the exports say they differ.
-    for offer in &offers[1..] {
-        if sorted(&offer.ports) != sorted(&winner.ports) && !lost_a_port.contains(offer.cluster) {
-            let detail = format!("ports are {}", ports_text(&winner.ports));
-            lose(Field::Port, detail, winner.cluster, offer.cluster);
+        let winner = &offers[0];
+        for offer in &offers[1..] {
+            if sorted(&offer.ports) != sorted(&winner.ports) && !self.lost_a_port.contains(offer.cluster) {
+                let detail = format!("ports are {}", ports_text(&winner.ports));
+                self.lose(Field::Port, detail, winner.cluster, offer.cluster);
+            }
         }
+        ports.into_iter().map(|(p, _)| p).collect()
     }
-    resolution.conflicts = conflicts.into_values().collect();
+}
+
+/// The import of `offers` (oldest first, at least one) with `ports`: the oldest's
+/// properties, every offer's families, and which clusters serve each port.
+fn import_of(offers: &[Offer<'_>], ports: Vec<ImportPort>) -> Import {
+    let winner = &offers[0];
     let mut clusters: Vec<String> = offers.iter().map(|o| o.cluster.to_owned()).collect();
     clusters.sort();
     let mut ip_families = winner.ip_families.clone();
@@ -302,7 +329,6 @@ pub fn resolve<'a>(
             ip_families.push(*family);
         }
     }
-    let ports: Vec<ImportPort> = ports.into_iter().map(|(p, _)| p).collect();
     let port_clusters = (ports.iter())
         .map(|port| {
             let mut serving: Vec<String> = (offers.iter())
@@ -313,7 +339,7 @@ pub fn resolve<'a>(
             serving
         })
         .collect();
-    resolution.import = Some(Import {
+    Import {
         import_type: winner.import_type,
         ports,
         session_affinity_timeout: winner.affinity,
@@ -324,8 +350,7 @@ pub fn resolve<'a>(
         internal_traffic_policy: winner.internal_traffic_policy,
         traffic_distribution: winner.traffic_distribution.clone(),
         port_clusters,
-    });
-    resolution
+    }
 }
 
 /// Whether two ports are the same port of a Service: name, protocol and number
