@@ -751,6 +751,25 @@ fn an_api_server_that_answers_no_write_holds_no_other_clusters_writes() {
             && e["cluster"] == "east"
             && e["error"].as_str().is_some_and(|m| m.contains("did not answer"))
     });
+    // Its failure changes cause (as a cluster that is down alternates between no answer
+    // and refused connections): still one WARN for the target until it is written.
+    c.east.set_namespace("test", false);
     c.east.set_silent_writes(false);
+    let tries = || c.east.writes().iter().filter(|w| *w == "APPLY serviceimports test/web").count();
+    kpx_e2e::wait_for("two tries refused for the namespace", DEADLINE, || (tries() >= 2).then_some(()));
+    c.east.set_namespace("test", true);
     kpx_e2e::wait_for("east's ServiceImport once it answers", DEADLINE, || import_ip(&c.east));
+    cp.wait_event("the write done after failures", DEADLINE, |e| {
+        e["message"] == "MCS write done after failures"
+            && e["cluster"] == "east"
+            && e["kind"] == "ServiceImport"
+    });
+    let warned: Vec<_> = (cp.events().into_iter())
+        .filter(|e| {
+            e["message"] == "MCS write failed; retrying with backoff"
+                && e["cluster"] == "east"
+                && e["kind"] == "ServiceImport"
+        })
+        .collect();
+    assert_eq!(warned.len(), 1, "one WARN while it failed, whatever the cause: {warned:?}");
 }

@@ -1,6 +1,7 @@
 //! The MCS controller's writer: while this replica leads, it carries out the newest
 //! [`Plan`] against each cluster's API server. A write that fails (RBAC, a conflict, a
-//! missing namespace, an API server down) is logged once per cause and tried again with
+//! missing namespace, an API server down) is logged when it starts failing and when it
+//! is done, and tried again with
 //! backoff (1 s doubling to 30 s) for as long as it is planned; nothing is lost, since
 //! the plan is remade from the API objects whenever they change, and what was not written
 //! is still in it.
@@ -36,10 +37,17 @@ struct Failing {
 }
 
 impl Failing {
-    /// Records one more failure: logged when its cause is new; when to try again.
+    /// Records one more failure: logged (WARN) when the target starts failing, and once it
+    /// writes again ("done after failures"); a cause that changes meanwhile is DEBUG (a
+    /// cluster that is down alternates between "did not answer" and "Connect" errors,
+    /// which would otherwise be a WARN every few retries for as long as it is down).
     fn failed(&mut self, at: &Target, write: &Write, cause: String) -> Instant {
-        if self.cause != cause {
+        if self.cause.is_empty() {
             tracing::warn!(cluster = at.0, kind = at.1, object = %at.2, write = kind_of(write), error = %cause, "MCS write failed; retrying with backoff");
+        } else if self.cause != cause {
+            tracing::debug!(cluster = at.0, kind = at.1, object = %at.2, write = kind_of(write), error = %cause, "MCS write failed again, otherwise");
+        }
+        if self.cause != cause {
             self.cause = cause;
         }
         let backoff = FIRST_RETRY.saturating_mul(1 << self.attempts.min(8)).min(LAST_RETRY);
