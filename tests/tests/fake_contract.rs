@@ -102,6 +102,15 @@ fn what_clients_read(body: &str) -> String {
         let message = object["message"].as_str().unwrap_or_default();
         seen.push(format!("message {:?}", message.split(':').next().unwrap_or_default()));
     }
+    // Discovery: what kpx reads of it, the MCS group's versions (none: not served).
+    if object["kind"] == "APIGroupList" {
+        let groups = object["groups"].as_array().cloned().unwrap_or_default();
+        let mcs = groups.iter().find(|g| g["name"] == "multicluster.x-k8s.io");
+        let versions: Vec<&str> = (mcs.and_then(|g| g["versions"].as_array()).into_iter().flatten())
+            .filter_map(|v| v["version"].as_str())
+            .collect();
+        seen.push(format!("multicluster.x-k8s.io versions {versions:?}"));
+    }
     seen.join(", ")
 }
 
@@ -158,6 +167,7 @@ fn the_fake_api_server_answers_as_the_real_one_does() {
         &fake_url,
         &real_url,
         &[
+            get("discovery, no CRD", "/apis"),
             get("list ServiceExports, no CRD", &format!("{mcs}/serviceexports?limit=500")),
             get("watch ServiceImports, no CRD", &format!("{mcs}/serviceimports?watch=true")),
             get("list of a group nobody serves", "/apis/nothing.example/v1/things"),
@@ -197,6 +207,7 @@ fn the_fake_api_server_answers_as_the_real_one_does() {
         &fake_url,
         &real_url,
         &[
+            get("discovery", "/apis"),
             get("list ServiceExports", &format!("{mcs}/serviceexports?limit=500")),
             apply(
                 "apply a new ServiceImport",
