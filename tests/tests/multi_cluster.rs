@@ -359,6 +359,15 @@ impl RealClusters {
         self.t.start_control_plane_from(&sources, &extra)
     }
 
+    /// Service test/web with one ready endpoint in each cluster (pod0 in east, pod1 in
+    /// west), exported from both.
+    fn export_web_from_both(&self) {
+        self.east.apply_yaml(&web("", &pod(0), NODE_NAME, true));
+        self.west.apply_yaml(&web("", &pod(1), "node-w", true));
+        self.east.apply_yaml(EXPORT);
+        self.west.apply_yaml(EXPORT);
+    }
+
     fn control_plane_metric(&self, name: &str) -> Option<f64> {
         let to: std::net::SocketAddr = CONTROL_PLANE.1.parse().expect("the metrics address");
         let (_, body) = self.t.node.run_in(move || http_get_path(to, "/metrics")).ok()?;
@@ -446,10 +455,7 @@ fn mcs_slice(api: &impl Objects, source: &str) -> Option<serde_json::Value> {
 #[test]
 fn kpx_as_the_mcs_controller_imports_an_export_everywhere_and_says_why_not() {
     let Some(c) = real_clusters("kpx_as_the_mcs_controller") else { return };
-    c.east.apply_yaml(&web("", &pod(0), NODE_NAME, true));
-    c.west.apply_yaml(&web("", &pod(1), "node-w", true));
-    c.east.apply_yaml(EXPORT);
-    c.west.apply_yaml(EXPORT);
+    c.export_web_from_both();
     let cp = c.start_mcs_controller(CONTROL_PLANE.0, CONTROL_PLANE.1);
     let _dp = c.t.start_dataplane();
 
@@ -618,10 +624,7 @@ fn kpx_as_the_mcs_controller_imports_an_export_everywhere_and_says_why_not() {
 #[test]
 fn where_only_v1alpha1_is_served_kpx_reads_and_writes_it() {
     let Some(c) = real_clusters_with("only_v1alpha1", v1alpha1_only) else { return };
-    c.east.apply_yaml(&web("", &pod(0), NODE_NAME, true));
-    c.west.apply_yaml(&web("", &pod(1), "node-w", true));
-    c.east.apply_yaml(EXPORT);
-    c.west.apply_yaml(EXPORT);
+    c.export_web_from_both();
     let _cp = c.start_mcs_controller(CONTROL_PLANE.0, CONTROL_PLANE.1);
     let _dp = c.t.start_dataplane();
     let ip = kpx_e2e::wait_for("east's ServiceImport", DEADLINE, || import_ip(&c.east));
